@@ -1,0 +1,230 @@
+"""MLflow tracking: one run per stage, with params, metrics, artifacts and lineage.
+
+Lineage tags let any result be traced back: the stage name, the git commit and
+whether the tree was dirty, the DVC hashes (computed the way DVC computes them)
+of the stage's dependencies and outputs as listed in dvc.yaml, and a pipeline
+id shared by every stage run of one `dvc repro` / `dvc exp run` (plus the DVC
+experiment name when there is one).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import subprocess
+import tempfile
+import uuid
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+PIPELINE_ID_ENV = "VLMGYM_PIPELINE_ID"
+
+
+def repo_root() -> Path:
+    """The repository root: DVC's DVC_ROOT during a stage, else the git top level, else the cwd."""
+    if os.environ.get("DVC_ROOT"):
+        return Path(os.environ["DVC_ROOT"])
+    try:
+        out = subprocess.run(["git", "rev-parse", "--show-toplevel"], capture_output=True, text=True, check=True)
+        return Path(out.stdout.strip())
+    except (subprocess.CalledProcessError, FileNotFoundError):
+        return Path.cwd()
+
+
+def tracking_uri(configured: str = "") -> str:
+    """MLFLOW_TRACKING_URI wins, then the params value, then a SQLite file at the repo root."""
+    if os.environ.get("MLFLOW_TRACKING_URI"):
+        return os.environ["MLFLOW_TRACKING_URI"]
+    if configured:
+        return configured
+    return f"sqlite:///{repo_root() / 'mlflow.db'}"
+
+
+def git_state(root: Path | None = None) -> dict[str, str]:
+    """The commit and whether tracked files differ from it ('unknown' outside git)."""
+    root = root or Path.cwd()
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, check=True).stdout.strip()
+
+    try:
+        commit = git("rev-parse", "HEAD")
+        dirty = bool(git("status", "--porcelain", "--untracked-files=no"))
+    except (subprocess.CalledProcessError, FileNotFoundError):
+        return {"git.commit": "unknown", "git.dirty": "unknown"}
+    return {"git.commit": commit, "git.dirty": str(dirty).lower()}
+
+
+def _process_ancestors(pid: int) -> Iterator[tuple[int, str, str]]:
+    """(pid, cmdline, start time) of each ancestor, from the nearest up (Linux /proc)."""
+    while pid > 1:
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            return
+        # The command name in field 2 may hold spaces and parentheses: split after the last ')'.
+        fields = stat[stat.rindex(")") + 2:].split()
+        yield pid, cmdline, fields[19]
+        pid = int(fields[1])
+
+
+def pipeline_id() -> str:
+    """An id shared by all stage runs of one `dvc repro` / `dvc exp run`.
+
+    VLMGYM_PIPELINE_ID overrides; otherwise the id of the dvc process that runs
+    the stages (pid + start time, unique on this host); outside DVC a fresh id.
+    """
+    if os.environ.get(PIPELINE_ID_ENV):
+        return os.environ[PIPELINE_ID_ENV]
+    for pid, cmdline, start in _process_ancestors(os.getppid()):
+        words = cmdline.split()
+        if any(Path(w).name == "dvc" or w.endswith("/dvc") for w in words[:2]) or "dvc.cli" in cmdline:
+            return f"dvc-{os.uname().nodename}-{pid}-{start}"
+    return f"standalone-{uuid.uuid4().hex[:12]}"
+
+
+def dvc_hash(path: str | Path) -> str | None:
+    """The md5 DVC records for a file or directory (None when it does not exist)."""
+    path = Path(path)
+    if not path.exists():
+        return None
+    from dvc_data.hashfile.build import build
+    from dvc_data.hashfile.db import HashFileDB
+    from dvc_objects.fs.local import LocalFileSystem
+
+    fs = LocalFileSystem()
+    with tempfile.TemporaryDirectory() as tmp:
+        _, _, obj = build(HashFileDB(fs, tmp), str(path), fs, "md5", dry_run=True)
+    return obj.hash_info.value
+
+
+def stage_paths(stage: str, root: Path) -> dict[str, list[str]]:
+    """The deps and outs that dvc.yaml lists for a stage (empty when not a DVC stage)."""
+    dvc_yaml = root / "dvc.yaml"
+    if not dvc_yaml.exists():
+        return {"deps": [], "outs": []}
+    spec = (yaml.safe_load(dvc_yaml.read_text()) or {}).get("stages", {}).get(stage, {})
+
+    def names(entries: list) -> list[str]:
+        return [e if isinstance(e, str) else next(iter(e)) for e in entries or []]
+
+    return {"deps": names(spec.get("deps")), "outs": names(spec.get("outs")) + names(spec.get("metrics"))}
+
+
+def _hash_tags(kind: str, paths: list[str], root: Path) -> dict[str, str]:
+    tags = {}
+    for p in paths:
+        value = dvc_hash(root / p)
+        if value is not None:
+            tags[f"dvc.{kind}.{p}"] = value
+    return tags
+
+
+class StageRun:
+    """A thin handle on the active MLflow run of a stage."""
+
+    def __init__(self, run: Any, client: Any):
+        self.run = run
+        self.client = client
+        self.run_id: str = run.info.run_id
+
+    def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
+        """Log finite numeric metrics; non-numbers are skipped rather than crashing a long run."""
+        import math
+
+        import mlflow
+
+        clean = {}
+        for k, v in metrics.items():
+            try:
+                v = float(v)
+            except (TypeError, ValueError):
+                continue
+            if math.isfinite(v):
+                clean[k.replace("@", "_at_")] = v
+        if clean:
+            mlflow.log_metrics(clean, step=step)
+
+    def log_artifact(self, path: str | Path, artifact_path: str | None = None) -> None:
+        import mlflow
+
+        mlflow.log_artifact(str(path), artifact_path=artifact_path)
+
+    def log_dict(self, obj: Any, name: str) -> None:
+        import mlflow
+
+        mlflow.log_dict(obj, name)
+
+    def log_text(self, text: str, name: str) -> None:
+        import mlflow
+
+        mlflow.log_text(text, name)
+
+    def set_tags(self, tags: Mapping[str, str]) -> None:
+        import mlflow
+
+        mlflow.set_tags(dict(tags))
+
+
+def _flatten(prefix: str, value: Any) -> dict[str, str]:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        value = dataclasses.asdict(value)
+    if isinstance(value, Mapping):
+        out: dict[str, str] = {}
+        for k, v in value.items():
+            out.update(_flatten(f"{prefix}.{k}" if prefix else str(k), v))
+        return out
+    text = json.dumps(value) if isinstance(value, list | tuple) else str(value)
+    return {prefix: text[:6000]}
+
+
+@contextlib.contextmanager
+def stage_run(stage: str, params: Any = None, *, experiment: str | None = None,
+              extra_params: Mapping[str, Any] | None = None) -> Iterator[StageRun]:
+    """Run a pipeline stage inside one MLflow run with its params and lineage tags.
+
+    `params` is the stage's params section (a dataclass or a mapping). The
+    experiment and tracking URI come from the `tracking` section of params.yaml
+    unless given. Output hashes are tagged after the body succeeds.
+    """
+    import mlflow
+
+    from vlmgym import params as params_mod
+
+    root = repo_root()
+    params_file = root / "params.yaml"
+    tracking_cfg = (params_mod.load_section("tracking", params_file) if params_file.exists()
+                    else params_mod.TrackingParams())
+    uri = tracking_uri(tracking_cfg.tracking_uri)
+    mlflow.set_tracking_uri(uri)
+    experiment = experiment or tracking_cfg.experiment
+    if uri.startswith("sqlite:") and mlflow.get_experiment_by_name(experiment) is None:
+        # Artifacts beside the SQLite file, not in whatever directory the stage happens to run from.
+        mlflow.create_experiment(experiment, artifact_location=(root / "mlartifacts").as_uri())
+    mlflow.set_experiment(experiment)
+
+    exp_name = os.environ.get("DVC_EXP_NAME", "")
+    paths = stage_paths(stage, root)
+    tags = {
+        "vlmgym.stage": stage,
+        "vlmgym.pipeline_id": pipeline_id(),
+        **git_state(root),
+        **_hash_tags("dep", paths["deps"], root),
+    }
+    if exp_name:
+        tags["dvc.exp_name"] = exp_name
+    run_name = f"{exp_name}/{stage}" if exp_name else stage
+    with mlflow.start_run(run_name=run_name, tags=tags) as run:
+        logged = _flatten("", params) if params is not None else {}
+        logged.update(_flatten("", extra_params or {}))
+        if logged:
+            mlflow.log_params(logged)
+        handle = StageRun(run, mlflow.tracking.MlflowClient())
+        yield handle
+        mlflow.set_tags(_hash_tags("out", paths["outs"], root))

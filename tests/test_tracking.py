@@ -1,0 +1,131 @@
+"""MLflow stage runs: params, metrics and lineage tags, checked with MlflowClient on a temp SQLite store."""
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from vlmgym import tracking
+
+BIN = Path(sys.executable).parent
+
+STAGE_SCRIPT = textwrap.dedent(
+    """
+    import sys
+    from pathlib import Path
+    from vlmgym.params import load_section
+    from vlmgym.tracking import stage_run
+
+    name = sys.argv[1]
+    with stage_run(name, load_section("data")) as run:
+        src = Path(sys.argv[2]) if len(sys.argv) > 2 else None
+        text = src.read_text() if src else "seed"
+        Path(f"{name}.out").write_text(text + "+" + name)
+        run.log_metrics({"chars": len(text), "bad": "not-a-number"})
+    """
+)
+
+
+def make_repo(tmp_path: Path) -> Path:
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "stage.py").write_text(STAGE_SCRIPT)
+    (repo / "params.yaml").write_text("data:\n  seed: 3\ntracking:\n  experiment: unit\n")
+    (repo / "dvc.yaml").write_text(textwrap.dedent(
+        """
+        stages:
+          first:
+            cmd: python stage.py first
+            deps: [stage.py]
+            params: [data.seed]
+            outs: [first.out]
+          second:
+            cmd: python stage.py second first.out
+            deps: [stage.py, first.out]
+            outs: [second.out]
+        """
+    ))
+    run = lambda *a: subprocess.run(a, cwd=repo, check=True, capture_output=True, text=True)
+    run("git", "init", "-q")
+    run(str(BIN / "dvc"), "init", "-q")
+    run(str(BIN / "dvc"), "config", "core.analytics", "false")
+    run("git", "add", "-A")
+    run("git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "init")
+    return repo
+
+
+@pytest.fixture(scope="module")
+def repro(tmp_path_factory):
+    tmp_path = tmp_path_factory.mktemp("tracking")
+    repo = make_repo(tmp_path)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    env = {**os.environ, "MLFLOW_TRACKING_URI": uri, "PATH": f"{BIN}:{os.environ['PATH']}"}
+    env.pop(tracking.PIPELINE_ID_ENV, None)
+    first = subprocess.run([str(BIN / "dvc"), "repro"], cwd=repo, env=env, capture_output=True, text=True)
+    assert first.returncode == 0, first.stderr + first.stdout
+    second = subprocess.run([str(BIN / "dvc"), "repro"], cwd=repo, env=env, capture_output=True, text=True)
+    assert second.returncode == 0, second.stderr
+    client = MlflowClient(uri)
+    experiment = client.get_experiment_by_name("unit")
+    runs = client.search_runs([experiment.experiment_id])
+    return repo, runs, second.stdout
+
+
+def test_each_stage_is_one_run_with_params_and_metrics(repro):
+    _, runs, _ = repro
+    assert sorted(r.data.tags["vlmgym.stage"] for r in runs) == ["first", "second"]
+    for r in runs:
+        assert r.data.params["seed"] == "3"
+        assert r.data.metrics["chars"] > 0
+        assert "bad" not in r.data.metrics
+        assert r.info.status == "FINISHED"
+
+
+def test_lineage_tags(repro):
+    repo, runs, _ = repro
+    by_stage = {r.data.tags["vlmgym.stage"]: r.data.tags for r in runs}
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True).stdout.strip()
+    assert by_stage["first"]["git.commit"] == commit
+    assert by_stage["first"]["git.dirty"] in ("true", "false")
+    # Both stages of one `dvc repro` share a pipeline id, and it names the dvc process.
+    assert by_stage["first"]["vlmgym.pipeline_id"] == by_stage["second"]["vlmgym.pipeline_id"]
+    assert by_stage["first"]["vlmgym.pipeline_id"].startswith("dvc-")
+    # The hashes agree with what DVC itself recorded in dvc.lock.
+    lock = (repo / "dvc.lock").read_text()
+    assert by_stage["second"]["dvc.dep.first.out"] in lock
+    assert by_stage["first"]["dvc.out.first.out"] == by_stage["second"]["dvc.dep.first.out"]
+    assert by_stage["second"]["dvc.out.second.out"] in lock
+    assert by_stage["first"]["dvc.dep.stage.py"] in lock
+
+
+def test_second_repro_runs_nothing(repro):
+    _, runs, stdout = repro
+    assert len(runs) == 2
+    assert "didn't change, skipping" in stdout or "Data and pipelines are up to date" in stdout
+
+
+def test_failed_stage_is_marked_failed_and_env_overrides(tmp_path, monkeypatch):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    monkeypatch.setenv(tracking.PIPELINE_ID_ENV, "pipe-42")
+    monkeypatch.setenv("DVC_EXP_NAME", "brisk-lamb")
+    monkeypatch.setenv("DVC_ROOT", str(tmp_path))
+    with pytest.raises(RuntimeError), tracking.stage_run("boom", {"a": 1}, experiment="failing"):
+        raise RuntimeError("stage failed")
+    client = MlflowClient(uri)
+    (run,) = client.search_runs([client.get_experiment_by_name("failing").experiment_id])
+    assert run.info.status == "FAILED"
+    assert run.data.tags["vlmgym.pipeline_id"] == "pipe-42"
+    assert run.data.tags["dvc.exp_name"] == "brisk-lamb"
+    assert run.info.run_name == "brisk-lamb/boom"
+
+
+def test_dvc_hash_matches_dvc_for_files(tmp_path):
+    path = tmp_path / "x.txt"
+    path.write_text("hello\n")
+    assert tracking.dvc_hash(path) == "b1946ac92492d2347c6235b4d2611184"
+    assert tracking.dvc_hash(tmp_path / "missing") is None
