@@ -1,0 +1,39 @@
+"""base_model stage: write the base HF checkpoint to models/hf/base/ (params section `model`).
+
+`model.source: tiny` (default) builds a tiny random Qwen3-VL and a BPE tokenizer trained on the
+environments' text; `model.source: hf:<owner>/<name>` downloads that hub snapshot. See
+vlmgym.models.qwen3_vl.tiny for the dimensions.
+
+    python stages/base_model.py [--params params.yaml]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from vlmgym import tracking
+from vlmgym.models.qwen3_vl.tiny import build_base_model
+from vlmgym.params import load_section
+
+# Figures of the built checkpoint logged as metrics (the dimensions go to base_model.json).
+FIGURES = ("params_total", "params_vision", "params_text", "vocab_size", "image_tokens_256x192")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Build or download the base checkpoint and log one MLflow run with its size and dimensions."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--params", default="params.yaml", help="params file (section `model`)")
+    args = parser.parse_args(argv)
+    params = load_section("model", args.params)
+    with tracking.stage_run("base_model", params) as run:
+        summary = build_base_model(params)
+        run.log_metrics({k: summary[k] for k in FIGURES if k in summary})
+        run.log_dict(summary, "base_model.json")
+    print(f"base_model: {summary['source']} -> {params.hf_dir} "
+          f"({summary.get('params_total', 'n/a')} parameters)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
