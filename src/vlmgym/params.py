@@ -78,6 +78,13 @@ class ModelParams:
 
     source: str = spec("tiny", doc="'tiny' (random tiny Qwen3-VL built here) or 'hf:<repo>' (hub snapshot)")
     seed: int = spec(0, ge=0, doc="seed of the tiny model's random weights")
+    tiny_hidden_size: int = spec(128, ge=64, le=4096, doc="tiny text width (multiple of 64; heads and ffn follow)")
+    tiny_num_layers: int = spec(4, ge=2, le=64, doc="tiny text decoder layers")
+    tiny_vocab_size: int = spec(2048, ge=300, le=65536, doc="BPE vocabulary the tiny tokenizer is trained up to")
+    min_pixels: int = spec(64 * 64, ge=32 * 32, doc="tiny image budget: smaller images are upscaled to this")
+    max_pixels: int = spec(128 * 96, ge=32 * 32, doc="tiny image budget: 128*96 makes a 256x192 image 12 tokens")
+    hf_dir: str = spec("models/hf/base", doc="where base_model writes the HF checkpoint")
+    jax_dir: str = spec("models/jax/base", doc="where convert writes the JAX (orbax) checkpoint")
     dtype: str = spec("fp32", choices=("fp32", "bf16"), doc="compute dtype")
     param_dtype: str = spec("fp32", choices=("fp32", "bf16"), doc="parameter dtype")
     parity_tolerance: float = spec(1e-4, gt=0, doc="max abs logit difference accepted by the convert stage (fp32)")
@@ -92,10 +99,107 @@ class TrackingParams:
 
 
 @dataclass(frozen=True)
+class GeospotParams:
+    """geospot reward: k = exp(-d / tau) per level (country, region, city, coordinates), curriculum-weighted."""
+
+    tau_km: list[float] = spec(default_factory=lambda: [2000.0, 500.0, 100.0, 25.0], gt=0,
+                               doc="distance scale (km) of the country, region, city and coordinates levels")
+    tau_end_factor: float = spec(1.0, gt=0, le=1, doc="tau at progress 1 is tau_km * this (geometric in between); "
+                                                      "1: no tightening")
+    curriculum_progress: list[float] = spec(default_factory=lambda: [0.0, 0.25, 0.5, 0.75], ge=0, le=1,
+                                            doc="training progress (step / total steps) of each curriculum stage")
+    curriculum_weights: list[list[float]] = spec(
+        default_factory=lambda: [[1.0, 0.2, 0.1, 0.1], [1.0, 0.6, 0.3, 0.3], [1.0, 1.0, 0.6, 0.6],
+                                 [1.0, 1.0, 1.0, 1.0]],
+        doc="level weights (country, region, city, coordinates) at each stage, linearly interpolated between")
+    format_weight: float = spec(0.1, ge=0, le=1, doc="share of the reward given for the five-line answer format")
+    answer_decimals: int = spec(4, ge=0, le=10, doc="decimals of the coordinates in the ideal (SFT target) answer")
+
+    def __post_init__(self):
+        where = "env.geospot"
+        if len(self.tau_km) != 4:
+            raise ParamsError(f"{where}.tau_km: expected 4 values (country, region, city, coordinates), "
+                              f"got {self.tau_km!r}")
+        points, weights = list(self.curriculum_progress), list(self.curriculum_weights)
+        if not points or points[0] != 0.0 or any(b <= a for a, b in zip(points, points[1:])):
+            raise ParamsError(f"{where}.curriculum_progress: must start at 0.0 and increase strictly, got {points!r}")
+        if len(weights) != len(points):
+            raise ParamsError(f"{where}.curriculum_weights: {len(weights)} stages for {len(points)} progress points")
+        for i, row in enumerate(weights):
+            if len(row) != 4 or any(w < 0 for w in row) or sum(row) <= 0:
+                raise ParamsError(f"{where}.curriculum_weights[{i}]: expected 4 weights >= 0 with a positive sum, "
+                                  f"got {row!r}")
+
+
+@dataclass(frozen=True)
 class EnvParams:
     """The environment the policy is trained and evaluated on."""
 
     name: str = spec("geospot", choices=("geospot", "nlvr2"), doc="registered environment name")
+    geospot: GeospotParams = spec(default_factory=GeospotParams, doc="geospot reward settings")
+
+
+@dataclass(frozen=True)
+class SFTParams:
+    """sft stage: supervised warm start on the env's ideal answers (0 steps: pass-through)."""
+
+    steps: int = spec(300, ge=0, doc="optimizer steps (0: copy the base model through unchanged)")
+    batch_size: int = spec(16, ge=1, doc="samples per step")
+    micro_batches: int = spec(1, ge=1, doc="gradient accumulation: micro-batches per step (divides batch_size)")
+    lr: float = spec(3e-3, gt=0, doc="peak learning rate")
+    warmup_steps: int = spec(20, ge=0, doc="linear warmup steps")
+    end_lr_ratio: float = spec(0.1, ge=0, le=1, doc="final lr of the cosine decay, as a fraction of the peak")
+    weight_decay: float = spec(0.0, ge=0, doc="AdamW weight decay (matrices only)")
+    max_grad_norm: float = spec(1.0, ge=0, doc="global-norm gradient clipping (0: off)")
+    freeze: str = spec("none", choices=("none", "vision"), doc="parameters kept frozen")
+    max_target_tokens: int = spec(48, ge=1, doc="answer tokens trained on (longer targets are an error)")
+    seed: int = spec(0, ge=0, doc="seed of the data order")
+    save_every: int = spec(100, ge=1, doc="checkpoint every this many steps (resume point)")
+    keep_checkpoints: int = spec(2, ge=1, doc="checkpoints kept on disk")
+    init_dir: str = spec("models/jax/base", doc="model checkpoint to start from")
+    out_dir: str = spec("models/jax/sft", doc="where the fine-tuned model is written")
+    checkpoint_dir: str = spec("checkpoints/sft", doc="resumable training checkpoints (one folder per config)")
+    shards_dir: str = spec("data/shards", doc="webdataset shards of the env")
+
+
+@dataclass(frozen=True)
+class TrainParams:
+    """train stage: GRPO from the sft model."""
+
+    steps: int = spec(60, ge=1, doc="GRPO steps (one batch of prompts each)")
+    batch_prompts: int = spec(8, ge=1, doc="prompts per step")
+    group_size: int = spec(8, ge=1, doc="completions sampled per prompt (the GRPO group)")
+    num_iterations: int = spec(1, ge=1, doc="optimizer updates per sampled batch (>1: off-policy, clipped)")
+    micro_batches: int = spec(1, ge=1, doc="gradient accumulation: micro-batches per update (divides the batch)")
+    lr: float = spec(1e-4, gt=0, doc="peak learning rate")
+    warmup_steps: int = spec(5, ge=0, doc="linear warmup steps")
+    end_lr_ratio: float = spec(0.1, ge=0, le=1, doc="final lr of the cosine decay, as a fraction of the peak")
+    weight_decay: float = spec(0.0, ge=0, doc="AdamW weight decay (matrices only)")
+    max_grad_norm: float = spec(1.0, ge=0, doc="global-norm gradient clipping (0: off)")
+    freeze: str = spec("none", choices=("none", "vision"), doc="parameters kept frozen")
+    epsilon: float = spec(0.2, gt=0, lt=1, doc="lower clip range of the importance ratio")
+    epsilon_high: float = spec(0.28, gt=0, doc="upper clip range (clip-higher)")
+    beta: float = spec(0.0, ge=0, doc="k3 KL penalty to the initial policy (0: no reference model held)")
+    loss_aggregation: str = spec("token_mean", choices=("token_mean", "sequence_mean", "dr_grpo"),
+                                 doc="how per-token losses are reduced")
+    scale_rewards: str = spec("group", choices=("group", "batch", "none"), doc="advantage std normalisation")
+    filter_groups: bool = spec(False, doc="drop groups whose rewards are all equal and sample more prompts")
+    max_sample_rounds: int = spec(4, ge=1, doc="sampling rounds per step when filtering groups")
+    old_logprobs: str = spec("sampler", choices=("sampler", "learner"),
+                             doc="behaviour log-probs: the sampler's plain softmax, or the learner's recomputation")
+    temperature: float = spec(1.0, ge=0, doc="sampling temperature")
+    top_k: int = spec(0, ge=0, doc="sampling top-k (0: off)")
+    top_p: float = spec(1.0, gt=0, le=1, doc="sampling nucleus (1: off)")
+    max_new_tokens: int = spec(48, ge=1, doc="completion length budget")
+    seed: int = spec(0, ge=0, doc="seed of sampling and data order")
+    save_every: int = spec(20, ge=1, doc="checkpoint every this many steps (resume point)")
+    keep_checkpoints: int = spec(2, ge=1, doc="checkpoints kept on disk")
+    samples_every: int = spec(20, ge=1, doc="log a table of sample rollouts every this many steps")
+    num_samples: int = spec(8, ge=1, doc="rows of the sample-rollouts table")
+    init_dir: str = spec("models/jax/sft", doc="model checkpoint to start from")
+    out_dir: str = spec("models/jax/grpo", doc="where the trained model is written")
+    checkpoint_dir: str = spec("checkpoints/train", doc="resumable training checkpoints (one folder per config)")
+    shards_dir: str = spec("data/shards", doc="webdataset shards of the env")
 
 
 SECTIONS: dict[str, type] = {
@@ -104,6 +208,8 @@ SECTIONS: dict[str, type] = {
     "model": ModelParams,
     "env": EnvParams,
     "tracking": TrackingParams,
+    "sft": SFTParams,
+    "train": TrainParams,
 }
 
 

@@ -1,0 +1,282 @@
+"""The shard stage's library: validate raw rows, resize images, write webdataset tars plus a manifest.
+
+One code path for every dataset; a RowSchema says which columns a dataset's
+CSV needs, which images a row refers to and what goes into the sample's json.
+Output is deterministic (rows sorted by key, fixed tar headers), every tar is
+written to a temp name and renamed, and the whole output folder is built beside
+the old one and swapped in only when complete.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import math
+import os
+import re
+import tarfile
+import zipfile
+import zlib
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from PIL import Image, ImageOps
+from tqdm import tqdm
+
+from vlmgym.data import layout
+from vlmgym.params import ShardParams
+
+log = logging.getLogger(__name__)
+
+MAX_EXAMPLES = 5  # example rows per skip reason kept in the manifest
+SAFE_KEY = re.compile(r"^[A-Za-z0-9_-]+$")  # webdataset splits names at dots: keys must have none
+
+
+class RowSkip(Exception):
+    """A raw row that cannot become a sample; `reason` is the manifest counter it adds to."""
+
+    def __init__(self, reason: str, detail: str):
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason
+
+
+class ShardError(ValueError):
+    """The raw data cannot be sharded at all (missing file, missing columns, nothing valid)."""
+
+
+@dataclass(frozen=True)
+class Row:
+    """A validated row: its sample key, the image file names it needs and its json metadata."""
+
+    key: str
+    images: tuple[str, ...]
+    meta: dict
+
+
+@dataclass(frozen=True)
+class RowSchema:
+    """How one dataset's raw CSV rows become samples."""
+
+    dataset: str
+    required: tuple[str, ...]
+    image_exts: tuple[str, ...]  # tar extension of each image, in row order
+    parse: Callable[[dict[str, str]], Row]
+
+
+def _parse_geospot(rec: dict[str, str]) -> Row:
+    image_id = rec["id"].strip()
+    if not SAFE_KEY.match(image_id):
+        raise RowSkip("bad_id", f"id {rec['id']!r} is not a plain token")
+    try:
+        lat, lon = float(rec["latitude"]), float(rec["longitude"])
+    except ValueError as err:
+        raise RowSkip("bad_coordinates", f"latitude {rec['latitude']!r} / longitude {rec['longitude']!r}") from err
+    if not (math.isfinite(lat) and math.isfinite(lon) and -90 <= lat <= 90 and -180 <= lon <= 180):
+        raise RowSkip("bad_coordinates", f"({lat}, {lon}) out of range")
+    if not rec["country"]:
+        raise RowSkip("missing_country", "empty country")
+    meta = {"id": image_id, "latitude": lat, "longitude": lon, "country": rec["country"], "region": rec["region"],
+            "sub_region": rec["sub-region"], "city": rec["city"]}
+    return Row(image_id, (f"{image_id}.jpg",), meta)
+
+
+def _parse_nlvr2(rec: dict[str, str]) -> Row:
+    pair_id = rec["id"].strip()
+    key = re.sub(r"[^A-Za-z0-9_-]", "_", pair_id)
+    if not pair_id:
+        raise RowSkip("bad_id", "empty id")
+    sentence = " ".join(rec["sentence"].split())
+    if not sentence:
+        raise RowSkip("missing_sentence", "empty sentence")
+    if rec["label"] not in ("True", "False"):
+        raise RowSkip("bad_label", f"label {rec['label']!r} is not True/False")
+    if not rec["left"] or not rec["right"]:
+        raise RowSkip("image_missing", "empty left/right image name")
+    return Row(key, (rec["left"], rec["right"]), {"id": pair_id, "sentence": sentence, "label": rec["label"] == "True"})
+
+
+SCHEMAS = {
+    "geospot": RowSchema("geospot", ("id", "latitude", "longitude", "country", "region", "sub-region", "city"),
+                         ("jpg",), _parse_geospot),
+    "nlvr2": RowSchema("nlvr2", ("id", "sentence", "label", "left", "right"), ("left.jpg", "right.jpg"),
+                       _parse_nlvr2),
+}
+
+
+def prepare_image(data: bytes, max_pixels: int, quality: int) -> bytes:
+    """Decode (fully, so truncation is caught), upright, convert to RGB, fit into max_pixels, re-encode as JPEG."""
+    with Image.open(io.BytesIO(data)) as image:
+        image.load()
+        image = ImageOps.exif_transpose(image).convert("RGB")
+    width, height = image.size
+    if width * height > max_pixels:
+        scale = math.sqrt(max_pixels / (width * height))
+        image = image.resize((max(1, int(width * scale)), max(1, int(height * scale))), Image.BICUBIC)
+    buffer = io.BytesIO()
+    image.save(buffer, format="JPEG", quality=quality)
+    return buffer.getvalue()
+
+
+class RollingTarWriter:
+    """Writes samples into shard-NNNNNN.tar files of at most max_bytes (one sample may exceed it alone)."""
+
+    def __init__(self, out_dir: Path, max_bytes: int):
+        self.out_dir, self.max_bytes = Path(out_dir), max_bytes
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        self.shards: list[dict] = []
+        self._tar: tarfile.TarFile | None = None
+        self._tmp: Path | None = None
+        self._bytes = self._samples = 0
+
+    def write(self, key: str, files: dict[str, bytes]) -> None:
+        """Add one sample ({extension: bytes}) as consecutive tar members named key.extension."""
+        size = sum(512 + -(-len(data) // 512) * 512 for data in files.values())
+        if self._tar is not None and self._bytes + size > self.max_bytes:
+            self._finish()
+        if self._tar is None:
+            self._tmp = self.out_dir / f".shard-{len(self.shards):06d}.tar.tmp"
+            self._tar = tarfile.open(self._tmp, "w", format=tarfile.USTAR_FORMAT)  # noqa: SIM115 (closed in _finish)
+            self._bytes = self._samples = 0
+        for ext, data in files.items():
+            # Fixed header fields: identical samples give identical tars, so DVC hashes are stable.
+            info = tarfile.TarInfo(f"{key}.{ext}")
+            info.size, info.mtime, info.mode = len(data), 0, 0o444
+            info.uid = info.gid = 0
+            info.uname = info.gname = ""
+            self._tar.addfile(info, io.BytesIO(data))
+        self._bytes += size
+        self._samples += 1
+
+    def _finish(self) -> None:
+        assert self._tar is not None and self._tmp is not None
+        self._tar.close()
+        final = self.out_dir / f"shard-{len(self.shards):06d}.tar"
+        os.replace(self._tmp, final)
+        self.shards.append({"name": final.name, "samples": self._samples, "bytes": final.stat().st_size})
+        self._tar = self._tmp = None
+
+    def close(self) -> None:
+        """Finish the open tar, if any."""
+        if self._tar is not None:
+            self._finish()
+
+    def abort(self) -> None:
+        """Drop the tar being written."""
+        if self._tar is not None:
+            self._tar.close()
+            self._tmp.unlink(missing_ok=True)
+            self._tar = self._tmp = None
+
+
+def read_rows(raw_dir: Path, split: str, schema: RowSchema, index: layout.ZipIndex,
+              skipped: Counter, examples: dict[str, list[str]]) -> list[Row]:
+    """Validate a split's CSV rows (all values kept as strings); invalid rows are counted, not fatal."""
+    path = layout.csv_path(raw_dir, split)
+    if not path.exists():
+        raise ShardError(f"{path}: missing; run the download stage first")
+    header = layout.read_header(path)
+    missing = [c for c in schema.required if c not in header]
+    if missing:
+        raise ShardError(f"{path}: header lacks column(s) {missing} needed for dataset {schema.dataset}")
+
+    def skip(reason: str, where: str) -> None:
+        skipped[reason] += 1
+        if len(examples.setdefault(reason, [])) < MAX_EXAMPLES:
+            examples[reason].append(where)
+
+    rows, seen = [], set()
+    for line, header, fields in layout.iter_csv(path):
+        where = f"{path.name} line {line}"
+        if len(fields) != len(header):
+            skip("malformed_row", f"{where}: {len(fields)} fields, header has {len(header)}")
+            continue
+        try:
+            row = schema.parse(dict(zip(header, fields)))
+        except RowSkip as err:
+            skip(err.reason, f"{where}: {err}")
+            continue
+        if row.key in seen:
+            skip("duplicate_id", f"{where}: key {row.key}")
+            continue
+        absent = [name for name in row.images if name not in index]
+        if absent:
+            skip("image_missing", f"{where}: {absent[0]} in no zip of images/{split}")
+            continue
+        seen.add(row.key)
+        rows.append(row)
+    return sorted(rows, key=lambda r: r.key)
+
+
+def shard_split(raw_dir: Path, split: str, schema: RowSchema, params: ShardParams, out_dir: Path) -> dict:
+    """Write one split's tars into out_dir; returns its manifest entry."""
+    index = layout.ZipIndex.build(layout.split_zips(raw_dir, split))
+    skipped: Counter = Counter()
+    examples: dict[str, list[str]] = {}
+    rows = read_rows(raw_dir, split, schema, index, skipped, examples)
+    cap = params.max_train if split == "train" else params.max_test
+    writer = RollingTarWriter(out_dir, params.shard_max_bytes)
+    kept = 0
+    try:
+        with layout.ZipReader() as zips:
+            for row in tqdm(rows, desc=f"shard {split}", unit="sample"):
+                if cap and kept >= cap:
+                    break
+                try:
+                    images = [prepare_image(zips.read(*index.members[name]), params.max_pixels, params.jpeg_quality)
+                              for name in row.images]
+                except (OSError, EOFError, zipfile.BadZipFile, zlib.error, ValueError, SyntaxError,
+                        Image.DecompressionBombError) as err:
+                    skipped["image_corrupt"] += 1
+                    if len(examples.setdefault("image_corrupt", [])) < MAX_EXAMPLES:
+                        examples["image_corrupt"].append(f"{split} key {row.key}: {type(err).__name__}: {err}")
+                    continue
+                files = dict(zip(schema.image_exts, images))
+                files["json"] = json.dumps(row.meta, ensure_ascii=False, sort_keys=True).encode()
+                writer.write(row.key, files)
+                kept += 1
+        writer.close()
+    except BaseException:
+        writer.abort()
+        raise
+    for reason, where in sorted(examples.items()):
+        log.warning("%s %s: %d skipped, e.g. %s", split, reason, skipped[reason], where[0])
+    if kept == 0:
+        first = next(iter(examples.values()), ["no data rows"])[0]
+        raise ShardError(f"{split}: no valid sample in {layout.csv_path(raw_dir, split)} "
+                         f"(skipped: {dict(sorted(skipped.items()))}; e.g. {first})")
+    return {"kept": kept, "capped": max(0, len(rows) - kept - skipped["image_corrupt"]),
+            "skipped": dict(sorted(skipped.items())), "examples": {k: v for k, v in sorted(examples.items())},
+            "zip_members": {"indexed": len(index.members), "unsafe": index.unsafe_members,
+                            "oversized": index.oversized_members, "duplicate": index.duplicate_members},
+            "shards": writer.shards}
+
+
+def shard_raw(raw_dir: Path, out_dir: Path, dataset: str, params: ShardParams) -> dict:
+    """Shard both splits of a raw layout into out_dir (swapped in atomically) with manifest.json; returns it."""
+    if dataset not in SCHEMAS:
+        raise ShardError(f"data.dataset: no row schema for {dataset!r} (known: {sorted(SCHEMAS)})")
+    schema = SCHEMAS[dataset]
+    manifest = {"dataset": dataset, "params": asdict(params), "splits": {}}
+    with layout.atomic_dir(Path(out_dir)) as tmp:
+        for split in layout.SPLITS:
+            manifest["splits"][split] = shard_split(Path(raw_dir), split, schema, params, tmp / split)
+        (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
+    return manifest
+
+
+def manifest_metrics(manifest: dict) -> dict[str, float]:
+    """Kept / skipped-per-reason / shard counts as flat MLflow metrics."""
+    metrics: dict[str, float] = {}
+    for split, entry in manifest["splits"].items():
+        metrics[f"{split}.kept"] = entry["kept"]
+        metrics[f"{split}.capped"] = entry["capped"]
+        metrics[f"{split}.shards"] = len(entry["shards"])
+        metrics[f"{split}.bytes"] = sum(s["bytes"] for s in entry["shards"])
+        metrics[f"{split}.skipped_total"] = sum(entry["skipped"].values())
+        for reason, count in entry["skipped"].items():
+            metrics[f"{split}.skipped.{reason}"] = count
+        metrics[f"{split}.zip_members_unsafe"] = entry["zip_members"]["unsafe"]
+    return metrics
