@@ -152,7 +152,7 @@ class SFTParams:
     weight_decay: float = spec(0.0, ge=0, doc="AdamW weight decay (matrices only)")
     max_grad_norm: float = spec(1.0, ge=0, doc="global-norm gradient clipping (0: off)")
     freeze: str = spec("none", choices=("none", "vision"), doc="parameters kept frozen")
-    max_target_tokens: int = spec(48, ge=1, doc="answer tokens trained on (longer targets are an error)")
+    max_target_tokens: int = spec(64, ge=1, doc="answer tokens trained on (longer targets are an error)")
     seed: int = spec(0, ge=0, doc="seed of the data order")
     save_every: int = spec(100, ge=1, doc="checkpoint every this many steps (resume point)")
     keep_checkpoints: int = spec(2, ge=1, doc="checkpoints kept on disk")
@@ -160,6 +160,8 @@ class SFTParams:
     out_dir: str = spec("models/jax/sft", doc="where the fine-tuned model is written")
     checkpoint_dir: str = spec("checkpoints/sft", doc="resumable training checkpoints (one folder per config)")
     shards_dir: str = spec("data/shards", doc="webdataset shards of the env")
+    mesh: list[int] = spec(default_factory=list, ge=1,
+                           doc="(data, fsdp, tensor) device counts of the mesh; empty: a single device")
 
 
 @dataclass(frozen=True)
@@ -190,7 +192,7 @@ class TrainParams:
     temperature: float = spec(1.0, ge=0, doc="sampling temperature")
     top_k: int = spec(0, ge=0, doc="sampling top-k (0: off)")
     top_p: float = spec(1.0, gt=0, le=1, doc="sampling nucleus (1: off)")
-    max_new_tokens: int = spec(48, ge=1, doc="completion length budget")
+    max_new_tokens: int = spec(64, ge=1, doc="completion length budget")
     seed: int = spec(0, ge=0, doc="seed of sampling and data order")
     save_every: int = spec(20, ge=1, doc="checkpoint every this many steps (resume point)")
     keep_checkpoints: int = spec(2, ge=1, doc="checkpoints kept on disk")
@@ -200,6 +202,54 @@ class TrainParams:
     out_dir: str = spec("models/jax/grpo", doc="where the trained model is written")
     checkpoint_dir: str = spec("checkpoints/train", doc="resumable training checkpoints (one folder per config)")
     shards_dir: str = spec("data/shards", doc="webdataset shards of the env")
+    mesh: list[int] = spec(default_factory=list, ge=1,
+                           doc="(data, fsdp, tensor) device counts of the mesh; empty: a single device")
+
+
+@dataclass(frozen=True)
+class RolloutParams:
+    """rollout stage: each policy answers the test split (greedy; optionally sampled too) -> outputs/rollouts/."""
+
+    policies: list[str] = spec(default_factory=lambda: ["base", "sft", "grpo"],
+                               doc="policies to roll out, each the JAX model folder models_dir/<policy>")
+    models_dir: str = spec("models/jax", doc="folder holding one JAX model folder per policy")
+    shards_dir: str = spec("data/shards", doc="webdataset shards of the env")
+    split: str = spec("test", choices=("train", "test"), doc="split the policies answer")
+    limit: int = spec(0, ge=0, doc="answer only the first this many samples (0: all)")
+    batch_size: int = spec(16, ge=1, doc="prompts per rollout-engine call")
+    max_new_tokens: int = spec(64, ge=1, doc="answer length budget (tokens)")
+    sampled_answers: int = spec(0, ge=0, doc="sampled answers per prompt written beside the greedy one (0: none)")
+    temperature: float = spec(1.0, gt=0, doc="sampling temperature of the sampled answers")
+    seed: int = spec(0, ge=0, doc="seed of the sampled answers")
+    progress: float = spec(1.0, ge=0, le=1, doc="curriculum progress at which answers are scored (1: final reward)")
+    out_dir: str = spec("outputs/rollouts", doc="one <policy>.jsonl (and <policy>.sampled.jsonl) per policy")
+
+
+@dataclass(frozen=True)
+class ExportParams:
+    """export stage: a JAX model folder as a transformers folder."""
+
+    jax_dir: str = spec("models/jax/grpo", doc="JAX model folder exported")
+    hf_dir: str = spec("models/hf/grpo", doc="transformers folder written")
+
+
+@dataclass(frozen=True)
+class EvalParams:
+    """evaluate stage: metrics with bootstrap intervals, the HF baseline, plots and reports."""
+
+    rollouts_dir: str = spec("outputs/rollouts", doc="where the rollout stage wrote <policy>.jsonl")
+    comparisons: list[list[str]] = spec(default_factory=lambda: [["grpo", "sft"]],
+                                        doc="[treatment, control] pairs reported as paired differences")
+    n_resamples: int = spec(1000, ge=10, doc="bootstrap resamples")
+    confidence: float = spec(0.95, gt=0, lt=1, doc="confidence level of the intervals")
+    seed: int = spec(0, ge=0, doc="seed of the bootstrap")
+    gallery_samples: int = spec(48, ge=0, doc="test samples shown in the report's maps and gallery (0: all)")
+    map_base_points: int = spec(4000, ge=0, doc="gazetteer places drawn as the world map's base (0: none)")
+    hf_policy: str = spec("grpo", doc="policy whose exported weights transformers runs (its greedy rollout compared)")
+    hf_dir: str = spec("models/hf/grpo", doc="the exported transformers folder of hf_policy")
+    hf_samples: int = spec(16, ge=0, doc="test prompts transformers answers greedily (0: no HF baseline)")
+    logit_samples: int = spec(4, ge=0, doc="of those, samples whose prompt + answer logits are compared")
+    reward_curve_metric: str = spec("reward_mean", doc="train-run metric drawn as the training reward curve")
 
 
 SECTIONS: dict[str, type] = {
@@ -210,6 +260,9 @@ SECTIONS: dict[str, type] = {
     "tracking": TrackingParams,
     "sft": SFTParams,
     "train": TrainParams,
+    "rollout": RolloutParams,
+    "export": ExportParams,
+    "eval": EvalParams,
 }
 
 
@@ -334,6 +387,31 @@ def _check_range(value: Any, meta: typing.Mapping, where: str) -> None:
                 raise ParamsError(f"{where}: value {v!r} out of range (must be {word} {limit})")
 
 
+def render_yaml(sections: dict[str, Any] | None = None) -> str:
+    """params.yaml text for the given section objects (default: all defaults), each key with its doc as a comment."""
+    sections = sections or {name: cls() for name, cls in SECTIONS.items()}
+    lines: list[str] = []
+
+    def emit(obj: Any, indent: int) -> None:
+        pad = "  " * indent
+        for f in dataclasses.fields(obj):
+            value = getattr(obj, f.name)
+            if dataclasses.is_dataclass(value):
+                lines.append(f"{pad}{f.name}:")
+                emit(value, indent + 1)
+                continue
+            text = yaml.safe_dump(value, default_flow_style=True, width=10_000).strip()
+            text = text.removesuffix("\n...").strip()
+            doc = f.metadata.get("doc", "")
+            lines.append(f"{pad}{f.name}: {text}" + (f"  # {doc}" if doc else ""))
+
+    for name, obj in sections.items():
+        lines.append(f"{name}:  # {type(obj).__doc__.strip().splitlines()[0]}")
+        emit(obj, 1)
+        lines.append("")
+    return "\n".join(lines)
+
+
 def main(argv: list[str]) -> int:
     """`vlmgym params [FILE]`: validate a params file and print its sections with defaults filled in."""
     import argparse
@@ -341,11 +419,12 @@ def main(argv: list[str]) -> int:
 
     parser = argparse.ArgumentParser(prog="vlmgym params", description=main.__doc__)
     parser.add_argument("file", nargs="?", default=str(DEFAULT_PARAMS_FILE))
+    parser.add_argument("--yaml", action="store_true", help="print the sections as params.yaml text with docs")
     args = parser.parse_args(argv)
     try:
         sections = load_all(args.file)
     except ParamsError as e:
         print(f"error: {e}")
         return 1
-    print(json.dumps({k: to_dict(v) for k, v in sections.items()}, indent=2))
+    print(render_yaml(sections) if args.yaml else json.dumps({k: to_dict(v) for k, v in sections.items()}, indent=2))
     return 0

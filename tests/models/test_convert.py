@@ -1,0 +1,110 @@
+"""HF <-> JAX conversion: strict keys and shapes, sharded / bf16 / bare-key inputs, bit-exact export."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import jax
+import ml_dtypes
+import numpy as np
+import pytest
+from safetensors.numpy import save_file
+
+from vlmgym.models.qwen3_vl.convert import (
+    ConversionError,
+    convert_hf_to_jax,
+    export_to_hf,
+    hf_to_params,
+    load_checkpoint,
+    read_safetensors,
+    save_checkpoint,
+)
+
+
+@pytest.fixture(scope="module")
+def state(tiny_tied):
+    return read_safetensors(tiny_tied.hf_dir)
+
+
+def test_renamed_key_is_rejected_by_name(tiny_tied, state):
+    broken = dict(state)
+    broken["model.language_model.layers.1.mlp.gate_projection.weight"] = broken.pop(
+        "model.language_model.layers.1.mlp.gate_proj.weight")
+    with pytest.raises(ConversionError, match=r"language_model\.layers\.1\.mlp\.gate_projection\.weight"):
+        hf_to_params(broken, tiny_tied.cfg)
+
+
+def test_missing_key_is_rejected_by_name(tiny_tied, state):
+    broken = {k: v for k, v in state.items() if k != "model.visual.deepstack_merger_list.1.norm.bias"}
+    with pytest.raises(ConversionError, match=r"missing key 'visual\.deepstack_merger_list\.1\.norm\.bias'"):
+        hf_to_params(broken, tiny_tied.cfg)
+
+
+def test_wrong_shape_is_rejected_by_name(tiny_tied, state, tmp_path):
+    broken = dict(state)
+    key = "model.language_model.layers.2.self_attn.k_proj.weight"
+    broken[key] = np.zeros((broken[key].shape[0] + 1, broken[key].shape[1]), np.float32)
+    folder = tmp_path / "hf"
+    folder.mkdir()
+    save_file(broken, str(folder / "model.safetensors"))
+    shutil.copy(tiny_tied.hf_dir / "config.json", folder / "config.json")
+    with pytest.raises(ConversionError, match=r"layers\.2\.self_attn\.k_proj\.weight': shape \(65, 64\)"):
+        convert_hf_to_jax(folder, tmp_path / "jax")
+    assert not (tmp_path / "jax").exists()
+
+
+def test_sharded_bf16_bare_keys_convert(tiny_tied, state, tmp_path):
+    bare = {k.removeprefix("model."): v.astype(ml_dtypes.bfloat16) for k, v in state.items()}
+    keys = sorted(bare)
+    shards = {"part-1.safetensors": keys[: len(keys) // 2], "part-2.safetensors": keys[len(keys) // 2:]}
+    folder = tmp_path / "hf"
+    folder.mkdir()
+    for name, names in shards.items():
+        save_file({k: bare[k] for k in names}, str(folder / name))
+    index = {"weight_map": {k: name for name, names in shards.items() for k in names}}
+    (folder / "model.safetensors.index.json").write_text(json.dumps(index))
+    shutil.copy(tiny_tied.hf_dir / "config.json", folder / "config.json")
+    cfg, out = convert_hf_to_jax(folder, tmp_path / "jax")
+    assert cfg.param_dtype == "bf16"
+    _, params = load_checkpoint(out)
+    expected = hf_to_params({k: v.astype(ml_dtypes.bfloat16) for k, v in state.items()}, tiny_tied.cfg)
+    for got, want in zip(jax.tree.leaves(params), jax.tree.leaves(expected)):
+        assert got.dtype == ml_dtypes.bfloat16
+        np.testing.assert_array_equal(np.asarray(got), want)
+    _, as_fp32 = load_checkpoint(out, param_dtype="fp32")
+    assert jax.tree.leaves(as_fp32)[0].dtype == np.float32
+
+
+def test_export_round_trip_is_bit_exact_and_loads_in_transformers(tiny_folder, tmp_path):
+    import torch
+    from transformers import AutoTokenizer, Qwen3VLForConditionalGeneration
+
+    hf_dir, jax_dir = tiny_folder
+    out = export_to_hf(jax_dir, tmp_path / "exported")
+    original, exported = read_safetensors(hf_dir), read_safetensors(out)
+    assert sorted(original) == sorted(exported)
+    for key, value in original.items():
+        assert exported[key].dtype == value.dtype
+        assert exported[key].tobytes() == value.tobytes(), key
+    model = Qwen3VLForConditionalGeneration.from_pretrained(out, local_files_only=True)
+    reference = Qwen3VLForConditionalGeneration.from_pretrained(hf_dir, local_files_only=True)
+    tokenizer = AutoTokenizer.from_pretrained(out, local_files_only=True)
+    ids = torch.tensor([tokenizer.encode("Where was this photo taken?")])
+    with torch.no_grad():
+        assert torch.equal(model(input_ids=ids).logits, reference(input_ids=ids).logits)
+    assert tokenizer.decode(ids[0]) == "Where was this photo taken?"
+
+
+def test_save_checkpoint_replaces_atomically_and_round_trips(tiny_tied, tmp_path):
+    target = tmp_path / "ckpt"
+    save_checkpoint(target, tiny_tied.cfg, tiny_tied.params)
+    doubled = jax.tree.map(lambda x: x * 2, tiny_tied.params)
+    save_checkpoint(target, tiny_tied.cfg, doubled)  # replaces the first one
+    cfg, params = load_checkpoint(target)
+    assert cfg == tiny_tied.cfg
+    for got, want in zip(jax.tree.leaves(params), jax.tree.leaves(doubled)):
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]  # no temp or old folders left
+    with pytest.raises(ConversionError, match="not a vlmgym JAX checkpoint"):
+        load_checkpoint(tmp_path)
