@@ -1,0 +1,96 @@
+"""A decode step for sampling groups: the prompt's KV cache is stored once per prompt, not once per sample.
+
+`model.decode_step` attends over a (batch, cache) KV cache, so a group of G samples of one prompt reads G
+copies of the prompt's keys and values every step. Here the cache is split in two:
+- the prompt part, (layers, prompts, prompt_len, kv_heads, head_dim), written once by the prefill and read
+  once per prompt per step (the G queries of a group attend to it together);
+- the generated part, (layers, prompts * G, max_new_tokens, kv_heads, head_dim), one row per sample.
+The two score blocks are joined before one fp32 softmax, so the result is the same attention as over a
+single concatenated cache. Per step this reads prompts * prompt_len + rows * step KV entries instead of
+rows * (prompt_len + max_new_tokens), which is most of the memory traffic of a decode step once prompts
+carry images. The projections, norms, MLP and logits are the model's own functions.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from vlmgym.models.qwen3_vl.config import Qwen3VLConfig
+from vlmgym.models.qwen3_vl.model import NEG_INF, KVCache, _attn_out_and_mlp, _qkv, _rms_norm, mrope_cos_sin
+from vlmgym.models.qwen3_vl.params import Params
+
+GroupCache = dict[str, jax.Array]
+
+
+def group_cache(cfg: Qwen3VLConfig, prompt_cache: KVCache, group_size: int, max_new_tokens: int) -> GroupCache:
+    """The split cache from the model's prefill cache (sized to the prompt): prompt part + empty generated part."""
+    layers, prompts, _, kv_heads, head_dim = prompt_cache["k"].shape
+    rows = prompts * group_size
+    empty = jnp.zeros((layers, rows, max_new_tokens, kv_heads, head_dim), prompt_cache["k"].dtype)
+    return {
+        "prompt_k": prompt_cache["k"],
+        "prompt_v": prompt_cache["v"],
+        "prompt_valid": prompt_cache["valid"],
+        "gen_k": empty,
+        "gen_v": empty,
+        "next_position": jnp.repeat(prompt_cache["next_position"], group_size, axis=0),
+    }
+
+
+def _group_attention(q: jax.Array, prompt_k: jax.Array, prompt_v: jax.Array, prompt_valid: jax.Array,
+                     gen_k: jax.Array, gen_v: jax.Array, step: jax.Array) -> jax.Array:
+    """Attention of one new token per row over its prompt (shared by the group) and its own generated tokens.
+
+    q (rows, 1, q_heads, d); prompt_k/v (prompts, L, kv, d); prompt_valid (prompts, L); gen_k/v (rows, T, kv, d).
+    """
+    rows, _, n_q, d = q.shape
+    prompts, prompt_len, n_kv, _ = prompt_k.shape
+    group, per_kv = rows // prompts, n_q // n_kv
+    scale = d**-0.5
+    q_grouped = q.reshape(prompts, group, n_kv, per_kv, d)
+    prompt_scores = jnp.einsum("pgkhd,plkd->pgkhl", q_grouped, prompt_k, preferred_element_type=jnp.float32) * scale
+    prompt_scores = jnp.where(prompt_valid[:, None, None, None, :], prompt_scores, NEG_INF)
+    q_rows = q.reshape(rows, n_kv, per_kv, d)
+    gen_scores = jnp.einsum("bkhd,btkd->bkht", q_rows, gen_k, preferred_element_type=jnp.float32) * scale
+    gen_scores = jnp.where(jnp.arange(gen_k.shape[1])[None, None, None, :] <= step, gen_scores, NEG_INF)
+    scores = jnp.concatenate([prompt_scores.reshape(rows, n_kv, per_kv, prompt_len), gen_scores], axis=-1)
+    probs = jax.nn.softmax(scores, axis=-1).astype(prompt_v.dtype)
+    prompt_probs = probs[..., :prompt_len].reshape(prompts, group, n_kv, per_kv, prompt_len)
+    out = jnp.einsum("pgkhl,plkd->pgkhd", prompt_probs, prompt_v).reshape(rows, n_kv, per_kv, d)
+    out = out + jnp.einsum("bkht,btkd->bkhd", probs[..., prompt_len:], gen_v)
+    return out.reshape(rows, 1, n_q * d)
+
+
+def lm_head_kernel(params: Params, cfg: Qwen3VLConfig) -> jax.Array:
+    """The (hidden, vocab) output projection; taken once per decode loop, since XLA:CPU multiplies by a transposed
+    embedding about twice as slowly as by a stored (hidden, vocab) matrix."""
+    if cfg.tie_word_embeddings:
+        return params["text"]["embed"].T.astype(cfg.compute_dtype)
+    return params["lm_head"]["kernel"].astype(cfg.compute_dtype)
+
+
+def group_decode_step(params: Params, cfg: Qwen3VLConfig, tokens: jax.Array, step: jax.Array,
+                      cache: GroupCache, lm_head: jax.Array) -> tuple[jax.Array, GroupCache]:
+    """Feed generated token number `step` of every row; float32 logits (rows, V) for the next one."""
+    dtype = cfg.compute_dtype
+    rows = tokens.shape[0]
+    x = params["text"]["embed"][tokens][:, None].astype(dtype)  # (rows, 1, hidden)
+    position = cache["next_position"] + step
+    cos, sin = mrope_cos_sin(cfg, jnp.broadcast_to(position[None, :, None], (3, rows, 1)))
+
+    def layer(carry, xs):
+        h, gen_k, gen_v = carry
+        p, prompt_k, prompt_v, index = xs
+        p = jax.tree.map(lambda a: a.astype(dtype), p)
+        q, k, v = _qkv(cfg, p, h, cos, sin)
+        gen_k = jax.lax.dynamic_update_slice(gen_k, k[None].astype(gen_k.dtype), (index, 0, step, 0, 0))
+        gen_v = jax.lax.dynamic_update_slice(gen_v, v[None].astype(gen_v.dtype), (index, 0, step, 0, 0))
+        attn = _group_attention(q, prompt_k, prompt_v, cache["prompt_valid"], gen_k[index], gen_v[index], step)
+        return (_attn_out_and_mlp(cfg, p, h, attn), gen_k, gen_v), None
+
+    xs = (params["text"]["layers"], cache["prompt_k"], cache["prompt_v"], jnp.arange(cfg.text.num_hidden_layers))
+    (h, gen_k, gen_v), _ = jax.lax.scan(layer, (x, cache["gen_k"], cache["gen_v"]), xs)
+    # The model's final norm + lm_head (model._logits), with the projection passed in.
+    h = _rms_norm(h[:, 0], params["text"]["norm"]["scale"], cfg.text.rms_norm_eps)
+    return (h @ lm_head).astype(jnp.float32), {**cache, "gen_k": gen_k, "gen_v": gen_v}
