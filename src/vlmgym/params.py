@@ -168,7 +168,7 @@ class SFTParams:
 class TrainParams:
     """train stage: GRPO from the sft model."""
 
-    steps: int = spec(60, ge=1, doc="GRPO steps (one batch of prompts each)")
+    steps: int = spec(150, ge=1, doc="GRPO steps (one batch of prompts each)")
     batch_prompts: int = spec(8, ge=1, doc="prompts per step")
     group_size: int = spec(8, ge=1, doc="completions sampled per prompt (the GRPO group)")
     num_iterations: int = spec(1, ge=1, doc="optimizer updates per sampled batch (>1: off-policy, clipped)")

@@ -1,0 +1,227 @@
+"""GRPO as pure functions: group-relative advantages, the clipped surrogate, loss aggregation, KL, metrics.
+
+Conventions used throughout:
+- A batch holds `num_groups * group_size` sequences, group-contiguous: sequences
+  `[g * group_size, (g + 1) * group_size)` answer the same prompt.
+- Per-token arrays are `[batch, completion_len]` and aligned with the completion tokens;
+  `mask` is 1.0 on tokens that count (the completion up to and including its first EOS)
+  and 0.0 elsewhere. Every reduction here is masked, so post-EOS and padding tokens
+  never contribute to a loss, a gradient or a metric.
+- `behaviour_logprobs` are the log-probabilities the sampler assigned to the sampled tokens
+  under the plain (untempered, unfiltered) softmax, so that on-policy the ratio is 1.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+SCALE_REWARDS = ("group", "batch", "none")
+LOSS_AGGREGATIONS = ("token_mean", "sequence_mean", "dr_grpo")
+
+
+def mask_after_eos(tokens: jax.Array, eos_ids: tuple[int, ...] | list[int],
+                   valid: jax.Array | None = None) -> jax.Array:
+    """1.0 on completion tokens up to and including the first EOS, 0.0 after it (and where `valid` is 0)."""
+    tokens = jnp.asarray(tokens)
+    is_eos = jnp.isin(tokens, jnp.asarray(list(eos_ids), dtype=tokens.dtype))
+    # Number of EOS tokens strictly before each position: positions after the first EOS have >= 1.
+    eos_before = jnp.cumsum(is_eos, axis=-1) - is_eos
+    mask = (eos_before == 0).astype(jnp.float32)
+    if valid is not None:
+        mask = mask * jnp.asarray(valid, jnp.float32)
+    return mask
+
+
+def group_advantages(rewards: jax.Array, group_size: int, scale_rewards: str = "group",
+                     eps: float = 1e-4) -> jax.Array:
+    """Advantage of each sequence: its reward minus its group's mean, optionally divided by a std.
+
+    scale_rewards: "group" divides by the std of the sequence's own group, "batch" by the std of all
+    rewards in the batch, "none" does not divide (Dr. GRPO). Stds are population stds (ddof=0): they are
+    defined for any group size (a group of one gets advantage 0 instead of a division by zero) and a
+    two-sample group with rewards {0, 1} gets advantages of exactly -1 and +1. `eps` keeps groups whose
+    rewards are all equal at advantage 0 rather than 0/0.
+    """
+    if scale_rewards not in SCALE_REWARDS:
+        raise ValueError(f"scale_rewards={scale_rewards!r}: expected one of {SCALE_REWARDS}")
+    rewards = jnp.asarray(rewards, jnp.float32)
+    if rewards.ndim != 1 or rewards.shape[0] % group_size:
+        raise ValueError(f"rewards of shape {rewards.shape} is not a flat batch of whole groups of {group_size}")
+    grouped = rewards.reshape(-1, group_size)
+    centred = grouped - grouped.mean(axis=1, keepdims=True)
+    if scale_rewards == "group":
+        centred = centred / (grouped.std(axis=1, keepdims=True) + eps)
+    elif scale_rewards == "batch":
+        centred = centred / (rewards.std() + eps)
+    return centred.reshape(-1)
+
+
+def group_reward_std(rewards: jax.Array | np.ndarray, group_size: int) -> np.ndarray:
+    """Population std of the rewards of each group, shape [num_groups]."""
+    return np.asarray(rewards, np.float64).reshape(-1, group_size).std(axis=1)
+
+
+class GroupFilter(NamedTuple):
+    """Which groups carry a learning signal, and how many did not."""
+
+    keep: np.ndarray  # [num_groups] bool
+    num_kept: int
+    num_dropped: int
+
+
+def filter_groups(rewards: jax.Array | np.ndarray, group_size: int, min_std: float = 0.0) -> GroupFilter:
+    """Mark groups whose rewards are all equal (std <= min_std) for dropping: their advantages are all 0."""
+    std = group_reward_std(rewards, group_size)
+    # A tiny relative tolerance so rewards equal up to float noise count as equal.
+    keep = std > max(min_std, 1e-9)
+    return GroupFilter(keep=keep, num_kept=int(keep.sum()), num_dropped=int((~keep).sum()))
+
+
+def aggregate(per_token: jax.Array, mask: jax.Array, mode: str = "token_mean",
+              normalizer: jax.Array | float | None = None) -> jax.Array:
+    """Reduce a [batch, len] per-token quantity to a scalar.
+
+    token_mean: sum over active tokens / number of active tokens of the batch (the default; long answers
+    weigh more). sequence_mean: each sequence's token mean, averaged over sequences that have at least one
+    active token (plain GRPO). dr_grpo: sum over active tokens / (batch * max_len), a constant divisor.
+    `normalizer` overrides the divisor: with gradient accumulation the trainer passes the whole batch's
+    divisor (active tokens, active sequences, or batch * max_len) to every micro-batch so the summed
+    micro-batch losses equal the full-batch loss exactly.
+    """
+    if mode not in LOSS_AGGREGATIONS:
+        raise ValueError(f"loss aggregation {mode!r}: expected one of {LOSS_AGGREGATIONS}")
+    mask = mask.astype(per_token.dtype)
+    if mode == "sequence_mean":
+        tokens_per_sequence = mask.sum(axis=-1)
+        per_sequence = (per_token * mask).sum(axis=-1) / jnp.maximum(tokens_per_sequence, 1.0)
+        divisor = (tokens_per_sequence > 0).sum() if normalizer is None else normalizer
+        return per_sequence.sum() / jnp.maximum(divisor, 1.0)
+    total = (per_token * mask).sum()
+    if normalizer is not None:
+        divisor = normalizer
+    elif mode == "token_mean":
+        divisor = mask.sum()
+    else:
+        divisor = per_token.shape[0] * per_token.shape[1]
+    return total / jnp.maximum(divisor, 1.0)
+
+
+def aggregation_normalizer(mask: jax.Array | np.ndarray, mode: str) -> float:
+    """The full-batch divisor `aggregate` uses, to pass to each micro-batch under gradient accumulation."""
+    mask = np.asarray(mask)
+    if mode == "token_mean":
+        return float(max(mask.sum(), 1.0))
+    if mode == "sequence_mean":
+        return float(max((mask.sum(axis=-1) > 0).sum(), 1))
+    if mode == "dr_grpo":
+        return float(mask.shape[0] * mask.shape[1])
+    raise ValueError(f"loss aggregation {mode!r}: expected one of {LOSS_AGGREGATIONS}")
+
+
+def k3_kl(logprobs: jax.Array, other_logprobs: jax.Array) -> jax.Array:
+    """Per-token k3 estimate of KL(p || q) from samples of p: exp(q - p) - (q - p) - 1 (>= 0, unbiased)."""
+    log_ratio = other_logprobs - logprobs
+    return jnp.exp(log_ratio) - log_ratio - 1.0
+
+
+class LossOutput(NamedTuple):
+    """The scalar loss and the per-batch figures that explain it (all masked means over active tokens)."""
+
+    loss: jax.Array
+    policy_loss: jax.Array
+    kl_to_reference: jax.Array
+    clip_fraction_low: jax.Array
+    clip_fraction_high: jax.Array
+    approx_kl_behaviour: jax.Array
+    ratio_mean: jax.Array
+    ratio_max: jax.Array
+    ratio_min: jax.Array
+
+
+def grpo_loss(logprobs: jax.Array, behaviour_logprobs: jax.Array, advantages: jax.Array, mask: jax.Array, *,
+              epsilon: float = 0.2, epsilon_high: float | None = None, aggregation: str = "token_mean",
+              beta: float = 0.0, reference_logprobs: jax.Array | None = None,
+              normalizer: jax.Array | float | None = None) -> LossOutput:
+    """Clipped-surrogate GRPO loss (to minimise) with clip-higher and an optional k3 KL to a reference.
+
+    logprobs: learner log-probs of the sampled tokens [batch, len] (differentiated);
+    behaviour_logprobs: the policy that sampled them (plain softmax), held fixed;
+    advantages: one per sequence [batch]; epsilon / epsilon_high: the ratio is clipped to
+    [1 - epsilon, 1 + epsilon_high] (epsilon_high None: symmetric); beta > 0 needs reference_logprobs.
+    """
+    if beta > 0.0 and reference_logprobs is None:
+        raise ValueError("beta > 0 needs reference_logprobs (the frozen reference policy's log-probs)")
+    epsilon_high = epsilon if epsilon_high is None else epsilon_high
+    mask = mask.astype(jnp.float32)
+    log_ratio = logprobs - jax.lax.stop_gradient(behaviour_logprobs)
+    ratio = jnp.exp(log_ratio)
+    token_advantages = advantages[:, None].astype(ratio.dtype)
+    unclipped = ratio * token_advantages
+    clipped = jnp.clip(ratio, 1.0 - epsilon, 1.0 + epsilon_high) * token_advantages
+    per_token = -jnp.minimum(unclipped, clipped)
+    policy_loss = aggregate(per_token, mask, aggregation, normalizer)
+
+    kl_to_reference = jnp.zeros((), jnp.float32)
+    loss = policy_loss
+    if reference_logprobs is not None:
+        kl_per_token = k3_kl(logprobs, jax.lax.stop_gradient(reference_logprobs))
+        kl_to_reference = aggregate(kl_per_token, mask, aggregation, normalizer)
+        loss = loss + beta * kl_to_reference
+
+    # Clip fractions count only the tokens where clipping removes the gradient: ratio below the low bound
+    # with a negative advantage, or above the high bound with a positive one.
+    ratio_sg = jax.lax.stop_gradient(ratio)
+    low = ((ratio_sg < 1.0 - epsilon) & (token_advantages < 0)).astype(jnp.float32)
+    high = ((ratio_sg > 1.0 + epsilon_high) & (token_advantages > 0)).astype(jnp.float32)
+    log_ratio_sg = jax.lax.stop_gradient(log_ratio)
+    # k3 estimate of KL(behaviour || learner) from behaviour samples: r - 1 - log r, r = learner / behaviour.
+    approx_kl = ratio_sg - 1.0 - log_ratio_sg
+    big = jnp.finfo(jnp.float32).max
+    return LossOutput(
+        loss=loss,
+        policy_loss=policy_loss,
+        kl_to_reference=kl_to_reference,
+        clip_fraction_low=masked_mean(low, mask),
+        clip_fraction_high=masked_mean(high, mask),
+        approx_kl_behaviour=masked_mean(approx_kl, mask),
+        ratio_mean=masked_mean(ratio_sg, mask),
+        ratio_max=jnp.max(jnp.where(mask > 0, ratio_sg, -big)),
+        ratio_min=jnp.min(jnp.where(mask > 0, ratio_sg, big)),
+    )
+
+
+def masked_mean(values: jax.Array, mask: jax.Array) -> jax.Array:
+    """Mean of `values` over positions where mask is 1 (0 when nothing is active)."""
+    mask = mask.astype(jnp.float32)
+    return (values * mask).sum() / jnp.maximum(mask.sum(), 1.0)
+
+
+def entropy_from_logits(logits: jax.Array, mask: jax.Array) -> jax.Array:
+    """Exact mean per-token entropy of the plain softmax over the vocabulary, over active tokens."""
+    log_p = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+    per_token = -(jnp.exp(log_p) * log_p).sum(axis=-1)
+    return masked_mean(per_token, mask)
+
+
+def entropy_from_logprobs(sampled_logprobs: jax.Array, mask: jax.Array) -> jax.Array:
+    """Monte-Carlo entropy estimate: mean of -log p(sampled token) over active tokens.
+
+    Unbiased for the policy's entropy when tokens were sampled from that same plain softmax; with a
+    sampling temperature or top-k/top-p it is the cross-entropy of the sampler against the policy
+    (what the trainer logs as `entropy` when the learner forward returns no logits).
+    """
+    return masked_mean(-sampled_logprobs.astype(jnp.float32), mask)
+
+
+def logprob_mismatch(learner_logprobs: jax.Array, sampler_logprobs: jax.Array, mask: jax.Array) -> dict:
+    """How far the sampler's log-probs are from the learner's recomputation of the same tokens."""
+    diff = jnp.abs(learner_logprobs - sampler_logprobs)
+    return {
+        "logprob_mismatch_mean": masked_mean(diff, mask),
+        "logprob_mismatch_max": jnp.max(jnp.where(mask > 0, diff, 0.0)),
+        "kl_sampler_learner": masked_mean(k3_kl(sampler_logprobs, learner_logprobs), mask),
+    }

@@ -1,0 +1,184 @@
+"""What every training loop shares: the policy interface, a resumable data order, checkpoint resume, progress."""
+
+from __future__ import annotations
+
+import abc
+import hashlib
+import json
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, NamedTuple, Protocol
+
+import jax
+import numpy as np
+from tqdm import tqdm
+
+from vlmgym.rl.checkpoint import CheckpointManager
+
+MetricsCallback = Callable[[int, dict[str, float]], None]
+RECENT_METRICS = 10
+
+
+class Samples(NamedTuple):
+    """Completions sampled for a batch of prompts, group-contiguous ([num_prompts * group_size, max_new_tokens])."""
+
+    tokens: np.ndarray  # int32 completion tokens (anything after the first EOS is padding)
+    mask: np.ndarray  # float32: 1 through the first EOS, 0 after it
+    logprobs: np.ndarray  # float32 log-probs of the tokens under the sampler's plain (temperature 1) softmax
+    texts: list[str]  # the decoded completions
+
+
+class Policy(Protocol):
+    """A trainable policy: how the loops sample from it and score tokens under it.
+
+    `build_batch` turns observations and completion tokens into the learner's input pytree, every leaf with the
+    batch axis first (so it can be split into micro-batches); `logprobs` is pure and jittable and returns
+    [batch, max_new_tokens] log-probs of the completion tokens under the plain softmax (0 where masked).
+    """
+
+    eos_ids: tuple[int, ...]
+    max_new_tokens: int
+
+    def sample(self, params: Any, observations: Sequence[dict], group_size: int, rng: jax.Array) -> Samples:
+        """Sample group_size completions for each observation."""
+        ...
+
+    def build_batch(self, observations: Sequence[dict], completion_tokens: np.ndarray,
+                    completion_mask: np.ndarray) -> Any:
+        """Learner inputs for one completion per observation."""
+        ...
+
+    def logprobs(self, params: Any, batch: Any) -> jax.Array:
+        """Log-probs of the batch's completion tokens."""
+        ...
+
+    def encode_targets(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+        """Target texts as completion tokens ending in EOS, and their mask, [len(texts), max_new_tokens]."""
+        ...
+
+
+class DataOrder:
+    """A reproducible, resumable walk over dataset indices: a fresh seeded permutation every epoch."""
+
+    def __init__(self, size: int, seed: int, epoch: int = 0, position: int = 0):
+        if size < 1:
+            raise ValueError("DataOrder needs a dataset with at least one item")
+        self.size, self.seed, self.epoch, self.position = size, seed, epoch, position
+        self._order = self._permutation(epoch)
+
+    def _permutation(self, epoch: int) -> np.ndarray:
+        return np.random.default_rng([self.seed, epoch]).permutation(self.size)
+
+    def take(self, count: int) -> list[int]:
+        """The next `count` indices, crossing into the next epoch's permutation when this one runs out."""
+        out = []
+        while len(out) < count:
+            if self.position == self.size:
+                self.epoch, self.position = self.epoch + 1, 0
+                self._order = self._permutation(self.epoch)
+            out.append(int(self._order[self.position]))
+            self.position += 1
+        return out
+
+    def state(self) -> dict:
+        """JSON-safe cursor."""
+        return {"epoch": self.epoch, "position": self.position}
+
+    @classmethod
+    def from_state(cls, size: int, seed: int, state: dict) -> DataOrder:
+        """Resume a walk from its cursor."""
+        return cls(size, seed, epoch=int(state["epoch"]), position=int(state["position"]))
+
+
+def config_fingerprint(config: Any) -> str:
+    """A short hash of a config, naming its checkpoint folder so a changed config never resumes a stale run."""
+    raw = json.dumps(config, sort_keys=True, default=str)
+    return hashlib.sha256(raw.encode()).hexdigest()[:12]
+
+
+class CompileCounter:
+    """Counts traces of the jitted step functions: a Python side effect runs only when JAX (re)traces."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def traced(self, name: str) -> None:
+        """Called from inside a function being traced."""
+        self.count += 1
+        tqdm.write(f"[vlmgym.rl] compiling {name} (compile #{self.count})")
+
+
+class TrainingLoop(abc.ABC):
+    """Resume from the latest checkpoint, run the remaining steps with a progress bar, checkpoint, report."""
+
+    name = "train"
+
+    def __init__(self, *, total_steps: int, checkpoint_dir: str | Path, save_every: int, keep: int,
+                 metrics_callback: MetricsCallback | None = None, progress_bar: bool = True):
+        self.total_steps = total_steps
+        self.checkpoints = CheckpointManager(checkpoint_dir, save_every=save_every, keep=keep)
+        self.metrics_callback = metrics_callback
+        self.progress_bar = progress_bar
+        self.compiles = CompileCounter()
+        self.history: list[dict[str, float]] = []
+        # Metrics of the steps before the resume point (the last RECENT_METRICS of them), so a run resumed at its
+        # last step still reports its final figures.
+        self.restored_history: list[dict[str, float]] = []
+        self.resumed_from: int | None = None
+
+    # Subclasses set self.params, self.opt_state and self.rng, and provide the loop state and one step.
+    @abc.abstractmethod
+    def loop_state(self) -> dict:
+        """JSON-safe loop state saved with each checkpoint (data cursor etc.)."""
+
+    @abc.abstractmethod
+    def load_loop_state(self, state: dict) -> None:
+        """Restore what loop_state() saved."""
+
+    @abc.abstractmethod
+    def step(self, step: int) -> dict[str, float]:
+        """Run training step `step` (0-based) and return its metrics."""
+
+    def resume(self) -> int:
+        """Restore the latest checkpoint if there is one; returns the step to continue from."""
+        latest = self.checkpoints.latest_step()
+        if latest is None:
+            return 0
+        restored = self.checkpoints.restore(self.params, self.opt_state)
+        self.params, self.opt_state, self.rng = restored.params, restored.opt_state, restored.rng
+        state = dict(restored.loop_state)
+        self.restored_history = state.pop("recent_metrics", [])
+        self.load_loop_state(state)
+        self.resumed_from = latest
+        return latest
+
+    def run(self, stop_after: int | None = None) -> Any:
+        """Train to total_steps (or stop after `stop_after` steps, for tests); returns the final params."""
+        start = self.resume()
+        end = self.total_steps if stop_after is None else min(self.total_steps, start + stop_after)
+        bar = tqdm(total=self.total_steps, initial=start, desc=self.name, disable=not self.progress_bar,
+                   dynamic_ncols=True)
+        try:
+            for step in range(start, end):
+                started = time.perf_counter()
+                metrics = self.step(step)
+                metrics["step_time_s"] = time.perf_counter() - started
+                metrics["compile_count"] = float(self.compiles.count)
+                self.history.append(metrics)
+                if self.metrics_callback is not None:
+                    self.metrics_callback(step + 1, metrics)
+                done = step + 1
+                recent = (self.restored_history + self.history)[-RECENT_METRICS:]
+                self.checkpoints.save(done, self.params, self.opt_state, self.rng,
+                                      {**self.loop_state(), "recent_metrics": recent}, force=done == self.total_steps)
+                bar.set_postfix(self.postfix(metrics), refresh=False)
+                bar.update(1)
+        finally:
+            bar.close()
+            self.checkpoints.close()
+        return self.params
+
+    def postfix(self, metrics: dict[str, float]) -> dict[str, str]:
+        """The figures shown next to the progress bar."""
+        return {"loss": f"{metrics.get('loss', float('nan')):.4f}"}

@@ -1,0 +1,116 @@
+"""Qwen3-VL as a trainable Policy: the rollout engine samples, `token_logprobs` scores, the processor encodes."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from vlmgym.models.qwen3_vl.config import Qwen3VLConfig
+from vlmgym.models.qwen3_vl.model import token_logprobs
+from vlmgym.models.qwen3_vl.sharding import batch_sharding
+from vlmgym.models.qwen3_vl.vision import patch_layout
+from vlmgym.rl.loop import Samples
+from vlmgym.rollout.engine import TRACE_COUNTS, Buckets, RolloutEngine
+from vlmgym.rollout.sampling import SamplingSettings
+
+LEARNER_KEYS = ("input_ids", "attention_mask", "position_ids", "pixel_values", "patch_layout")
+END_OF_TURN = "<|im_end|>"
+
+
+class Qwen3VLPolicy:
+    """Samples with the rollout engine and recomputes the same plain-softmax log-probs with the learner.
+
+    Hashed by identity: it is a static argument of the trainer's jitted functions, created once per run.
+    With a `mesh`, learner batches are placed batch-sharded over its data axes (parameters are placed by
+    the caller with `sharding.shard_params`), so one code path runs on one device or many.
+    """
+
+    def __init__(self, cfg: Qwen3VLConfig, processor: Any, settings: SamplingSettings, *,
+                 buckets: Buckets | None = None, mesh: Mesh | None = None):
+        end_of_turn = processor.tokenizer.convert_tokens_to_ids(END_OF_TURN)
+        if end_of_turn is None or end_of_turn not in settings.eos_ids:
+            raise ValueError(f"sampling eos_ids {settings.eos_ids} must include {END_OF_TURN} ({end_of_turn}), "
+                             "the token that ends an assistant turn")
+        self.cfg, self.processor, self.settings, self.mesh = cfg, processor, settings, mesh
+        self.buckets = buckets or Buckets()
+        self.engine = RolloutEngine(cfg, processor, settings, self.buckets)
+        self.end_of_turn = int(end_of_turn)
+
+    @property
+    def eos_ids(self) -> tuple[int, ...]:
+        return self.settings.eos_ids
+
+    @property
+    def max_new_tokens(self) -> int:
+        return self.settings.max_new_tokens
+
+    @property
+    def compile_count(self) -> int:
+        """Traces of the rollout engine's jitted functions in this process (the trainer counts its own)."""
+        return sum(TRACE_COUNTS.values())
+
+    def sample(self, params: Any, observations: Sequence[dict], group_size: int, rng: jax.Array) -> Samples:
+        """group_size completions per observation from the rollout engine (plain-softmax log-probs kept)."""
+        batch = self.engine.generate(params, observations, group_size, rng)
+        return Samples(tokens=batch.completion_ids, mask=batch.completion_mask, logprobs=batch.logprobs,
+                       texts=list(batch.texts))
+
+    def build_batch(self, observations: Sequence[dict], completion_tokens: np.ndarray,
+                    completion_mask: np.ndarray) -> dict:
+        """Prompts processed exactly as the engine does (left-padded, length-bucketed) plus the completions."""
+        inputs = self.engine.prepare(observations)
+        if len(np.asarray(inputs.get("image_grid_thw", np.zeros((0, 3))))):
+            inputs = self._with_patch_layout(inputs)
+        batch = {"inputs": {key: inputs[key] for key in LEARNER_KEYS if key in inputs},
+                 "completion_ids": np.asarray(completion_tokens, np.int32),
+                 "completion_mask": np.asarray(completion_mask, np.float32)}
+        return batch if self.mesh is None else self._place(batch)
+
+    def _with_patch_layout(self, inputs: dict) -> dict:
+        # Padding patches form one extra attention block in vision.patch_layout, and every block is as long as
+        # the longest: padding a learner batch's ~3k patches to the next power of two makes a 1k-patch block
+        # and ~15 GB of attention activations for 64 small images. Pad to a multiple of the longest image
+        # instead; the shape still stays fixed while the images keep their size (one size per dataset).
+        grids = np.asarray(inputs["image_grid_thw"], np.int64)
+        frame = int((grids[:, 1] * grids[:, 2]).max())
+        pixels = np.asarray(inputs["pixel_values"])
+        total = -(-len(pixels) // frame) * frame
+        padding = np.zeros((total - len(pixels), pixels.shape[1]), pixels.dtype)
+        return {**inputs, "pixel_values": np.concatenate([pixels, padding]),
+                "patch_layout": patch_layout(self.cfg, grids, pad_to=total)}
+
+    def _place(self, batch: dict) -> dict:
+        rows = batch["completion_ids"].shape[0]
+        replicated = NamedSharding(self.mesh, PartitionSpec())
+
+        def place(path: tuple, x: Any) -> Any:
+            name = getattr(path[-1], "key", "")
+            if name == "position_ids":  # (3, batch, length)
+                return jax.device_put(x, batch_sharding(self.mesh, x.ndim, 1, rows))
+            if path[0].key != "inputs" or name in ("input_ids", "attention_mask"):
+                return jax.device_put(x, batch_sharding(self.mesh, x.ndim, 0, rows))
+            return jax.device_put(x, replicated)  # image patches are not laid out per row
+
+        return jax.tree_util.tree_map_with_path(place, batch)
+
+    def logprobs(self, params: Any, batch: dict) -> jax.Array:
+        """Plain-softmax log-probs of the completion tokens [batch, max_new_tokens] (0 where masked)."""
+        return token_logprobs(params, self.cfg, batch["inputs"], batch["completion_ids"], batch["completion_mask"])
+
+    def encode_targets(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+        """Answer texts as the tokens the model should generate: the text, then <|im_end|>; padded."""
+        steps = self.max_new_tokens
+        tokens = np.full((len(texts), steps), self.settings.pad_id, np.int32)
+        mask = np.zeros((len(texts), steps), np.float32)
+        for row, text in enumerate(texts):
+            ids = list(self.processor.tokenizer.encode(text, add_special_tokens=False)) + [self.end_of_turn]
+            if len(ids) > steps:
+                raise ValueError(f"SFT target {row} ({text!r}) is {len(ids)} tokens with {END_OF_TURN}, more than "
+                                 f"max_new_tokens={steps}; raise max_new_tokens")
+            tokens[row, : len(ids)] = ids
+            mask[row, : len(ids)] = 1.0
+        return tokens, mask

@@ -1,0 +1,82 @@
+"""What the sft and train stages share: a model folder as a Policy, the env, the resume folder, the output."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from vlmgym import envs
+from vlmgym.models.qwen3_vl.config import load_hf_config
+from vlmgym.models.qwen3_vl.convert import load_checkpoint, save_checkpoint
+from vlmgym.models.qwen3_vl.processor import Processor
+from vlmgym.models.qwen3_vl.sharding import make_mesh, param_shardings
+from vlmgym.params import to_dict
+from vlmgym.rl.loop import config_fingerprint
+from vlmgym.rl.policy import Qwen3VLPolicy
+from vlmgym.rollout.sampling import SamplingSettings
+
+
+def load_policy(model_dir: str | Path, model_params: Any, max_new_tokens: int, *, temperature: float = 1.0,
+                top_k: int = 0, top_p: float = 1.0,
+                mesh_shape: tuple[int, ...] = ()) -> tuple[Qwen3VLPolicy, Any]:
+    """(policy, params) from a vlmgym JAX checkpoint folder, in the `model` section's dtypes.
+
+    mesh_shape: (data, fsdp, tensor) device counts; empty (or all ones) keeps everything on one device.
+    """
+    processor = Processor.from_pretrained(model_dir)
+    settings = SamplingSettings(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
+                                eos_ids=tuple(processor.eos_token_ids), pad_id=int(processor.pad_token_id))
+    mesh = shardings = None
+    if mesh_shape and int(np.prod(mesh_shape)) > 1:
+        mesh = make_mesh(*mesh_shape)
+        cfg = load_hf_config(model_dir, dtype=model_params.dtype, param_dtype=model_params.param_dtype)
+        shardings = param_shardings(cfg, mesh)
+    cfg, params = load_checkpoint(model_dir, dtype=model_params.dtype, param_dtype=model_params.param_dtype,
+                                  shardings=shardings)
+    return Qwen3VLPolicy(cfg, processor, settings, mesh=mesh), params
+
+
+def make_env(env_params: Any, shards_dir: str, split: str, tokenizer: Any) -> Any:
+    """The configured env over a split of the shards, decoding answers with the model's tokenizer."""
+    kwargs: dict[str, Any] = {"shards_dir": shards_dir, "split": split, "tokenizer": tokenizer}
+    section = getattr(env_params, env_params.name, None)
+    if section is not None:  # env-specific settings, e.g. env.geospot (reward taus and curriculum)
+        kwargs["params"] = section
+    return envs.make(env_params.name, **kwargs)
+
+
+def folder_identity(folder: str | Path) -> str:
+    """A cheap identity of a model folder: hash of its small files plus the sizes and names of the rest."""
+    digest = hashlib.sha256()
+    for path in sorted(Path(folder).rglob("*")):
+        if not path.is_file():
+            continue
+        digest.update(str(path.relative_to(folder)).encode())
+        size = path.stat().st_size
+        digest.update(path.read_bytes() if size < 1 << 20 else str(size).encode())
+    return digest.hexdigest()[:16]
+
+
+def resume_dir(base: str | Path, *sections: Any, init_dir: str | Path) -> Path:
+    """The checkpoint folder of this exact configuration: a changed param or start model never resumes it."""
+    config = {"sections": [to_dict(s) for s in sections], "init": folder_identity(init_dir)}
+    return Path(base) / config_fingerprint(config)
+
+
+def save_model(out_dir: str | Path, policy: Qwen3VLPolicy, params: Any, init_dir: str | Path) -> Path:
+    """Write the trained params as a model folder (config + tokenizer files copied from init_dir), atomically."""
+    hf_config = json.loads((Path(init_dir) / "config.json").read_text())
+    return save_checkpoint(out_dir, policy.cfg, params, hf_config=hf_config, side_files_from=init_dir)
+
+
+def write_json_atomically(path: str | Path, obj: Any) -> None:
+    """Small metrics files: write a temp file, then rename."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n")
+    tmp.replace(path)

@@ -1,0 +1,398 @@
+"""GRPO and SFT training loops over an env and a Policy, with exact resume and per-step metrics."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from vlmgym.rl import grpo
+from vlmgym.rl.loop import (
+    CompileCounter,
+    DataOrder,
+    MetricsCallback,
+    Policy,
+    TrainingLoop,
+)
+from vlmgym.rl.optim import Optimizer, OptimizerConfig, trainable_mask
+from vlmgym.rl.sft import sft_loss_from_logprobs
+
+SamplesCallback = Callable[[int, list[dict]], None]
+
+
+@dataclass(frozen=True)
+class LossSettings:
+    """Static settings of the jitted GRPO update (hashable)."""
+
+    epsilon: float
+    epsilon_high: float
+    aggregation: str
+    beta: float
+    current_as_old: bool  # behaviour log-probs = this forward's own (stop-gradient) log-probs: ratio exactly 1
+
+
+def _grpo_micro_loss(params: Any, micro: dict, normalizer: jax.Array, policy: Policy,
+                     settings: LossSettings) -> tuple[jax.Array, dict]:
+    logprobs = policy.logprobs(params, micro["batch"])
+    behaviour = jax.lax.stop_gradient(logprobs) if settings.current_as_old else micro["behaviour"]
+    out = grpo.grpo_loss(logprobs, behaviour, micro["advantages"], micro["mask"], epsilon=settings.epsilon,
+                         epsilon_high=settings.epsilon_high, aggregation=settings.aggregation, beta=settings.beta,
+                         reference_logprobs=micro.get("reference"), normalizer=normalizer)
+    tokens = micro["mask"].astype(jnp.float32).sum()
+    # Per-micro-batch means become sums here and are divided by the batch's token count afterwards.
+    aux = {"logprobs": jax.lax.stop_gradient(logprobs), "tokens": tokens,
+           "policy_loss": out.policy_loss, "kl_to_reference": out.kl_to_reference,
+           "clip_fraction_low": out.clip_fraction_low * tokens, "clip_fraction_high": out.clip_fraction_high * tokens,
+           "approx_kl_behaviour": out.approx_kl_behaviour * tokens, "ratio_mean": out.ratio_mean * tokens,
+           "ratio_max": out.ratio_max, "ratio_min": out.ratio_min}
+    return out.loss, aux
+
+
+@partial(jax.jit, static_argnames=("policy", "optimizer", "settings", "compiles"))
+def grpo_gradients(params: Any, micro: dict, normalizer: jax.Array, *, policy: Policy, optimizer: Optimizer,
+                   settings: LossSettings, compiles: CompileCounter) -> tuple[jax.Array, Any, dict]:
+    """GRPO loss, fp32 gradients and figures of one micro-batch (normalised by the whole batch's divisor)."""
+    compiles.traced("grpo_gradients")
+    grad_fn = jax.value_and_grad(_grpo_micro_loss, has_aux=True)
+    (loss, aux), grads = grad_fn(optimizer.stop_frozen_gradients(params), micro, normalizer, policy, settings)
+    return loss, jax.tree.map(lambda g: g.astype(jnp.float32), grads), aux
+
+
+@partial(jax.jit, donate_argnums=0)
+def _add(total: Any, more: Any) -> Any:
+    return jax.tree.map(jnp.add, total, more)
+
+
+@partial(jax.jit, static_argnames=("optimizer", "compiles"), donate_argnums=(0, 1))
+def apply_update(params: Any, opt_state: Any, grads: Any, *, optimizer: Optimizer,
+                 compiles: CompileCounter) -> tuple[Any, Any, dict]:
+    """One optimizer step with the summed gradients (params and state buffers are donated)."""
+    compiles.traced("apply_update")
+    return optimizer.update(grads, opt_state, params)
+
+
+def accumulate(gradient_fn: Callable, micro_batches: list) -> tuple[Any, list]:
+    """Sum a jitted (loss, grads, aux) function's gradients over micro-batches; returns grads and each aux."""
+    total, auxes = None, []
+    for micro in micro_batches:
+        loss, grads, aux = gradient_fn(micro)
+        total = grads if total is None else _add(total, grads)
+        auxes.append({"loss": loss, **aux})
+    return total, auxes
+
+
+def _combine_grpo_figures(auxes: list[dict]) -> dict[str, float]:
+    """Whole-batch figures from per-micro-batch sums (host side)."""
+    auxes = jax.device_get(auxes)
+    tokens = max(sum(float(a["tokens"]) for a in auxes), 1.0)
+    out = {name: sum(float(a[name]) for a in auxes) for name in ("loss", "policy_loss", "kl_to_reference")}
+    for name in ("clip_fraction_low", "clip_fraction_high", "approx_kl_behaviour", "ratio_mean"):
+        out[name] = sum(float(a[name]) for a in auxes) / tokens
+    out["ratio_max"] = max(float(a["ratio_max"]) for a in auxes)
+    out["ratio_min"] = min(float(a["ratio_min"]) for a in auxes)
+    return out
+
+
+@partial(jax.jit, static_argnames=("policy", "compiles"))
+def policy_logprobs(params: Any, batch: Any, *, policy: Policy, compiles: CompileCounter) -> jax.Array:
+    """The policy's log-probs of a batch (the frozen reference's, when beta > 0)."""
+    compiles.traced("policy_logprobs")
+    return policy.logprobs(params, batch)
+
+
+@partial(jax.jit, static_argnames=("group_size", "scale_rewards"))
+def _advantages(rewards: jax.Array, group_size: int, scale_rewards: str) -> jax.Array:
+    return grpo.group_advantages(rewards, group_size, scale_rewards)
+
+
+@jax.jit
+def _behaviour_statistics(learner_logprobs: jax.Array, sampler_logprobs: jax.Array, mask: jax.Array) -> dict:
+    """Sampler-vs-learner mismatch and the entropy estimate, from the first (pre-update) learner forward."""
+    return {**grpo.logprob_mismatch(learner_logprobs, sampler_logprobs, mask),
+            "entropy": grpo.entropy_from_logprobs(learner_logprobs, mask)}
+
+
+def _sft_micro_loss(params: Any, micro: dict, normalizer: jax.Array, policy: Policy) -> tuple[jax.Array, dict]:
+    logprobs = policy.logprobs(params, micro["batch"])
+    mask = micro["mask"].astype(jnp.float32)
+    return sft_loss_from_logprobs(logprobs, mask, normalizer), {"tokens": mask.sum()}
+
+
+@partial(jax.jit, static_argnames=("policy", "optimizer", "compiles"))
+def sft_gradients(params: Any, micro: dict, normalizer: jax.Array, *, policy: Policy, optimizer: Optimizer,
+                  compiles: CompileCounter) -> tuple[jax.Array, Any, dict]:
+    """SFT loss and fp32 gradients of one micro-batch (normalised by the whole batch's token count)."""
+    compiles.traced("sft_gradients")
+    grad_fn = jax.value_and_grad(_sft_micro_loss, has_aux=True)
+    (loss, aux), grads = grad_fn(optimizer.stop_frozen_gradients(params), micro, normalizer, policy)
+    return loss, jax.tree.map(lambda g: g.astype(jnp.float32), grads), aux
+
+
+def micro_slices(rows: int, micro_batches: int) -> list[slice]:
+    """Row ranges of equal-size micro-batches."""
+    if rows % micro_batches:
+        raise ValueError(f"batch of {rows} rows does not split into {micro_batches} micro-batches")
+    size = rows // micro_batches
+    return [slice(i * size, (i + 1) * size) for i in range(micro_batches)]
+
+
+def score(env: Any, state: Any, tokens: np.ndarray, mask: np.ndarray) -> tuple[float, dict]:
+    """Reward and info of one completion: its tokens through the first EOS, nothing after."""
+    active = [int(t) for t, m in zip(tokens, mask) if m > 0]
+    _, _, reward, _, info = env.step(state, active)
+    return float(reward), info
+
+
+def optimizer_config(section: Any) -> OptimizerConfig:
+    """The optimizer settings of an sft or train params section."""
+    return OptimizerConfig(learning_rate=section.lr, warmup_steps=section.warmup_steps, total_steps=section.steps,
+                           end_lr_ratio=section.end_lr_ratio, weight_decay=section.weight_decay,
+                           max_grad_norm=section.max_grad_norm)
+
+
+class GRPOTrainer(TrainingLoop):
+    """GRPO: sample groups, score them with the env, update with the clipped surrogate, checkpoint.
+
+    The trainer takes ownership of `params`: their buffers are donated to the first update (no second copy of
+    the model in memory), so the caller must not use them afterwards; `trainer.params` holds the current ones.
+    """
+
+    name = "grpo"
+
+    def __init__(self, policy: Policy, env: Any, params: Any, config: Any, checkpoint_dir: str | Path, *,
+                 metrics_callback: MetricsCallback | None = None, samples_callback: SamplesCallback | None = None,
+                 progress_bar: bool = True):
+        super().__init__(total_steps=config.steps, checkpoint_dir=checkpoint_dir, save_every=config.save_every,
+                         keep=config.keep_checkpoints, metrics_callback=metrics_callback, progress_bar=progress_bar)
+        if (config.batch_prompts * config.group_size) % config.micro_batches:
+            raise ValueError(f"train: {config.batch_prompts} x {config.group_size} sequences do not split into "
+                             f"micro_batches={config.micro_batches}")
+        self.policy, self.env, self.config = policy, env, config
+        self.samples_callback = samples_callback
+        self.optimizer = Optimizer(optimizer_config(config), trainable_mask(params, config.freeze))
+        # The reference policy is a frozen copy of the starting params, held only when the KL term is on.
+        self.reference_params = jax.tree.map(jnp.copy, params) if config.beta > 0 else None
+        self.params, self.opt_state = params, jax.jit(self.optimizer.init)(params)
+        self.rng = jax.random.key(config.seed)
+        self.data = DataOrder(len(env), config.seed)
+
+    def loop_state(self) -> dict:
+        return {"data": self.data.state()}
+
+    def load_loop_state(self, state: dict) -> None:
+        self.data = DataOrder.from_state(len(self.env), self.config.seed, state["data"])
+
+    def postfix(self, metrics: dict[str, float]) -> dict[str, str]:
+        return {"reward": f"{metrics['reward_mean']:.3f}", "kl": f"{metrics['approx_kl_behaviour']:.2e}"}
+
+    def _gradients(self, micro: dict, normalizer: jax.Array, settings: LossSettings) -> tuple:
+        return grpo_gradients(self.params, micro, normalizer, policy=self.policy, optimizer=self.optimizer,
+                              settings=settings, compiles=self.compiles)
+
+    def _settings(self, current_as_old: bool) -> LossSettings:
+        c = self.config
+        return LossSettings(epsilon=c.epsilon, epsilon_high=c.epsilon_high, aggregation=c.loss_aggregation,
+                            beta=c.beta, current_as_old=current_as_old)
+
+    def _collect(self, step: int, rng: jax.Array) -> dict:
+        """Sample and score groups until the batch is full (dropping all-equal groups when filtering)."""
+        c = self.config
+        # The curriculum follows training progress, not env resets (which sampling rounds would skew).
+        self.env.set_progress(step / self.total_steps)
+        kept, spare, sampled_rewards, sampled_infos = [], [], [], []
+        sampled_groups = zero_std_groups = rounds = sampled_tokens = 0
+        rollout_time = 0.0
+        while len(kept) < c.batch_prompts and rounds < c.max_sample_rounds:
+            indices = self.data.take(c.batch_prompts)
+            resets = [self.env.reset(i) for i in indices]
+            observations = [obs for _, obs in resets]
+            started = time.perf_counter()
+            samples = self.policy.sample(self.params, observations, c.group_size, jax.random.fold_in(rng, rounds))
+            rollout_time += time.perf_counter() - started
+            sampled_tokens += int(samples.mask.sum())
+            rounds += 1
+            for g, (state, obs) in enumerate(resets):
+                rows = range(g * c.group_size, (g + 1) * c.group_size)
+                scored = [score(self.env, state, samples.tokens[r], samples.mask[r]) for r in rows]
+                group = {"index": indices[g], "obs": obs, "tokens": samples.tokens[rows.start:rows.stop],
+                         "mask": samples.mask[rows.start:rows.stop], "logprobs": samples.logprobs[rows.start:rows.stop],
+                         "texts": samples.texts[rows.start:rows.stop], "rewards": np.array([s[0] for s in scored]),
+                         "infos": [s[1] for s in scored]}
+                sampled_groups += 1
+                sampled_rewards.extend(group["rewards"])
+                sampled_infos.extend(group["infos"])
+                equal = grpo.filter_groups(group["rewards"], c.group_size).num_dropped == 1
+                zero_std_groups += equal
+                if c.filter_groups and equal:
+                    spare.append(group)
+                elif len(kept) < c.batch_prompts:
+                    kept.append(group)
+            if not c.filter_groups:
+                break
+        # Sampling rounds ran out: fill the batch with all-equal groups, masked out so they only pad the shape.
+        padding = spare[: c.batch_prompts - len(kept)]
+        for group in padding:
+            group["mask"] = np.zeros_like(group["mask"])
+        return {"groups": kept + padding, "num_padding": len(padding), "sampled_groups": sampled_groups,
+                "zero_std_groups": zero_std_groups, "rounds": rounds, "rollout_time": rollout_time,
+                "sampled_tokens": sampled_tokens, "sampled_rewards": np.asarray(sampled_rewards, np.float64),
+                "sampled_infos": sampled_infos}
+
+    def step(self, step: int) -> dict[str, float]:
+        c = self.config
+        self.rng, step_rng = jax.random.split(self.rng)
+        collected = self._collect(step, step_rng)
+        groups = collected["groups"]
+        started = time.perf_counter()
+        rewards = np.concatenate([g["rewards"] for g in groups]).astype(np.float32)
+        mask = np.concatenate([g["mask"] for g in groups]).astype(np.float32)
+        tokens = np.concatenate([g["tokens"] for g in groups])
+        sampler_logprobs = np.concatenate([g["logprobs"] for g in groups]).astype(np.float32)
+        real = np.repeat([i < len(groups) - collected["num_padding"] for i in range(len(groups))], c.group_size)
+        advantages = np.asarray(_advantages(rewards[real], c.group_size, c.scale_rewards))
+        advantages = np.concatenate([advantages, np.zeros(int((~real).sum()), np.float32)])
+        observations = [g["obs"] for g in groups for _ in range(c.group_size)]
+        normalizer = jnp.float32(grpo.aggregation_normalizer(mask, c.loss_aggregation))
+        micro_batches = []
+        for rows in micro_slices(len(observations), c.micro_batches):
+            batch = self.policy.build_batch(observations[rows], tokens[rows], mask[rows])
+            micro = {"batch": batch, "behaviour": sampler_logprobs[rows], "advantages": advantages[rows],
+                     "mask": mask[rows]}
+            if self.reference_params is not None:
+                micro["reference"] = policy_logprobs(self.reference_params, batch, policy=self.policy,
+                                                     compiles=self.compiles)
+            micro_batches.append(micro)
+        iteration_metrics = []
+        for iteration in range(c.num_iterations):
+            settings = self._settings(current_as_old=c.old_logprobs == "learner" and iteration == 0)
+            grads, auxes = accumulate(partial(self._gradients, normalizer=normalizer, settings=settings),
+                                      micro_batches)
+            self.params, self.opt_state, stats = apply_update(self.params, self.opt_state, grads,
+                                                              optimizer=self.optimizer, compiles=self.compiles)
+            if iteration == 0:
+                first_logprobs = np.concatenate([np.asarray(a["logprobs"]) for a in auxes])
+                if c.old_logprobs == "learner":
+                    for micro, aux in zip(micro_batches, auxes):
+                        micro["behaviour"] = aux["logprobs"]
+            iteration_metrics.append({**_combine_grpo_figures(auxes),
+                                      **{k: float(v) for k, v in jax.device_get(stats).items()}})
+        update_time = time.perf_counter() - started
+        out = self._metrics(collected, mask, tokens, iteration_metrics)
+        statistics = _behaviour_statistics(first_logprobs, sampler_logprobs, mask)
+        out.update({k: float(v) for k, v in jax.device_get(statistics).items()})
+        out["rollout_time_s"] = collected["rollout_time"]
+        out["update_time_s"] = update_time
+        out["sample_tokens_per_s"] = collected["sampled_tokens"] / max(collected["rollout_time"], 1e-9)
+        out["tokens_per_s"] = float(mask.sum()) * c.num_iterations / max(update_time, 1e-9)
+        out["rollout_compile_count"] = float(getattr(self.policy, "compile_count", 0))
+        if self.samples_callback is not None and ((step + 1) % c.samples_every == 0 or step == 0):
+            self.samples_callback(step + 1, self._sample_rows(groups[: len(groups) - collected["num_padding"]]))
+        return out
+
+    def _metrics(self, collected: dict, mask: np.ndarray, tokens: np.ndarray,
+                 iterations: list[dict]) -> dict[str, float]:
+        # Rewards over everything sampled this step, dropped groups included: what the policy scores now.
+        rewards = collected["sampled_rewards"]
+        out = {"reward_mean": float(rewards.mean()), "reward_std": float(rewards.std()),
+               "zero_std_group_share": collected["zero_std_groups"] / collected["sampled_groups"],
+               "groups_dropped": float(collected["zero_std_groups"] if self.config.filter_groups else 0),
+               "sample_rounds": float(collected["rounds"])}
+        components: dict[str, list[float]] = {}
+        for info in collected["sampled_infos"]:
+            for name, value in (info.get("reward_components") or {}).items():
+                components.setdefault(name, []).append(float(value))
+        out.update({f"reward/{name}": float(np.mean(values)) for name, values in sorted(components.items())})
+        active_rows = mask.sum(axis=1) > 0
+        lengths = mask.sum(axis=1)[active_rows]
+        out["completion_length"] = float(lengths.mean()) if lengths.size else 0.0
+        eos = np.isin(tokens, self.policy.eos_ids) & (mask > 0)
+        out["truncated_share"] = float(1.0 - eos.any(axis=1)[active_rows].mean()) if lengths.size else 0.0
+        for name in iterations[0]:
+            values = [float(m[name]) for m in iterations]
+            # Clip fractions, KL and ratios say most after the last iteration (the first is on-policy).
+            out[name] = values[-1] if name in ("clip_fraction_low", "clip_fraction_high", "approx_kl_behaviour",
+                                               "ratio_mean", "ratio_max", "ratio_min") else float(np.mean(values))
+        if self.config.beta == 0:
+            out.pop("kl_to_reference")
+        return out
+
+    def _sample_rows(self, groups: list[dict]) -> list[dict]:
+        # Round-robin over groups, so the table shows many prompts before a second answer to any of them.
+        rows = []
+        for member in range(self.config.group_size):
+            for group in groups:
+                if len(rows) == self.config.num_samples:
+                    return rows
+                info = group["infos"][member]
+                rows.append({"index": group["index"], "images": group["obs"].get("images", []),
+                             "answer": group["texts"][member], "reward": float(group["rewards"][member]),
+                             "reward_components": dict(info.get("reward_components") or {})})
+        return rows
+
+
+class SFTTrainer(TrainingLoop):
+    """Supervised warm start: teacher-forced cross entropy on the env's ideal answer for each sample.
+
+    Like GRPOTrainer it takes ownership of `params` (donated to the first update).
+    """
+
+    name = "sft"
+
+    def __init__(self, policy: Policy, env: Any, params: Any, config: Any, checkpoint_dir: str | Path, *,
+                 metrics_callback: MetricsCallback | None = None, progress_bar: bool = True):
+        super().__init__(total_steps=config.steps, checkpoint_dir=checkpoint_dir, save_every=config.save_every,
+                         keep=config.keep_checkpoints, metrics_callback=metrics_callback, progress_bar=progress_bar)
+        if config.batch_size % config.micro_batches:
+            raise ValueError(f"sft: batch_size={config.batch_size} does not split into "
+                             f"micro_batches={config.micro_batches}")
+        self.policy, self.env, self.config = policy, env, config
+        self.optimizer = Optimizer(optimizer_config(config), trainable_mask(params, config.freeze))
+        self.params, self.opt_state = params, jax.jit(self.optimizer.init)(params)
+        self.rng = jax.random.key(config.seed)  # unused by SFT itself; saved so every loop resumes alike
+        self.data = DataOrder(len(env), config.seed)
+
+    def loop_state(self) -> dict:
+        return {"data": self.data.state()}
+
+    def load_loop_state(self, state: dict) -> None:
+        self.data = DataOrder.from_state(len(self.env), self.config.seed, state["data"])
+
+    def step(self, step: int) -> dict[str, float]:
+        observations, rows, skipped = [], [], 0
+        while len(rows) < self.config.batch_size:
+            for index in self.data.take(self.config.batch_size - len(rows)):
+                state, obs = self.env.reset(index)
+                try:
+                    rows.append(self.policy.encode_targets([self.env.ideal_answer(state.meta)]))
+                except ValueError:
+                    # A target longer than the token budget would teach an answer without its end: skip it.
+                    skipped += 1
+                    if skipped > 10 * self.config.batch_size:
+                        raise
+                    continue
+                observations.append(obs)
+        tokens = np.concatenate([t for t, _ in rows])
+        mask = np.concatenate([m for _, m in rows])
+        normalizer = jnp.float32(max(float(mask.sum()), 1.0))
+        started = time.perf_counter()
+        micro_batches = [{"batch": self.policy.build_batch(observations[rows], tokens[rows], mask[rows]),
+                          "mask": mask[rows]} for rows in micro_slices(len(observations), self.config.micro_batches)]
+        grads, auxes = accumulate(lambda micro: sft_gradients(self.params, micro, normalizer, policy=self.policy,
+                                                              optimizer=self.optimizer, compiles=self.compiles),
+                                  micro_batches)
+        self.params, self.opt_state, stats = apply_update(self.params, self.opt_state, grads,
+                                                          optimizer=self.optimizer, compiles=self.compiles)
+        out = {k: float(v) for k, v in jax.device_get(stats).items()}
+        out["loss"] = sum(float(a["loss"]) for a in auxes)
+        out["tokens"] = float(mask.sum())
+        out["tokens_per_s"] = out["tokens"] / max(time.perf_counter() - started, 1e-9)
+        out["target_length"] = float(mask.sum(axis=1).mean())
+        out["targets_skipped"] = float(skipped)
+        return out

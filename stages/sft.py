@@ -1,0 +1,56 @@
+"""sft stage: supervised warm start of the base model on the env's ideal answers -> models/jax/sft/.
+
+Teacher-forced cross entropy on the answer tokens only (prompt and padding masked), AdamW with warmup and
+cosine decay. Checkpoints go to `sft.checkpoint_dir/<config hash>/` every `sft.save_every` steps, so a killed
+run started again with the same params resumes exactly where the last checkpoint left it. `sft.steps: 0`
+copies the start model through unchanged (the real Instruct model needs no warm start).
+
+    python stages/sft.py [--params params.yaml]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from vlmgym import tracking
+from vlmgym.params import load_section
+from vlmgym.rl.run import load_policy, make_env, resume_dir, save_model, write_json_atomically
+from vlmgym.rl.trainer import SFTTrainer
+
+METRICS_FILE = "metrics/sft.json"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Fine-tune (or pass through), save the model folder and log one MLflow run."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--params", default="params.yaml", help="params file (sections sft, model, env)")
+    args = parser.parse_args(argv)
+    sft = load_section("sft", args.params)
+    model = load_section("model", args.params)
+    env_params = load_section("env", args.params)
+    with tracking.stage_run("sft", sft, extra_params={"model.dtype": model.dtype,
+                                                      "model.param_dtype": model.param_dtype,
+                                                      "env.name": env_params.name}) as run:
+        policy, params = load_policy(sft.init_dir, model, sft.max_target_tokens, mesh_shape=tuple(sft.mesh))
+        summary = {"steps": sft.steps}
+        if sft.steps > 0:
+            env = make_env(env_params, sft.shards_dir, "train", policy.processor.tokenizer)
+            checkpoints = resume_dir(sft.checkpoint_dir, sft, model, env_params, init_dir=sft.init_dir)
+            trainer = SFTTrainer(policy, env, params, sft, checkpoints,
+                                 metrics_callback=lambda step, metrics: run.log_metrics(metrics, step=step))
+            params = trainer.run()
+            recent = trainer.restored_history + trainer.history
+            last = recent[-1] if recent else {}
+            summary.update({"final_loss": last.get("loss"), "resumed_from": trainer.resumed_from,
+                            "checkpoints": str(checkpoints)})
+        out = save_model(sft.out_dir, policy, params, sft.init_dir)
+        write_json_atomically(METRICS_FILE, {k: v for k, v in summary.items() if isinstance(v, int | float)})
+        run.log_dict(summary, "sft.json")
+    print(f"sft: {sft.init_dir} -> {out} ({sft.steps} steps"
+          + (f", final loss {summary['final_loss']:.4f})" if summary.get("final_loss") is not None else ")"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,83 @@
+"""train stage: GRPO from the sft model on the env's train split -> models/jax/grpo/.
+
+Each step samples `train.group_size` answers for `train.batch_prompts` prompts with the rollout engine, scores
+them with the env (its curriculum follows step / total steps), and takes `train.num_iterations` clipped-surrogate
+updates. Every step's figures go to MLflow (reward and its components, clip fractions, KL, entropy, lengths,
+sampler-vs-learner mismatch, gradient norm, lr, throughput, compiles); every `train.samples_every` steps a table
+of sample rollouts (image, answer, reward components) is logged as an artifact. Checkpoints in
+`train.checkpoint_dir/<config hash>/` make a killed run resume exactly.
+
+    python stages/train.py [--params params.yaml]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+from vlmgym import tracking
+from vlmgym.params import load_section
+from vlmgym.rl.loop import RECENT_METRICS
+from vlmgym.rl.run import load_policy, make_env, resume_dir, save_model, write_json_atomically
+from vlmgym.rl.trainer import GRPOTrainer
+
+METRICS_FILE = "metrics/train.json"
+# Figures of the final steps summarised into the DVC metrics file (mean over the last SUMMARY_STEPS steps, which
+# checkpoints keep, so a run restarted after its last step reports the same summary).
+SUMMARY = ("reward_mean", "reward_std", "zero_std_group_share", "completion_length", "approx_kl_behaviour", "entropy")
+SUMMARY_STEPS = RECENT_METRICS
+
+
+def log_samples(run: tracking.StageRun, step: int, rows: list[dict]) -> None:
+    """A sample-rollouts table (JSON + the images) as an MLflow artifact folder samples/step_NNNNNN/."""
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp) / f"step_{step:06d}"
+        folder.mkdir()
+        table = []
+        for i, row in enumerate(rows):
+            images = []
+            for j, image in enumerate(row["images"]):
+                name = f"{i:02d}_{j}.jpg"
+                image.convert("RGB").save(folder / name, quality=85)
+                images.append(name)
+            table.append({"index": row["index"], "images": images, "answer": row["answer"], "reward": row["reward"],
+                          "reward_components": row["reward_components"]})
+        (folder / "table.json").write_text(json.dumps(table, indent=2) + "\n")
+        run.log_artifact(folder, artifact_path="samples")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Train with GRPO, save the model folder and log one MLflow run."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--params", default="params.yaml", help="params file (sections train, model, env)")
+    args = parser.parse_args(argv)
+    train = load_section("train", args.params)
+    model = load_section("model", args.params)
+    env_params = load_section("env", args.params)
+    with tracking.stage_run("train", train, extra_params={"model.dtype": model.dtype,
+                                                          "model.param_dtype": model.param_dtype,
+                                                          "env.name": env_params.name}) as run:
+        policy, params = load_policy(train.init_dir, model, train.max_new_tokens, temperature=train.temperature,
+                                     top_k=train.top_k, top_p=train.top_p, mesh_shape=tuple(train.mesh))
+        env = make_env(env_params, train.shards_dir, "train", policy.processor.tokenizer)
+        checkpoints = resume_dir(train.checkpoint_dir, train, model, env_params, init_dir=train.init_dir)
+        trainer = GRPOTrainer(policy, env, params, train, checkpoints,
+                              metrics_callback=lambda step, metrics: run.log_metrics(metrics, step=step),
+                              samples_callback=lambda step, rows: log_samples(run, step, rows))
+        params = trainer.run()
+        out = save_model(train.out_dir, policy, params, train.init_dir)
+        last = (trainer.restored_history + trainer.history)[-SUMMARY_STEPS:]
+        summary = {name: sum(m[name] for m in last) / len(last) for name in SUMMARY if last and name in last[0]}
+        write_json_atomically(METRICS_FILE, summary)
+        run.log_dict({**summary, "resumed_from": trainer.resumed_from, "checkpoints": str(checkpoints)},
+                     "train.json")
+    print(f"train: {train.init_dir} -> {out} ({train.steps} steps; last {SUMMARY_STEPS} steps: "
+          + ", ".join(f"{k} {v:.4f}" for k, v in summary.items()) + ")")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,20 @@
+"""The reference recipe in configs/ loads and validates with every section's rules."""
+
+from pathlib import Path
+
+from vlmgym.params import load_all
+
+CONFIG = Path(__file__).resolve().parents[2] / "configs" / "qwen3vl_4b_osv5m.yaml"
+
+
+def test_reference_recipe_loads_and_validates():
+    sections = load_all(CONFIG)
+    train, model = sections["train"], sections["model"]
+    assert (train.lr, train.steps, train.group_size) == (5e-7, 10000, 8)
+    assert model.source == "hf:Qwen/Qwen3-VL-4B-Instruct" and model.param_dtype == "bf16"
+    assert sections["env"].name == "geospot" and sections["sft"].steps == 0
+    # Every sequence of a step splits evenly into micro-batches, and the mesh is (data, fsdp, tensor).
+    assert (train.batch_prompts * train.group_size) % train.micro_batches == 0
+    assert len(train.mesh) == 3
+    text = CONFIG.read_text()
+    assert "dvc repro" in text and "Hardware" in text and "Expectation" in text

@@ -1,0 +1,29 @@
+"""Stage helpers: resume folders change with the config and the start model, metrics files are atomic."""
+
+import dataclasses
+import json
+
+from vlmgym.params import EnvParams, ModelParams, TrainParams
+from vlmgym.rl.run import folder_identity, resume_dir, write_json_atomically
+
+
+def test_resume_dir_depends_on_every_setting_and_the_start_model(tmp_path):
+    init = tmp_path / "init"
+    init.mkdir()
+    (init / "config.json").write_text("{}")
+    train, model, env = TrainParams(), ModelParams(), EnvParams()
+    first = resume_dir(tmp_path / "ckpt", train, model, env, init_dir=init)
+    assert first == resume_dir(tmp_path / "ckpt", train, model, env, init_dir=init)
+    assert first.parent == tmp_path / "ckpt"
+    assert first != resume_dir(tmp_path / "ckpt", dataclasses.replace(train, lr=2e-4), model, env, init_dir=init)
+    before = folder_identity(init)
+    (init / "config.json").write_text('{"hidden": 1}')
+    assert folder_identity(init) != before
+    assert first != resume_dir(tmp_path / "ckpt", train, model, env, init_dir=init)
+
+
+def test_write_json_atomically(tmp_path):
+    path = tmp_path / "metrics" / "train.json"
+    write_json_atomically(path, {"reward_mean": 0.5})
+    assert json.loads(path.read_text()) == {"reward_mean": 0.5}
+    assert [p.name for p in path.parent.iterdir()] == ["train.json"]
