@@ -95,7 +95,7 @@ def test_geospot_records_from_real_env_steps_score_as_expected():
     env = GeospotEnv(samples=[SimpleNamespace(key="7", images=[Image.new("RGB", (8, 8))], meta=meta)])
     state, _ = env.reset(0)
     records = {}
-    for policy, answer in (("grpo", GeospotEnv.ideal_answer(meta)), ("sft", "Somewhere sunny, I think.")):
+    for policy, answer in (("grpo", env.ideal_answer(meta)), ("sft", "Somewhere sunny, I think.")):
         _, _, reward, _, info = env.step_text(state, answer)
         records[policy] = [rollout_record("geospot", "7", answer, reward, info, meta, policy=policy)]
     good, bad = records["grpo"][0], records["sft"][0]

@@ -179,7 +179,8 @@ def test_write_evaluation_writes_every_output(tmp_path, images, policies):
          "reports/distance_cdf.png", "metrics/plots/train_reward.csv", "reports/train_reward.png"])
     assert json.loads(outputs.files["metrics"].read_text())["grpo"]["n"] == len(policies["grpo"])
     page = outputs.files["html"].read_text()
-    assert page.count("<img ") == 4 and "show 4 of the 6 test samples" in page
+    assert page.count('<img src="data:image/jpeg') == 4 and "show 4 of the 6 test samples" in page
+    assert page.count("data:image/png;base64,") == 2  # the distance CDF and the reward curve, embedded
     assert mlflow_metrics(outputs.results)["grpo_minus_sft/geoscore"] == outputs.results["grpo_minus_sft"]["geoscore"]
     leftovers = [p for p in tmp_path.rglob("*") if p.name.startswith(".")]
     assert leftovers == []

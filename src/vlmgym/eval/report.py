@@ -92,11 +92,33 @@ def markdown_table(results: Mapping[str, Mapping[str, float]], confidence: float
     return "\n".join(lines) + "\n" + note
 
 
+Sections = Mapping[str, Mapping[str, Any]]  # extra sections: heading -> {figure: value}, shown after the summary
+
+
+def _figure_text(value: Any) -> str:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return str(value)
+    if not math.isfinite(value):
+        return "n/a"
+    return f"{value:.0f}" if float(value).is_integer() and abs(value) < 1e15 else f"{value:.4g}"
+
+
+def sections_markdown(sections: Sections | None) -> str:
+    """Extra sections as markdown: a heading and a two-column table each."""
+    parts = []
+    for heading, figures in (sections or {}).items():
+        lines = [f"## {heading}", "", "| figure | value |", "|---|---|"]
+        lines += [f"| {name} | {_figure_text(value)} |" for name, value in figures.items()]
+        parts.append("\n".join(lines) + "\n")
+    return "\n".join(parts)
+
+
 def write_markdown(path: str | Path, results: Mapping[str, Mapping[str, float]], title: str = "Evaluation",
-                   confidence: float = 0.95) -> None:
-    """Write reports/eval.md: a title and the summary table."""
+                   confidence: float = 0.95, sections: Sections | None = None) -> None:
+    """Write reports/eval.md: a title, the summary table and any extra sections."""
+    extra = sections_markdown(sections)
     with atomic_file(Path(path)) as tmp:
-        tmp.write_text(f"# {title}\n\n{markdown_table(results, confidence)}")
+        tmp.write_text(f"# {title}\n\n{markdown_table(results, confidence)}" + (f"\n{extra}" if extra else ""))
 
 
 def thumbnail_data_uri(image: Image.Image, max_px: int = THUMBNAIL_PX, quality: int = 80) -> str:
@@ -230,8 +252,12 @@ def _gallery(env: str, records_by_policy: Mapping[str, Sequence[Mapping[str, Any
 def render_html(env: str, results: Mapping[str, Mapping[str, float]],
                 records_by_policy: Mapping[str, Sequence[Mapping[str, Any]]],
                 images: Mapping[str, Sequence[Image.Image]], *, basemap: np.ndarray | None = None,
-                title: str = "vlmgym evaluation", confidence: float = 0.95, max_samples: int | None = None) -> str:
-    """The whole self-contained page as a string; maps and gallery show at most `max_samples` samples (None: all)."""
+                title: str = "vlmgym evaluation", confidence: float = 0.95, max_samples: int | None = None,
+                sections: Sections | None = None, figures: Mapping[str, str | Path] | None = None) -> str:
+    """The whole self-contained page as a string; maps and gallery show at most `max_samples` samples (None: all).
+
+    `sections` adds two-column tables after the summary; `figures` ({caption: PNG path}) embeds images.
+    """
     header, rows = summary_rows(results)
     table = ["<table><tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in header) + "</tr>"]
     table += ["<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>" for row in rows]
@@ -240,6 +266,14 @@ def render_html(env: str, results: Mapping[str, Mapping[str, float]],
             f"<p>Environment <b>{html.escape(env)}</b>. Each cell: value [{100 * confidence:.0f}% percentile "
             "bootstrap interval]; <code>a_minus_b</code> columns are paired differences on the same samples.</p>",
             "".join(table)]
+    for heading, values in (sections or {}).items():
+        rows_html = "".join(f"<tr><td>{html.escape(str(name))}</td><td>{html.escape(_figure_text(value))}</td></tr>"
+                            for name, value in values.items())
+        body.append(f"<h2>{html.escape(heading)}</h2><table><tr><th>figure</th><th>value</th></tr>{rows_html}</table>")
+    for caption, png in (figures or {}).items():
+        encoded = base64.b64encode(Path(png).read_bytes()).decode("ascii")
+        body.append(f"<h2>{html.escape(caption)}</h2><img alt=\"{html.escape(caption)}\" "
+                    f"src=\"data:image/png;base64,{encoded}\">")
     shown = shown_ids(records_by_policy, max_samples)
     total = len({str(r["id"]) for records in records_by_policy.values() for r in records})
     if len(shown) < total:
@@ -264,9 +298,10 @@ def render_html(env: str, results: Mapping[str, Mapping[str, float]],
 def write_html(path: str | Path, env: str, results: Mapping[str, Mapping[str, float]],
                records_by_policy: Mapping[str, Sequence[Mapping[str, Any]]],
                images: Mapping[str, Sequence[Image.Image]], *, basemap: np.ndarray | None = None,
-               title: str = "vlmgym evaluation", confidence: float = 0.95, max_samples: int | None = None) -> None:
+               title: str = "vlmgym evaluation", confidence: float = 0.95, max_samples: int | None = None,
+               sections: Sections | None = None, figures: Mapping[str, str | Path] | None = None) -> None:
     """Write reports/eval.html atomically (see render_html)."""
     page = render_html(env, results, records_by_policy, images, basemap=basemap, title=title, confidence=confidence,
-                       max_samples=max_samples)
+                       max_samples=max_samples, sections=sections, figures=figures)
     with atomic_file(Path(path)) as tmp:
         tmp.write_text(page, encoding="utf-8")

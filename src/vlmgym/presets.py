@@ -1,0 +1,69 @@
+"""Presets: a partial params file (e.g. configs/micro.yaml) merged over params.yaml, validated, written atomically.
+
+    vlmgym preset configs/micro.yaml            # rewrites params.yaml with the preset's keys replaced
+    vlmgym preset configs/micro.yaml --params other.yaml
+
+Mappings merge key by key; any other value (lists included) replaces the old one. The result is validated as a
+whole (unknown keys, types, ranges) before params.yaml is touched, and written with every key's doc comment.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from vlmgym import params as params_mod
+
+
+def merge(base: Mapping[str, Any], overlay: Mapping[str, Any]) -> dict[str, Any]:
+    """`base` with `overlay` merged in: nested mappings recursively, everything else replaced."""
+    out = dict(base)
+    for key, value in overlay.items():
+        if isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
+            out[key] = merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def apply_preset(preset: str | Path, params_file: str | Path = params_mod.DEFAULT_PARAMS_FILE) -> dict[str, Any]:
+    """Merge `preset` into `params_file` in place (validated first); returns the validated sections."""
+    merged = merge(params_mod.read_yaml(params_file), params_mod.read_yaml(preset))
+    params_file = Path(params_file)
+    lines = params_file.read_text().splitlines()
+    header = "".join(f"{line}\n" for line in lines[: next((i for i, x in enumerate(lines) if not x.startswith("#")),
+                                                           len(lines))])
+    fd, tmp = tempfile.mkstemp(prefix=f".{params_file.name}.", suffix=".tmp", dir=params_file.parent)
+    os.close(fd)
+    try:
+        import yaml
+
+        Path(tmp).write_text(yaml.safe_dump(merged, sort_keys=False))
+        try:
+            sections = params_mod.load_all(tmp)
+        except params_mod.ParamsError as err:
+            raise params_mod.ParamsError(f"{preset} merged into {params_file}: {err}") from err
+        Path(tmp).write_text(header + ("\n" if header else "") + params_mod.render_yaml(sections))
+        os.replace(tmp, params_file)
+    finally:
+        Path(tmp).unlink(missing_ok=True)
+    return sections
+
+
+def main(argv: list[str]) -> int:
+    """`vlmgym preset FILE [--params params.yaml]`: merge a preset into the params file."""
+    parser = argparse.ArgumentParser(prog="vlmgym preset", description=main.__doc__)
+    parser.add_argument("preset", help="partial params file, e.g. configs/micro.yaml")
+    parser.add_argument("--params", default=str(params_mod.DEFAULT_PARAMS_FILE), help="params file rewritten")
+    args = parser.parse_args(argv)
+    try:
+        apply_preset(args.preset, args.params)
+    except params_mod.ParamsError as err:
+        print(f"error: {err}")
+        return 1
+    print(f"{args.params}: merged {args.preset}")
+    return 0

@@ -1,0 +1,78 @@
+"""rollout stage: each policy (base, sft, grpo) answers the test split -> outputs/rollouts/<policy>.jsonl.
+
+Greedy answers (the headline numbers) with the rollout engine in batches of `rollout.batch_size`, scored by the
+env at curriculum progress `rollout.progress`; with `rollout.sampled_answers: k > 0` also k sampled answers per
+prompt in <policy>.sampled.jsonl. One record per answer (schema: vlmgym.eval.records and vlmgym.eval.rollouts);
+summary.json holds each policy's timing and mean reward. The folder is replaced as a whole, atomically.
+
+    python stages/rollout.py [--params params.yaml]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import jax
+import numpy as np
+
+from vlmgym import tracking
+from vlmgym.data.layout import atomic_dir
+from vlmgym.eval.records import write_jsonl
+from vlmgym.eval.rollouts import answer_split, load_engine, make_eval_env
+from vlmgym.params import load_section
+from vlmgym.rollout import RolloutEngine
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Roll out every policy, write the JSONL folder atomically and log one MLflow run."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--params", default="params.yaml", help="params file (sections rollout, model, env)")
+    args = parser.parse_args(argv)
+    rollout = load_section("rollout", args.params)
+    model = load_section("model", args.params)
+    env_params = load_section("env", args.params)
+    if not rollout.policies or len(set(rollout.policies)) != len(rollout.policies):
+        print(f"rollout: policies must be distinct and not empty, got {rollout.policies}", file=sys.stderr)
+        return 1
+    summary: dict[str, dict[str, float]] = {}
+    with tracking.stage_run("rollout", rollout, extra_params={"model.dtype": model.dtype,
+                                                              "model.param_dtype": model.param_dtype,
+                                                              "env.name": env_params.name}) as run:
+        with atomic_dir(Path(rollout.out_dir)) as tmp:
+            env = None
+            for number, policy in enumerate(rollout.policies):
+                model_dir = Path(rollout.models_dir) / policy
+                engine, params = load_engine(model_dir, max_new_tokens=rollout.max_new_tokens, dtype=model.dtype,
+                                             param_dtype=model.param_dtype)
+                if env is None:  # one env for every policy: they share the tokenizer of the base model
+                    env = make_eval_env(env_params, rollout.shards_dir, rollout.split, rollout.limit,
+                                   engine.processor.tokenizer, rollout.progress)
+                records, timing = answer_split(engine, params, env, policy=policy, batch_size=rollout.batch_size)
+                write_jsonl(tmp / f"{policy}.jsonl", records)
+                figures = {**timing.as_dict(), "mean_reward": float(np.mean([r["reward"] for r in records])),
+                           "format_ok_rate": float(np.mean([r["format_ok"] for r in records]))}
+                if rollout.sampled_answers > 0:
+                    engine = RolloutEngine(engine.cfg, engine.processor,
+                                           replace(engine.settings, greedy=False, temperature=rollout.temperature))
+                    key = jax.random.fold_in(jax.random.key(rollout.seed), number)
+                    sampled, sampled_timing = answer_split(engine, params, env, policy=policy,
+                                                           batch_size=rollout.batch_size,
+                                                           group_size=rollout.sampled_answers, key=key)
+                    write_jsonl(tmp / f"{policy}.sampled.jsonl", sampled)
+                    figures["sampled_mean_reward"] = float(np.mean([r["reward"] for r in sampled]))
+                    figures["sampled_tokens_per_s"] = sampled_timing.tokens_per_s
+                summary[policy] = figures
+                run.log_metrics({f"{policy}/{k}": v for k, v in figures.items()})
+                print(f"rollout: {policy}: {timing.samples} samples, mean reward {figures['mean_reward']:.4f}, "
+                      f"format ok {figures['format_ok_rate']:.1%}, {timing.tokens_per_s:.0f} tokens/s")
+            (tmp / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
+        run.log_dict(summary, "rollout_summary.json")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,140 @@
+"""The evaluation pieces the rollout and evaluate stages are built from: batched answering, HF-baseline agreement,
+extra report sections, and finding the training curve through MLflow lineage tags."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+
+import jax
+import numpy as np
+import pytest
+
+from vlmgym.eval.hf_baseline import answer_through_eos, token_agreement
+from vlmgym.eval.report import sections_markdown
+from vlmgym.eval.rollouts import answer_split
+
+EOS = 9
+
+
+@dataclass
+class FakeState:
+    key: str
+    meta: dict
+
+
+@dataclass
+class FakeEnv:
+    """nlvr2-shaped: the answer is "True" when the first token is even."""
+
+    keys: list[str]
+    name: str = "nlvr2"
+    scored: list = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def reset(self, idx: int):
+        meta = {"label": idx % 2 == 0, "sentence": f"s{idx}"}
+        return FakeState(self.keys[idx], meta), {"messages": [], "images": [], "idx": idx}
+
+    def step(self, state, tokens):
+        self.scored.append((state.key, list(tokens)))
+        word = "True" if tokens[0] % 2 == 0 else "False"
+        reward = float((word == "True") == state.meta["label"])
+        return state, [], reward, True, {"answer": word, "format_ok": True, "reward_components": {"acc": reward}}
+
+
+class FakeEngine:
+    """Answers prompt p, member m with tokens [idx + m, EOS] padded to 4; records the batch sizes it was given."""
+
+    def __init__(self):
+        self.calls = []
+
+    def generate(self, params, observations, group_size, key):
+        self.calls.append(len(observations))
+        rows = [(obs["idx"], m) for obs in observations for m in range(group_size)]
+        ids = np.full((len(rows), 4), 0, np.int32)
+        for r, (idx, m) in enumerate(rows):
+            ids[r, :2] = [idx + m, EOS]
+        return SimpleNamespace(completion_ids=ids, lengths=np.full(len(rows), 2, np.int32),
+                               texts=[f"t{idx}.{m}" for idx, m in rows], finish_reasons=["eos"] * len(rows))
+
+
+def test_answer_split_pads_batches_and_keeps_sample_order():
+    env, engine = FakeEnv([f"k{i}" for i in range(5)]), FakeEngine()
+    records, timing = answer_split(engine, None, env, policy="grpo", batch_size=2, show_progress=False)
+    assert engine.calls == [2, 2, 2]  # the short last batch is padded, so the engine compiles one shape
+    assert [r["id"] for r in records] == [f"k{i}" for i in range(5)]
+    assert [r["tokens"] for r in records] == [[i, EOS] for i in range(5)]
+    assert [r["reward"] for r in records] == [1.0] * 5  # even idx -> True -> label True; odd -> False
+    assert all(r["policy"] == "grpo" and r["finish_reason"] == "eos" and "sample" not in r for r in records)
+    assert (timing.samples, timing.answers, timing.generated_tokens) == (5, 5, 10)
+
+
+def test_answer_split_sampled_groups_need_a_key_and_number_members():
+    env = FakeEnv(["a", "b", "c"])
+    with pytest.raises(ValueError, match="random key"):
+        answer_split(FakeEngine(), None, env, policy="sft", batch_size=2, group_size=2, show_progress=False)
+    records, _ = answer_split(FakeEngine(), None, env, policy="sft", batch_size=2, group_size=2,
+                              key=jax.random.key(1), show_progress=False)
+    assert [(r["id"], r["sample"]) for r in records] == [("a", 0), ("a", 1), ("b", 0), ("b", 1), ("c", 0), ("c", 1)]
+
+
+def test_token_agreement_counts_positions_of_the_longer_answer():
+    out = token_agreement([[1, 2, 3], [4, 5]], [[1, 2, 3], [4, 6, 7]])
+    assert out["greedy_token_agreement"] == pytest.approx(4 / 6)
+    assert out["greedy_exact_match"] == 0.5 and out["greedy_first_divergence"] == 1.0
+    assert token_agreement([[1, EOS]], [[1, EOS]])["greedy_token_agreement"] == 1.0
+    with pytest.raises(ValueError):
+        token_agreement([[1]], [])
+
+
+def test_answer_through_eos_keeps_the_end_token_and_drops_padding():
+    assert answer_through_eos([5, 6, EOS, 0, 0], [EOS, 10]) == [5, 6, EOS]
+    assert answer_through_eos([5, 6], [EOS]) == [5, 6]
+
+
+def test_sections_markdown_renders_each_figure():
+    text = sections_markdown({"hf_baseline": {"greedy_token_agreement": 1.0, "hf_tokens_per_s": 123.456,
+                                              "max_abs_logit_diff": 1.2e-6}})
+    assert "## hf_baseline" in text and "| greedy_token_agreement | 1 |" in text
+    assert "| hf_tokens_per_s | 123.5 |" in text and "| max_abs_logit_diff | 1.2e-06 |" in text
+
+
+def test_extra_metrics_may_not_shadow_a_policy(tmp_path):
+    from vlmgym.eval.outputs import write_evaluation
+
+    with pytest.raises(ValueError, match="clash"):
+        write_evaluation("nlvr2", {"grpo": []}, {}, out_root=tmp_path, extra_metrics={"grpo": {"x": 1.0}})
+
+
+def test_train_curve_comes_from_the_run_that_wrote_the_model(tmp_path, monkeypatch):
+    import mlflow
+
+    from vlmgym.eval.curve import train_reward_curve
+    from vlmgym.tracking import dvc_hash
+
+    monkeypatch.chdir(tmp_path)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    model = tmp_path / "models/jax/grpo"
+    model.mkdir(parents=True)
+    (model / "params.bin").write_bytes(b"weights v1")
+    mlflow.set_tracking_uri(uri)
+    mlflow.create_experiment("exp", artifact_location=(tmp_path / "art").as_uri())
+    mlflow.set_experiment("exp")
+    for weights, rewards in ((b"weights v0", [0.5, 0.5]), (b"weights v1", [0.1, 0.2, 0.4])):
+        (model / "params.bin").write_bytes(weights)
+        with mlflow.start_run(tags={"vlmgym.stage": "train"}) as run:
+            for step, reward in enumerate(rewards, start=1):
+                mlflow.log_metric("reward_mean", reward, step=step)
+            mlflow.set_tag("dvc.out.models/jax/grpo", dvc_hash("models/jax/grpo"))
+            if weights == b"weights v1":
+                wanted = run.info.run_id
+    mlflow.end_run()
+    curve, run_id = train_reward_curve("models/jax/grpo", "reward_mean", tracking_uri=uri, experiment="exp")
+    assert run_id == wanted and curve == [(1, 0.1), (2, 0.2), (3, 0.4)]
+    (model / "params.bin").write_bytes(b"retrained elsewhere")
+    assert train_reward_curve("models/jax/grpo", "reward_mean", tracking_uri=uri, experiment="exp") == ([], None)
+    assert json.dumps(curve)  # plain numbers, ready for the CSV writer

@@ -1,0 +1,183 @@
+"""The whole pipeline end to end: `dvc repro` on the micro preset in a fresh copy of the repository.
+
+One module-scoped run (a few minutes on 2 cores) feeds every check: every stage ran once and wrote its outputs,
+one MLflow run per stage with lineage tags, a second `dvc repro` is a no-op, and a changed training param makes
+DVC rerun train and what follows (for real), nothing upstream.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+VENV_BIN = Path(sys.executable).parent
+STAGES = ["download", "shard", "base_model", "convert", "sft", "train", "rollout", "export", "evaluate"]
+POLICIES = ["base", "sft", "grpo"]
+# Top-level folders that only hold pipeline outputs (or local state): never copied into the fresh checkout.
+OUTPUT_DIRS = ("data", "models", "outputs", "metrics", "reports", "checkpoints", "mlartifacts")
+
+
+def _run(args: list[str], cwd: Path, env: dict[str, str], timeout: int = 600) -> subprocess.CompletedProcess:
+    result = subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    if result.returncode != 0:
+        raise AssertionError(f"{' '.join(args)} failed ({result.returncode}):\n{result.stdout[-4000:]}\n"
+                             f"{result.stderr[-6000:]}")
+    return result
+
+
+def _stages_run(output: str) -> list[str]:
+    """Stage names in the order `dvc repro` ran them ("Running stage 'x':" lines; --dry prints the same)."""
+    return [line.split("'")[1] for line in output.splitlines() if line.startswith("Running stage '")]
+
+
+def _fresh_checkout(dest: Path) -> None:
+    """The repository's files as a clone would have them (tracked plus not-yet-committed, not ignored)."""
+    listed = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"], cwd=REPO,
+                            capture_output=True, text=True, check=True).stdout.split("\0")
+    for name in filter(None, listed):
+        if name.split("/", 1)[0] in OUTPUT_DIRS or name == "dvc.lock" or not (REPO / name).is_file():
+            continue
+        (dest / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(REPO / name, dest / name)
+
+
+@pytest.fixture(scope="module")
+def pipeline(tmp_path_factory):
+    """A fresh checkout with the micro preset after one full `dvc repro` (and its environment)."""
+    from vlmgym.presets import apply_preset
+
+    root = tmp_path_factory.mktemp("pipeline")
+    _fresh_checkout(root)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DVC_", "VLMGYM_", "MLFLOW_"))}
+    env.update(PATH=f"{VENV_BIN}{os.pathsep}{env.get('PATH', '')}", PYTHONPATH=str(root / "src"),
+               MLFLOW_TRACKING_URI=f"sqlite:///{root / 'mlflow.db'}", GIT_AUTHOR_NAME="e2e", GIT_AUTHOR_EMAIL="e2e@x",
+               GIT_COMMITTER_NAME="e2e", GIT_COMMITTER_EMAIL="e2e@x")
+    _run(["git", "init", "-q"], root, env)
+    if not (root / ".dvc").is_dir():
+        _run(["dvc", "init", "-q"], root, env)
+    apply_preset(root / "configs" / "micro.yaml", root / "params.yaml")
+    _run(["git", "add", "-A"], root, env)
+    _run(["git", "commit", "-qm", "micro preset"], root, env)
+    first = _run(["dvc", "repro"], root, env)
+    return {"root": root, "env": env, "first": first.stdout}
+
+
+def _mlflow_runs(root: Path) -> list:
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{root / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name("vlmgym")
+    assert experiment is not None, "no MLflow experiment 'vlmgym'"
+    return client.search_runs([experiment.experiment_id], order_by=["attributes.start_time ASC"])
+
+
+def test_every_stage_runs_once_in_order(pipeline):
+    assert _stages_run(pipeline["first"]) == STAGES
+
+
+def test_data_and_models(pipeline):
+    from vlmgym.data.shards import read_split
+
+    root = pipeline["root"]
+    train, test = read_split(root / "data/shards", "train"), read_split(root / "data/shards", "test")
+    assert (len(train), len(test)) == (64, 16)
+    for name in ("jax/base", "jax/sft", "jax/grpo"):
+        assert (root / "models" / name / "vlmgym_checkpoint.json").exists(), name
+    from transformers import Qwen3VLForConditionalGeneration
+
+    model = Qwen3VLForConditionalGeneration.from_pretrained(str(root / "models/hf/grpo"), local_files_only=True)
+    assert model.config.text_config.num_hidden_layers == 2  # the micro preset's tiny model, not a stale one
+
+
+def test_rollouts_cover_the_test_split(pipeline):
+    from vlmgym.data.shards import read_split
+    from vlmgym.eval.records import read_jsonl
+
+    root = pipeline["root"]
+    keys = {s.key for s in read_split(root / "data/shards", "test")}
+    for policy in POLICIES:
+        records = read_jsonl(root / "outputs/rollouts" / f"{policy}.jsonl")
+        assert {r["id"] for r in records} == keys and len(records) == len(keys), policy
+        for record in records:
+            assert record["policy"] == policy and record["env"] == "geospot"
+            assert 1 <= len(record["tokens"]) <= 16 and record["finish_reason"] in ("eos", "length")
+            assert set(record["truth"]) >= {"latitude", "longitude", "country"}
+            assert 0.0 <= record["reward"] <= 1.0 and record["distance_km"] >= 0
+    summary = json.loads((root / "outputs/rollouts/summary.json").read_text())
+    assert set(summary) == set(POLICIES) and all(s["tokens_per_s"] > 0 for s in summary.values())
+
+
+def test_metrics_plots_and_reports(pipeline):
+    root = pipeline["root"]
+    metrics = json.loads((root / "metrics/eval.json").read_text())
+    assert set(metrics) == {*POLICIES, "grpo_minus_sft", "hf_baseline"}
+    for policy in POLICIES:
+        for name in ("geoscore", "mean_km", "median_km", "acc_25km", "acc_country", "format_valid_rate",
+                     "mean_reward"):
+            assert metrics[policy][f"{name}_ci_low"] <= metrics[policy][name] <= metrics[policy][f"{name}_ci_high"]
+        assert metrics[policy]["n"] == 16
+    hf = metrics["hf_baseline"]
+    # transformers on the exported weights reproduces the JAX engine's greedy answers token for token.
+    assert hf["greedy_token_agreement"] == 1.0 and hf["greedy_exact_match"] == 1.0
+    assert hf["max_abs_logit_diff"] < 1e-4
+    assert hf["hf_tokens_per_s"] > 0 and hf["jax_tokens_per_s"] > 0
+    with open(root / "metrics/plots/distance_cdf.csv") as handle:
+        assert next(csv.reader(handle)) == ["distance_km", *POLICIES]
+    with open(root / "metrics/plots/train_reward.csv") as handle:
+        assert [int(row["step"]) for row in csv.DictReader(handle)] == [1, 2]  # train.steps: 2
+    page = (root / "reports/eval.html").read_text()
+    assert "data:image/jpeg;base64," in page and "data:image/png;base64," in page and "hf_baseline" in page
+    assert "grpo_minus_sft" in (root / "reports/eval.md").read_text()
+    for sections in (yaml.safe_load((root / "metrics/sft.json").read_text()),
+                     yaml.safe_load((root / "metrics/train.json").read_text())):
+        assert sections
+
+
+def test_one_mlflow_run_per_stage_with_lineage(pipeline):
+    root = pipeline["root"]
+    runs = _mlflow_runs(root)
+    assert [r.data.tags["vlmgym.stage"] for r in runs] == STAGES
+    assert {r.info.status for r in runs} == {"FINISHED"}
+    assert len({r.data.tags["vlmgym.pipeline_id"] for r in runs}) == 1  # one `dvc repro`
+    by_stage = {r.data.tags["vlmgym.stage"]: r for r in runs}
+    spec = yaml.safe_load((root / "dvc.yaml").read_text())["stages"]
+    for stage, run in by_stage.items():
+        assert run.data.tags["git.commit"] != "unknown"
+        for out in spec[stage].get("outs", []) + spec[stage].get("metrics", []):
+            out = out if isinstance(out, str) else next(iter(out))
+            assert f"dvc.out.{out}" in run.data.tags, (stage, out)
+        assert any(tag.startswith("dvc.dep.") for tag in run.data.tags), stage
+    # evaluate's training curve came from the train run that wrote models/jax/grpo.
+    assert by_stage["evaluate"].data.tags["vlmgym.train_run_id"] == by_stage["train"].info.run_id
+    assert "grpo/geoscore" in by_stage["evaluate"].data.metrics
+    assert "hf_baseline/greedy_token_agreement" in by_stage["evaluate"].data.metrics
+
+
+def test_second_repro_is_a_no_op_and_train_param_reruns_downstream(pipeline):
+    root, env = pipeline["root"], pipeline["env"]
+    lock = (root / "dvc.lock").read_bytes()
+    again = _run(["dvc", "repro"], root, env)
+    assert _stages_run(again.stdout) == []
+    assert (root / "dvc.lock").read_bytes() == lock
+    assert len(_mlflow_runs(root)) == len(STAGES)
+    params = yaml.safe_load((root / "params.yaml").read_text())
+    params["train"]["lr"] = params["train"]["lr"] * 2
+    (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    rerun = _run(["dvc", "repro"], root, env)
+    assert _stages_run(rerun.stdout) == ["train", "rollout", "export", "evaluate"]
+    before, after = (yaml.safe_load(text)["stages"] for text in (lock, (root / "dvc.lock").read_bytes()))
+    for stage in ("download", "shard", "base_model", "convert", "sft"):
+        assert after[stage] == before[stage], stage
+    assert after["train"]["params"]["params.yaml"]["train"]["lr"] == params["train"]["lr"]
+    assert after["train"]["outs"] != before["train"]["outs"]  # new weights
+    runs = _mlflow_runs(root)
+    assert [r.data.tags["vlmgym.stage"] for r in runs[len(STAGES):]] == ["train", "rollout", "export", "evaluate"]

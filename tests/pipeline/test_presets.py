@@ -1,0 +1,42 @@
+"""Presets: partial params files merged over params.yaml, validated before anything is written."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from vlmgym.params import ParamsError, load_all
+from vlmgym.presets import apply_preset, merge
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_merge_is_recursive_for_mappings_and_replaces_lists():
+    base = {"a": {"x": 1, "y": [1, 2]}, "b": 2}
+    assert merge(base, {"a": {"y": [3]}, "c": 4}) == {"a": {"x": 1, "y": [3]}, "b": 2, "c": 4}
+    assert base == {"a": {"x": 1, "y": [1, 2]}, "b": 2}  # the inputs are left alone
+
+
+def test_micro_preset_applies_to_the_repo_params(tmp_path):
+    params = tmp_path / "params.yaml"
+    params.write_text((REPO / "params.yaml").read_text())
+    sections = apply_preset(REPO / "configs/micro.yaml", params)
+    assert (sections["data"].train_images, sections["data"].test_images) == (64, 16)
+    assert sections["train"].steps == 2 and sections["model"].tiny_num_layers == 2
+    assert load_all(params)["sft"].steps == 4  # what was written reads back the same
+    assert params.read_text().startswith("# vlmgym pipeline parameters")  # header comment kept
+    assert "# GRPO steps" in params.read_text()  # every key keeps its doc comment
+
+
+def test_a_bad_preset_leaves_params_untouched(tmp_path):
+    params = tmp_path / "params.yaml"
+    original = (REPO / "params.yaml").read_text()
+    params.write_text(original)
+    preset = tmp_path / "bad.yaml"
+    preset.write_text(yaml.safe_dump({"train": {"lrr": 0.1}}))
+    with pytest.raises(ParamsError, match="train.lrr"):
+        apply_preset(preset, params)
+    assert params.read_text() == original
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
