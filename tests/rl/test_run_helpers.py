@@ -27,3 +27,14 @@ def test_write_json_atomically(tmp_path):
     write_json_atomically(path, {"reward_mean": 0.5})
     assert json.loads(path.read_text()) == {"reward_mean": 0.5}
     assert [p.name for p in path.parent.iterdir()] == ["train.json"]
+
+
+def test_resume_dir_changes_with_the_source_code(tmp_path, monkeypatch):
+    from vlmgym.rl import run
+
+    init = tmp_path / "init"
+    init.mkdir()
+    args = (tmp_path / "ckpt", TrainParams(), ModelParams(), EnvParams())
+    first = resume_dir(*args, init_dir=init)
+    monkeypatch.setattr(run, "source_identity", lambda: "edited-code")
+    assert first != resume_dir(*args, init_dir=init)

@@ -61,9 +61,20 @@ def folder_identity(folder: str | Path) -> str:
     return digest.hexdigest()[:16]
 
 
+def source_identity() -> str:
+    """A hash of the vlmgym package's Python sources: a run is only resumed by the code that started it."""
+    digest = hashlib.sha256()
+    package = Path(__file__).resolve().parents[1]
+    for path in sorted(package.rglob("*.py")):
+        digest.update(str(path.relative_to(package)).encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
 def resume_dir(base: str | Path, *sections: Any, init_dir: str | Path) -> Path:
-    """The checkpoint folder of this exact configuration: a changed param or start model never resumes it."""
-    config = {"sections": [to_dict(s) for s in sections], "init": folder_identity(init_dir)}
+    """The checkpoint folder of this exact configuration and code: a changed param, start model or source file
+    never resumes it (DVC reruns a stage when its code changes; resuming a finished run would skip the training)."""
+    config = {"sections": [to_dict(s) for s in sections], "init": folder_identity(init_dir), "code": source_identity()}
     return Path(base) / config_fingerprint(config)
 
 
