@@ -143,7 +143,7 @@ class EnvParams:
 class SFTParams:
     """sft stage: supervised warm start on the env's ideal answers (0 steps: pass-through)."""
 
-    steps: int = spec(300, ge=0, doc="optimizer steps (0: copy the base model through unchanged)")
+    steps: int = spec(900, ge=0, doc="optimizer steps (0: copy the base model through unchanged)")
     batch_size: int = spec(16, ge=1, doc="samples per step")
     micro_batches: int = spec(1, ge=1, doc="gradient accumulation: micro-batches per step (divides batch_size)")
     lr: float = spec(3e-3, gt=0, doc="peak learning rate")
