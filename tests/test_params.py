@@ -63,3 +63,11 @@ def test_cli_reports_errors(tmp_path, capsys):
     assert params.main([str(write(tmp_path, "data:\n  seed: x\n"))]) == 1
     assert "data.seed" in capsys.readouterr().out
     assert params.main([str(REPO / "params.yaml")]) == 0
+
+
+def test_exponent_without_dot_is_a_float(tmp_path):
+    # YAML 1.1 (PyYAML) reads `3e-5` as a string; `dvc exp run -S train.lr=3e-5` writes exactly that.
+    train = params.load_section("train", write(tmp_path, "train:\n  lr: 3e-5\n"))
+    assert train.lr == 3e-5
+    with pytest.raises(params.ParamsError, match="train.lr"):
+        params.load_section("train", write(tmp_path, "train:\n  lr: fast\n"))

@@ -9,6 +9,7 @@ silently ignored.
 from __future__ import annotations
 
 import dataclasses
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -20,6 +21,7 @@ import yaml
 DEFAULT_PARAMS_FILE = Path("params.yaml")
 
 T = TypeVar("T")
+_FLOAT_TEXT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
 
 
 class ParamsError(ValueError):
@@ -359,6 +361,9 @@ def _coerce(value: Any, hint: Any, where: str) -> Any:
             raise ParamsError(f"{where}: expected an integer, got {value!r} ({type(value).__name__})")
         return value
     if hint is float:
+        # PyYAML follows YAML 1.1, which reads `3e-5` (no dot) as a string; DVC writes `-S train.lr=3e-5` so.
+        if isinstance(value, str) and _FLOAT_TEXT.fullmatch(value.strip()):
+            return float(value)
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise ParamsError(f"{where}: expected a number, got {value!r} ({type(value).__name__})")
         return float(value)
