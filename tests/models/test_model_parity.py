@@ -86,3 +86,11 @@ def test_patch_bucket_padding_keeps_image_features(tiny_untied):
     n = len(pixels) // 4
     np.testing.assert_allclose(np.asarray(padded[0][:n]), np.asarray(exact[0]), atol=1e-6, rtol=0)
     np.testing.assert_allclose(np.asarray(padded[1][:, :n]), np.asarray(exact[1]), atol=1e-6, rtol=0)
+
+
+def test_padding_blocks_are_no_longer_than_the_longest_frame(tiny_untied):
+    from vlmgym.models.qwen3_vl.vision import patch_layout
+
+    layout = patch_layout(tiny_untied.cfg, [(1, 4, 6), (1, 2, 2)], pad_to=256)
+    assert layout["block_index"].shape == (2 + 10, 24)  # 228 padding patches: 9 blocks of 24 and one of 12
+    assert layout["patch_slot"].shape == (256,)

@@ -71,10 +71,9 @@ class Qwen3VLPolicy:
         return batch if self.mesh is None else self._place(batch)
 
     def _with_patch_layout(self, inputs: dict) -> dict:
-        # Padding patches form one extra attention block in vision.patch_layout, and every block is as long as
-        # the longest: padding a learner batch's ~3k patches to the next power of two makes a 1k-patch block
-        # and ~15 GB of attention activations for 64 small images. Pad to a multiple of the longest image
-        # instead; the shape still stays fixed while the images keep their size (one size per dataset).
+        # Pad the patches to a multiple of the longest image rather than the engine's power-of-two bucket: a
+        # learner batch holds group_size copies of each image, so power-of-two padding could add ~1k patches of
+        # vision work per step; the shape still stays fixed while the images keep their size.
         grids = np.asarray(inputs["image_grid_thw"], np.int64)
         frame = int((grids[:, 1] * grids[:, 2]).max())
         pixels = np.asarray(inputs["pixel_values"])

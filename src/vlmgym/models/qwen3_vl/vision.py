@@ -48,7 +48,7 @@ def patch_layout(cfg: Qwen3VLConfig, grid_thw: Sequence[Sequence[int]], pad_to: 
     Attention is block-diagonal (each image frame attends to itself only), so patches are gathered into
     `block_index` (frames, longest frame) for attention and put back with `patch_slot`: the cost grows with
     the sum of squared frame sizes, not with the square of all patches. `pad_to` pads the patch axis (e.g. to
-    a bucket); padded patches form their own block and their outputs are never used because image features
+    a bucket); padded patches form their own blocks and their outputs are never used because image features
     are consumed in order.
     """
     v = cfg.vision
@@ -75,7 +75,10 @@ def patch_layout(cfg: Qwen3VLConfig, grid_thw: Sequence[Sequence[int]], pad_to: 
         pos_index.append(np.zeros((pad, 4), np.int64))
         pos_weight.append(np.zeros((pad, 4), np.float32))
         rows_cols.append(np.zeros((pad, 2), np.int64))
-        lengths.append(pad)
+        # Padding is split into blocks no longer than the longest frame: one long padding block would widen
+        # every row of `block_index` and make the attention cost grow with the square of the padding.
+        chunk = max(lengths, default=pad)
+        lengths.extend([chunk] * (pad // chunk) + ([pad % chunk] if pad % chunk else []))
     longest = max(lengths)
     block_index = np.full((len(lengths), longest), sum(lengths), np.int32)  # past-the-end: a zero row
     patch_slot = np.zeros(sum(lengths), np.int32)
