@@ -6,33 +6,38 @@ import importlib
 import sys
 
 # name -> ("module:function", one-line help). Each function takes argv (list[str]) and returns an exit code.
-COMMANDS: dict[str, tuple[str, str]] = {
+Table = dict[str, tuple[str, str]]
+
+COMMANDS: Table = {
     "params": ("vlmgym.params:main", "validate params.yaml (or another params file) and print it"),
-    "parity": ("vlmgym.models.qwen3_vl.parity:main", "compare the JAX port with transformers on the same inputs"),
     "preset": ("vlmgym.presets:main", "merge a partial params file (e.g. configs/micro.yaml) into params.yaml"),
+    "parity": ("vlmgym.models.qwen3_vl.parity:main", "compare the JAX port with transformers on the same inputs"),
     "bench": ("vlmgym.bench:main", "benchmarks: `vlmgym bench rollout ...`, `vlmgym bench reward ...`"),
 }
 
 
-def usage() -> str:
-    width = max(len(n) for n in COMMANDS)
-    lines = ["usage: vlmgym <command> [args...]", "", "commands:"]
-    lines += [f"  {name:<{width}}  {help_}" for name, (_, help_) in COMMANDS.items()]
+def usage(prog: str, table: Table, what: str = "command") -> str:
+    width = max(len(n) for n in table)
+    lines = [f"usage: {prog} <{what}> [args...]", "", f"{what}s:"]
+    lines += [f"  {name:<{width}}  {help_}" for name, (_, help_) in table.items()]
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
+def dispatch(prog: str, table: Table, argv: list[str], what: str = "command") -> int:
+    """Run the table entry named by argv[0] with the rest of argv (or print usage)."""
     if not argv or argv[0] in ("-h", "--help", "help"):
-        print(usage())
+        print(usage(prog, table, what))
         return 0
     name, rest = argv[0], argv[1:]
-    if name not in COMMANDS:
-        print(f"vlmgym: unknown command {name!r}\n\n{usage()}", file=sys.stderr)
+    if name not in table:
+        print(f"{prog}: unknown {what} {name!r}\n\n{usage(prog, table, what)}", file=sys.stderr)
         return 2
-    module_name, func_name = COMMANDS[name][0].split(":")
-    func = getattr(importlib.import_module(module_name), func_name)
-    return int(func(rest) or 0)
+    module_name, func_name = table[name][0].split(":")
+    return int(getattr(importlib.import_module(module_name), func_name)(rest) or 0)
+
+
+def main(argv: list[str] | None = None) -> int:
+    return dispatch("vlmgym", COMMANDS, sys.argv[1:] if argv is None else argv)
 
 
 if __name__ == "__main__":
