@@ -51,7 +51,7 @@ class DataParams:
     countries: list[str] = spec(default_factory=list, doc="ISO-2 codes of the synthetic world (empty: num_countries)")
     num_countries: int = spec(8, ge=1, le=250, doc="countries picked when `countries` is empty")
     train_images: int = spec(2000, ge=1, doc="synthetic train images")
-    test_images: int = spec(200, ge=1, doc="synthetic test images")
+    test_images: int = spec(1000, ge=1, doc="synthetic test images")
     image_width: int = spec(256, ge=32, le=4096, doc="width of rendered synthetic images")
     image_height: int = spec(192, ge=32, le=4096, doc="height of rendered synthetic images")
     hub_repo: str = spec("", doc="hub dataset repo for source=hub (empty: osv5m/osv5m or HuggingFaceM4/NLVR2)")
@@ -145,7 +145,7 @@ class EnvParams:
 class SFTParams:
     """sft stage: supervised warm start on the env's ideal answers (0 steps: pass-through)."""
 
-    steps: int = spec(900, ge=0, doc="optimizer steps (0: copy the base model through unchanged)")
+    steps: int = spec(600, ge=0, doc="optimizer steps (0: copy the base model through unchanged)")
     batch_size: int = spec(16, ge=1, doc="samples per step")
     micro_batches: int = spec(1, ge=1, doc="gradient accumulation: micro-batches per step (divides batch_size)")
     lr: float = spec(3e-3, gt=0, doc="peak learning rate")
