@@ -2,9 +2,9 @@
 
 `model.decode_step` attends over a (batch, cache) KV cache, so a group of G samples of one prompt reads G
 copies of the prompt's keys and values every step. Here the cache is split in two:
-- the prompt part, (layers, prompts, prompt_len, kv_heads, head_dim), written once by the prefill and read
-  once per prompt per step (the G queries of a group attend to it together);
-- the generated part, (layers, prompts * G, max_new_tokens, kv_heads, head_dim), one row per sample.
+- the prompt part, (layers, prompts, kv_heads, ...) over prompt_len positions, written once by the prefill and
+  read once per prompt per step (the G queries of a group attend to it together);
+- the generated part, (layers, prompts * G, kv_heads, ...) over max_new_tokens positions, one row per sample.
 The two score blocks are joined before one fp32 softmax, so the result is the same attention as over a
 single concatenated cache. Per step this reads prompts * prompt_len + rows * step KV entries instead of
 rows * (prompt_len + max_new_tokens), which is most of the memory traffic of a decode step once prompts
@@ -24,16 +24,21 @@ GroupCache = dict[str, jax.Array]
 
 
 def group_cache(cfg: Qwen3VLConfig, prompt_cache: KVCache, group_size: int, max_new_tokens: int) -> GroupCache:
-    """The split cache from the model's prefill cache (sized to the prompt): prompt part + empty generated part."""
+    """The split cache from the model's prefill cache (sized to the prompt): prompt part + empty generated part.
+
+    Keys are stored (..., kv_heads, head_dim, positions) and values (..., kv_heads, positions, head_dim), the
+    operand layouts of the two attention matmuls, so XLA does not transpose the cache on every step (on XLA:CPU
+    those per-layer transposes of the generated cache were a fifth of a decode step).
+    """
     layers, prompts, _, kv_heads, head_dim = prompt_cache["k"].shape
     rows = prompts * group_size
-    empty = jnp.zeros((layers, rows, max_new_tokens, kv_heads, head_dim), prompt_cache["k"].dtype)
+    dtype = prompt_cache["k"].dtype
     return {
-        "prompt_k": prompt_cache["k"],
-        "prompt_v": prompt_cache["v"],
+        "prompt_k": jnp.transpose(prompt_cache["k"], (0, 1, 3, 4, 2)),
+        "prompt_v": jnp.transpose(prompt_cache["v"], (0, 1, 3, 2, 4)),
         "prompt_valid": prompt_cache["valid"],
-        "gen_k": empty,
-        "gen_v": empty,
+        "gen_k": jnp.zeros((layers, rows, kv_heads, head_dim, max_new_tokens), dtype),
+        "gen_v": jnp.zeros((layers, rows, kv_heads, max_new_tokens, head_dim), dtype),
         "next_position": jnp.repeat(prompt_cache["next_position"], group_size, axis=0),
     }
 
@@ -42,23 +47,24 @@ def _group_attention(q: jax.Array, prompt_k: jax.Array, prompt_v: jax.Array, pro
                      gen_k: jax.Array, gen_v: jax.Array, step: jax.Array) -> jax.Array:
     """Attention of one new token per row over its prompt (shared by the group) and its own generated tokens.
 
-    q (rows, 1, q_heads, d); prompt_k/v (prompts, L, kv, d); prompt_valid (prompts, L); gen_k/v (rows, T, kv, d).
+    q (rows, 1, q_heads, d); prompt_k (prompts, kv, d, L), prompt_v (prompts, kv, L, d); prompt_valid
+    (prompts, L); gen_k (rows, kv, d, T), gen_v (rows, kv, T, d).
     """
     rows, _, n_q, d = q.shape
-    prompts, prompt_len, n_kv, _ = prompt_k.shape
+    prompts, n_kv, _, prompt_len = prompt_k.shape
     group, per_kv = rows // prompts, n_q // n_kv
     scale = d**-0.5
-    q_grouped = q.reshape(prompts, group, n_kv, per_kv, d)
-    prompt_scores = jnp.einsum("pgkhd,plkd->pgkhl", q_grouped, prompt_k, preferred_element_type=jnp.float32) * scale
+    q_prompt = jnp.transpose(q.reshape(prompts, group, n_kv, per_kv, d), (0, 2, 1, 3, 4))  # (p, k, g, h, d)
+    prompt_scores = jnp.einsum("pkghd,pkdl->pkghl", q_prompt, prompt_k, preferred_element_type=jnp.float32) * scale
     prompt_scores = jnp.where(prompt_valid[:, None, None, None, :], prompt_scores, NEG_INF)
+    prompt_scores = jnp.transpose(prompt_scores, (0, 2, 1, 3, 4)).reshape(rows, n_kv, per_kv, prompt_len)
     q_rows = q.reshape(rows, n_kv, per_kv, d)
-    gen_scores = jnp.einsum("bkhd,btkd->bkht", q_rows, gen_k, preferred_element_type=jnp.float32) * scale
-    gen_scores = jnp.where(jnp.arange(gen_k.shape[1])[None, None, None, :] <= step, gen_scores, NEG_INF)
-    scores = jnp.concatenate([prompt_scores.reshape(rows, n_kv, per_kv, prompt_len), gen_scores], axis=-1)
-    probs = jax.nn.softmax(scores, axis=-1).astype(prompt_v.dtype)
+    gen_scores = jnp.einsum("bkhd,bkdt->bkht", q_rows, gen_k, preferred_element_type=jnp.float32) * scale
+    gen_scores = jnp.where(jnp.arange(gen_k.shape[-1])[None, None, None, :] <= step, gen_scores, NEG_INF)
+    probs = jax.nn.softmax(jnp.concatenate([prompt_scores, gen_scores], axis=-1), axis=-1).astype(prompt_v.dtype)
     prompt_probs = probs[..., :prompt_len].reshape(prompts, group, n_kv, per_kv, prompt_len)
-    out = jnp.einsum("pgkhl,plkd->pgkhd", prompt_probs, prompt_v).reshape(rows, n_kv, per_kv, d)
-    out = out + jnp.einsum("bkht,btkd->bkhd", probs[..., prompt_len:], gen_v)
+    out = jnp.einsum("pgkhl,pkld->pgkhd", prompt_probs, prompt_v).reshape(rows, n_kv, per_kv, d)
+    out = out + jnp.einsum("bkht,bktd->bkhd", probs[..., prompt_len:], gen_v)
     return out.reshape(rows, 1, n_q * d)
 
 
@@ -84,8 +90,11 @@ def group_decode_step(params: Params, cfg: Qwen3VLConfig, tokens: jax.Array, ste
         p, prompt_k, prompt_v, index = xs
         p = jax.tree.map(lambda a: a.astype(dtype), p)
         q, k, v = _qkv(cfg, p, h, cos, sin)
-        gen_k = jax.lax.dynamic_update_slice(gen_k, k[None].astype(gen_k.dtype), (index, 0, step, 0, 0))
-        gen_v = jax.lax.dynamic_update_slice(gen_v, v[None].astype(gen_v.dtype), (index, 0, step, 0, 0))
+        # k, v: (rows, 1, kv, d) -> one position of the (rows, kv, d, T) / (rows, kv, T, d) caches.
+        k_new = jnp.transpose(k, (0, 2, 3, 1))[None].astype(gen_k.dtype)
+        v_new = jnp.transpose(v, (0, 2, 1, 3))[None].astype(gen_v.dtype)
+        gen_k = jax.lax.dynamic_update_slice(gen_k, k_new, (index, 0, 0, 0, step))
+        gen_v = jax.lax.dynamic_update_slice(gen_v, v_new, (index, 0, 0, step, 0))
         attn = _group_attention(q, prompt_k, prompt_v, cache["prompt_valid"], gen_k[index], gen_v[index], step)
         return (_attn_out_and_mlp(cfg, p, h, attn), gen_k, gen_v), None
 
