@@ -26,7 +26,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--params", default="params.yaml", help="params file (section `model`)")
     args = parser.parse_args(argv)
     params = load_section("model", args.params)
-    with tracking.stage_run("base_model", params) as run:
+    with tracking.stage_run("base_model", params, params_file=args.params) as run:
         summary = build_base_model(params)
         run.log_metrics({k: summary[k] for k in FIGURES if k in summary})
         run.log_dict(summary, "base_model.json")

@@ -48,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     params = load_section("model", args.params)
     try:
-        report, metrics = convert_and_check(params)
+        report, metrics = convert_and_check(params, args.params)
     except ParityFailure as err:
         print(f"convert: parity FAILED: {err}", file=sys.stderr)
         return 1
@@ -57,9 +57,9 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def convert_and_check(params: ModelParams) -> tuple[dict, dict]:
+def convert_and_check(params: ModelParams, params_file: str = "params.yaml") -> tuple[dict, dict]:
     """The stage body inside one MLflow run (marked failed when parity fails)."""
-    with tracking.stage_run("convert", params) as run:
+    with tracking.stage_run("convert", params, params_file=params_file) as run:
         cfg, out_dir = convert_hf_to_jax(params.hf_dir, params.jax_dir)
         cases = [(PROMPT, []), (PROMPT, [parity_image()])]
         report = run_parity(params.hf_dir, out_dir, cases, dtype=params.dtype, tolerance=params.parity_tolerance)

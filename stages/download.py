@@ -22,7 +22,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     params = load_section("data", args.params)
-    with tracking.stage_run("download", params) as run:
+    with tracking.stage_run("download", params, params_file=args.params) as run:
         stats = build_raw(params)
         run.log_metrics(numeric_metrics(stats))
         run.log_dict(stats, "download_stats.json")

@@ -57,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     export = load_section("export", args.params)
     try:
-        with tracking.stage_run("export", export) as run:
+        with tracking.stage_run("export", export, params_file=args.params) as run:
             out = export_to_hf(export.jax_dir, export.hf_dir)
             try:
                 figures = check_export(export.jax_dir, out)

@@ -39,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"rollout: policies must be distinct and not empty, got {rollout.policies}", file=sys.stderr)
         return 1
     summary: dict[str, dict[str, float]] = {}
-    with tracking.stage_run("rollout", rollout, extra_params={"model.dtype": model.dtype,
+    with tracking.stage_run("rollout", rollout, params_file=args.params, extra_params={"model.dtype": model.dtype,
                                                               "model.param_dtype": model.param_dtype,
                                                               "env.name": env_params.name}) as run:
         with atomic_dir(Path(rollout.out_dir)) as tmp:

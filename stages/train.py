@@ -57,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     train = load_section("train", args.params)
     model = load_section("model", args.params)
     env_params = load_section("env", args.params)
-    with tracking.stage_run("train", train, extra_params={"model.dtype": model.dtype,
+    with tracking.stage_run("train", train, params_file=args.params, extra_params={"model.dtype": model.dtype,
                                                           "model.param_dtype": model.param_dtype,
                                                           "env.name": env_params.name}) as run:
         policy, params = load_policy(train.init_dir, model, train.max_new_tokens, temperature=train.temperature,

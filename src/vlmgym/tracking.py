@@ -186,19 +186,21 @@ def _flatten(prefix: str, value: Any) -> dict[str, str]:
 
 @contextlib.contextmanager
 def stage_run(stage: str, params: Any = None, *, experiment: str | None = None,
-              extra_params: Mapping[str, Any] | None = None) -> Iterator[StageRun]:
+              extra_params: Mapping[str, Any] | None = None,
+              params_file: str | Path | None = None) -> Iterator[StageRun]:
     """Run a pipeline stage inside one MLflow run with its params and lineage tags.
 
     `params` is the stage's params section (a dataclass or a mapping). The
-    experiment and tracking URI come from the `tracking` section of params.yaml
-    unless given. Output hashes are tagged after the body succeeds.
+    experiment and tracking URI come from the `tracking` section of `params_file`
+    (the stage's --params; default: params.yaml at the repo root) unless given.
+    Output hashes are tagged after the body succeeds.
     """
     import mlflow
 
     from vlmgym import params as params_mod
 
     root = repo_root()
-    params_file = root / "params.yaml"
+    params_file = Path(params_file) if params_file is not None else root / "params.yaml"
     tracking_cfg = (params_mod.load_section("tracking", params_file) if params_file.exists()
                     else params_mod.TrackingParams())
     uri = tracking_uri(tracking_cfg.tracking_uri)
