@@ -246,8 +246,8 @@ def test_stage_script_builds_and_logs(tmp_path, monkeypatch):
             logged[name] = obj
 
     @contextlib.contextmanager
-    def fake_stage_run(name, params):
-        logged["stage"], logged["params"] = name, params
+    def fake_stage_run(name, params, params_file=None):
+        logged["stage"], logged["params"], logged["params_file"] = name, params, params_file
         yield FakeRun()
 
     monkeypatch.setattr(stage.tracking, "stage_run", fake_stage_run)
@@ -258,6 +258,7 @@ def test_stage_script_builds_and_logs(tmp_path, monkeypatch):
     (tmp_path / "params.yaml").write_text(f"model:\n  seed: 3\n  hf_dir: {tmp_path / 'base'}\n")
     assert stage.main(["--params", str(tmp_path / "params.yaml")]) == 0
     assert logged["stage"] == "base_model" and logged["params"].seed == 3
+    assert logged["params_file"] == str(tmp_path / "params.yaml")  # tracking settings come from the same file
     assert logged["metrics"]["params_total"] == logged["base_model.json"]["params_total"] > 1_000_000
     assert logged["metrics"]["image_tokens_256x192"] == 12
     assert (tmp_path / "base" / "model.safetensors").exists()
