@@ -7,6 +7,7 @@ every named reward component. `step` does not mutate `state`, so GRPO scores a g
 
 from __future__ import annotations
 
+import abc
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
@@ -34,7 +35,7 @@ class State:
     extra: dict = field(default_factory=dict)
 
 
-class Env:
+class Env(abc.ABC):
     """Base class: subclasses set `name` and implement `prompt` and `score` (and usually `corpus`)."""
 
     name: str = "env"
@@ -94,13 +95,13 @@ class Env:
 
     # --- what a subclass provides -------------------------------------------
 
+    @abc.abstractmethod
     def prompt(self, sample: SampleLike) -> str:
         """The question shown with the sample's images."""
-        raise NotImplementedError(f"{type(self).__name__} must implement prompt(sample)")
 
+    @abc.abstractmethod
     def score(self, state: State, text: str) -> tuple[float, dict]:
         """(reward, info with the named reward components) of answer `text` in episode `state`."""
-        raise NotImplementedError(f"{type(self).__name__} must implement score(state, text)")
 
     def prepare_truth(self, sample: SampleLike) -> Any:
         """Anything worth computing once per reset rather than once per answer (default: nothing)."""
