@@ -87,8 +87,8 @@ def main(argv: list[str] | None = None) -> int:
     if any(len(pair) != 2 for pair in comparisons):
         raise ParamsError(f"{args.params}: eval.comparisons must be [treatment, control] pairs, "
                           f"got {eval_params.comparisons}")
-    with tracking.stage_run("evaluate", eval_params, params_file=args.params, extra_params={"env.name": env_params.name,
-                                                                   "rollout.policies": rollout.policies}) as run:
+    logged = {"env.name": env_params.name, "rollout.policies": rollout.policies}
+    with tracking.stage_run("evaluate", eval_params, extra_params=logged, params_file=args.params) as run:
         records = read_rollouts(eval_params.rollouts_dir, rollout.policies)
         extra = {}
         if eval_params.hf_samples > 0:

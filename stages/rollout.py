@@ -39,9 +39,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"rollout: policies must be distinct and not empty, got {rollout.policies}", file=sys.stderr)
         return 1
     summary: dict[str, dict[str, float]] = {}
-    with tracking.stage_run("rollout", rollout, params_file=args.params, extra_params={"model.dtype": model.dtype,
-                                                              "model.param_dtype": model.param_dtype,
-                                                              "env.name": env_params.name}) as run:
+    logged = {"model.dtype": model.dtype, "model.param_dtype": model.param_dtype, "env.name": env_params.name}
+    with tracking.stage_run("rollout", rollout, extra_params=logged, params_file=args.params) as run:
         with atomic_dir(Path(rollout.out_dir)) as tmp:
             env = None
             for number, policy in enumerate(rollout.policies):

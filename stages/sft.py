@@ -29,9 +29,8 @@ def main(argv: list[str] | None = None) -> int:
     sft = load_section("sft", args.params)
     model = load_section("model", args.params)
     env_params = load_section("env", args.params)
-    with tracking.stage_run("sft", sft, params_file=args.params, extra_params={"model.dtype": model.dtype,
-                                                      "model.param_dtype": model.param_dtype,
-                                                      "env.name": env_params.name}) as run:
+    logged = {"model.dtype": model.dtype, "model.param_dtype": model.param_dtype, "env.name": env_params.name}
+    with tracking.stage_run("sft", sft, extra_params=logged, params_file=args.params) as run:
         policy, params = load_policy(sft.init_dir, model, sft.max_target_tokens, mesh_shape=tuple(sft.mesh))
         summary = {"steps": sft.steps}
         if sft.steps > 0:

@@ -25,7 +25,7 @@ def main(argv: list[str] | None = None) -> int:
     params = load_section("shard", args.params)
     data = load_section("data", args.params)
     extra = {"data.dataset": data.dataset, "data.raw_dir": data.raw_dir}
-    with tracking.stage_run("shard", params, params_file=args.params, extra_params=extra) as run:
+    with tracking.stage_run("shard", params, extra_params=extra, params_file=args.params) as run:
         manifest = shard_raw(Path(data.raw_dir), Path(params.out_dir), data.dataset, params)
         run.log_metrics(manifest_metrics(manifest))
         run.log_artifact(Path(params.out_dir) / "manifest.json")

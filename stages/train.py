@@ -57,9 +57,8 @@ def main(argv: list[str] | None = None) -> int:
     train = load_section("train", args.params)
     model = load_section("model", args.params)
     env_params = load_section("env", args.params)
-    with tracking.stage_run("train", train, params_file=args.params, extra_params={"model.dtype": model.dtype,
-                                                          "model.param_dtype": model.param_dtype,
-                                                          "env.name": env_params.name}) as run:
+    logged = {"model.dtype": model.dtype, "model.param_dtype": model.param_dtype, "env.name": env_params.name}
+    with tracking.stage_run("train", train, extra_params=logged, params_file=args.params) as run:
         policy, params = load_policy(train.init_dir, model, train.max_new_tokens, temperature=train.temperature,
                                      top_k=train.top_k, top_p=train.top_p, mesh_shape=tuple(train.mesh))
         env = make_env(env_params, train.shards_dir, "train", policy.processor.tokenizer)
