@@ -33,12 +33,14 @@ def group_cache(cfg: Qwen3VLConfig, prompt_cache: KVCache, group_size: int, max_
     layers, prompts, _, kv_heads, head_dim = prompt_cache["k"].shape
     rows = prompts * group_size
     dtype = prompt_cache["k"].dtype
+    prompt_k = jnp.transpose(prompt_cache["k"], (0, 1, 3, 4, 2))
+    prompt_v = jnp.transpose(prompt_cache["v"], (0, 1, 3, 2, 4))
     return {
-        "prompt_k": jnp.transpose(prompt_cache["k"], (0, 1, 3, 4, 2)),
-        "prompt_v": jnp.transpose(prompt_cache["v"], (0, 1, 3, 2, 4)),
+        "prompt_k": tuple(prompt_k[i] for i in range(layers)),
+        "prompt_v": tuple(prompt_v[i] for i in range(layers)),
         "prompt_valid": prompt_cache["valid"],
-        "gen_k": jnp.zeros((layers, rows, kv_heads, head_dim, max_new_tokens), dtype),
-        "gen_v": jnp.zeros((layers, rows, kv_heads, max_new_tokens, head_dim), dtype),
+        "gen_k": tuple(jnp.zeros((rows, kv_heads, head_dim, max_new_tokens), dtype) for _ in range(layers)),
+        "gen_v": tuple(jnp.zeros((rows, kv_heads, max_new_tokens, head_dim), dtype) for _ in range(layers)),
         "next_position": jnp.repeat(prompt_cache["next_position"], group_size, axis=0),
     }
 
@@ -76,7 +78,15 @@ def lm_head_kernel(params: Params, cfg: Qwen3VLConfig) -> jax.Array:
     return params["lm_head"]["kernel"].astype(cfg.compute_dtype)
 
 
-def group_decode_step(params: Params, cfg: Qwen3VLConfig, tokens: jax.Array, step: jax.Array,
+def decoder_layers(params: Params, cfg: Qwen3VLConfig) -> list[Params]:
+    """Each decoder layer's weights as its own arrays, in the compute dtype; taken once per decode loop, since
+    slicing a layer out of the stacked weights inside the loop copies it on every step."""
+    stacked = params["text"]["layers"]
+    return [jax.tree.map(lambda a, i=i: a[i].astype(cfg.compute_dtype), stacked)
+            for i in range(cfg.text.num_hidden_layers)]
+
+
+def group_decode_step(params: Params, cfg: Qwen3VLConfig, layers: list[Params], tokens: jax.Array, step: jax.Array,
                       cache: GroupCache, lm_head: jax.Array) -> tuple[jax.Array, GroupCache]:
     """Feed generated token number `step` of every row; float32 logits (rows, V) for the next one."""
     dtype = cfg.compute_dtype
@@ -85,21 +95,17 @@ def group_decode_step(params: Params, cfg: Qwen3VLConfig, tokens: jax.Array, ste
     position = cache["next_position"] + step
     cos, sin = mrope_cos_sin(cfg, jnp.broadcast_to(position[None, :, None], (3, rows, 1)))
 
-    def layer(carry, xs):
-        h, gen_k, gen_v = carry
-        p, prompt_k, prompt_v, index = xs
-        p = jax.tree.map(lambda a: a.astype(dtype), p)
+    h, gen_k, gen_v = x, list(cache["gen_k"]), list(cache["gen_v"])
+    for i, p in enumerate(layers):
         q, k, v = _qkv(cfg, p, h, cos, sin)
         # k, v: (rows, 1, kv, d) -> one position of the (rows, kv, d, T) / (rows, kv, T, d) caches.
-        k_new = jnp.transpose(k, (0, 2, 3, 1))[None].astype(gen_k.dtype)
-        v_new = jnp.transpose(v, (0, 2, 1, 3))[None].astype(gen_v.dtype)
-        gen_k = jax.lax.dynamic_update_slice(gen_k, k_new, (index, 0, 0, 0, step))
-        gen_v = jax.lax.dynamic_update_slice(gen_v, v_new, (index, 0, 0, step, 0))
-        attn = _group_attention(q, prompt_k, prompt_v, cache["prompt_valid"], gen_k[index], gen_v[index], step)
-        return (_attn_out_and_mlp(cfg, p, h, attn), gen_k, gen_v), None
-
-    xs = (params["text"]["layers"], cache["prompt_k"], cache["prompt_v"], jnp.arange(cfg.text.num_hidden_layers))
-    (h, gen_k, gen_v), _ = jax.lax.scan(layer, (x, cache["gen_k"], cache["gen_v"]), xs)
+        k_new = jnp.transpose(k, (0, 2, 3, 1)).astype(gen_k[i].dtype)
+        v_new = jnp.transpose(v, (0, 2, 1, 3)).astype(gen_v[i].dtype)
+        gen_k[i] = jax.lax.dynamic_update_slice(gen_k[i], k_new, (0, 0, 0, step))
+        gen_v[i] = jax.lax.dynamic_update_slice(gen_v[i], v_new, (0, 0, step, 0))
+        attn = _group_attention(q, cache["prompt_k"][i], cache["prompt_v"][i], cache["prompt_valid"], gen_k[i],
+                                gen_v[i], step)
+        h = _attn_out_and_mlp(cfg, p, h, attn)
     # The model's final norm + lm_head (model._logits), with the projection passed in.
     h = _rms_norm(h[:, 0], params["text"]["norm"]["scale"], cfg.text.rms_norm_eps)
-    return (h @ lm_head).astype(jnp.float32), {**cache, "gen_k": gen_k, "gen_v": gen_v}
+    return (h @ lm_head).astype(jnp.float32), {**cache, "gen_k": tuple(gen_k), "gen_v": tuple(gen_v)}

@@ -6,6 +6,10 @@
     token_logprobs(params, cfg, batch.sequence_inputs(), batch.completion_ids, batch.completion_mask)
                                                                       # == batch.logprobs (on-policy)
 
+With `devices=[...]` the prompts are split over the devices, each share prefilled and decoded in its own thread;
+on a CPU with one fake host device per core (`--xla_force_host_platform_device_count`) that runs one decode loop
+per core, where one loop alone keeps a single core busy.
+
 Rows are prompt-major: completion row r answers prompt r // group_size. Shapes are bucketed (number of
 prompts, prompt length, image patches) so a training run compiles a handful of times; every trace of the
 jitted functions is logged and counted in `TRACE_COUNTS`.
@@ -18,6 +22,7 @@ import math
 import time
 from collections import Counter
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -31,7 +36,7 @@ from vlmgym.models.qwen3_vl.config import Qwen3VLConfig
 from vlmgym.models.qwen3_vl.model import prefill
 from vlmgym.models.qwen3_vl.params import Params
 from vlmgym.models.qwen3_vl.vision import encode_patches, patch_layout
-from vlmgym.rollout.decode import GroupCache, group_cache, group_decode_step, lm_head_kernel
+from vlmgym.rollout.decode import GroupCache, decoder_layers, group_cache, group_decode_step, lm_head_kernel
 from vlmgym.rollout.sampling import SamplingSettings, sample_tokens, seed_from_key
 
 log = logging.getLogger(__name__)
@@ -152,6 +157,24 @@ def repeat_prompt_inputs(inputs: dict[str, np.ndarray], group_size: int, cfg: Qw
     return out
 
 
+def slice_prompts(inputs: dict[str, np.ndarray], start: int, stop: int,
+                  cfg: Qwen3VLConfig | None) -> dict[str, np.ndarray]:
+    """Prompt rows start..stop of processor inputs, with their images (padding length unchanged)."""
+    out = {key: value[start:stop] for key, value in inputs.items()
+           if key not in ("position_ids", "pixel_values", "image_grid_thw")}
+    out["position_ids"] = inputs["position_ids"][:, start:stop]
+    grids = np.asarray(inputs.get("image_grid_thw", np.zeros((0, 3))), np.int64)
+    if len(grids):
+        if cfg is None:
+            raise ValueError("slicing prompts with images needs the model config")
+        first_image = np.concatenate([[0], np.cumsum(_images_per_row(inputs, cfg))])
+        first_patch = np.concatenate([[0], np.cumsum(grids.prod(axis=1))])
+        images = slice(first_image[start], first_image[stop])
+        out["image_grid_thw"] = inputs["image_grid_thw"][images]
+        out["pixel_values"] = inputs["pixel_values"][first_patch[images.start]:first_patch[images.stop]]
+    return out
+
+
 def _images_per_row(inputs: dict[str, np.ndarray], cfg: Qwen3VLConfig) -> np.ndarray:
     """How many images each prompt row holds (count of image-token runs)."""
     is_image = (np.asarray(inputs["input_ids"]) == cfg.image_token_id) & (np.asarray(inputs["attention_mask"]) == 1)
@@ -197,14 +220,20 @@ def _prefill_group(params: Params, cfg: Qwen3VLConfig, prompts: dict[str, jax.Ar
 
 @partial(jax.jit, static_argnames=("cfg", "settings"), donate_argnames=("cache",))
 def _decode_loop(params: Params, cfg: Qwen3VLConfig, settings: SamplingSettings, logits: jax.Array,
-                 cache: GroupCache, key: jax.Array, live: jax.Array) -> tuple[dict[str, jax.Array], GroupCache]:
-    """Sample up to max_new_tokens per row inside one lax.while_loop; stops early once every live row ended."""
-    _note_trace("decode", logits=logits.shape, prompt_cache=cache["prompt_k"].shape, settings=settings)
+                 cache: GroupCache, key: jax.Array, live: jax.Array,
+                 first_row: jax.Array) -> tuple[dict[str, jax.Array], GroupCache]:
+    """Sample up to max_new_tokens per row inside one lax.while_loop; stops early once every live row ended.
+
+    first_row: the batch-wide id of this call's first row (the sampler's counter), so a part of a batch run on
+    another device draws what those rows draw in the whole batch.
+    """
+    _note_trace("decode", logits=logits.shape, prompt_cache=cache["prompt_k"][0].shape, settings=settings)
     batch, steps = logits.shape[0], settings.max_new_tokens
     seed = seed_from_key(key)
-    rows = jnp.arange(batch, dtype=jnp.uint32)
+    rows = first_row.astype(jnp.uint32) + jnp.arange(batch, dtype=jnp.uint32)
     eos = jnp.asarray(settings.eos_ids or (-1,), jnp.int32)
     lm_head = lm_head_kernel(params, cfg)
+    layers = decoder_layers(params, cfg)
 
     def sample(step_logits: jax.Array, step: jax.Array, done: jax.Array, out: dict[str, jax.Array]):
         tokens, sample_lp, plain_lp = sample_tokens(step_logits, seed, rows, step, settings)
@@ -231,7 +260,7 @@ def _decode_loop(params: Params, cfg: Qwen3VLConfig, settings: SamplingSettings,
     def body(state):
         step, tokens, done, eos_hit, out, cache = state
         # Feed the token sampled at step - 1 (its KV goes to generated slot step - 1), sample token `step`.
-        step_logits, cache = group_decode_step(params, cfg, tokens, step - 1, cache, lm_head)
+        step_logits, cache = group_decode_step(params, cfg, layers, tokens, step - 1, cache, lm_head)
         tokens, done, out, ended = sample(step_logits, step, done, out)
         return step + 1, tokens, done, eos_hit | ended, out, cache
 
@@ -241,14 +270,22 @@ def _decode_loop(params: Params, cfg: Qwen3VLConfig, settings: SamplingSettings,
 
 
 class RolloutEngine:
-    """Samples groups of completions for env observations (`{"images": [...], "messages": [...]}`)."""
+    """Samples groups of completions for env observations (`{"images": [...], "messages": [...]}`).
+
+    devices: run the prompts split over these devices, each part in its own thread (XLA:CPU runs one decode loop
+    on one core, so on a CPU with fake host devices, `--xla_force_host_platform_device_count`, each core decodes
+    a share of the prompts). Default: the default device. Rows draw the same random numbers either way.
+    """
 
     def __init__(self, cfg: Qwen3VLConfig, processor: Any, settings: SamplingSettings,
-                 buckets: Buckets = Buckets()):
+                 buckets: Buckets = Buckets(), devices: Sequence[Any] | None = None):
         self.cfg = cfg
         self.processor = processor
         self.settings = settings
         self.buckets = buckets
+        self.devices = tuple(devices or ())
+        self._replicas: dict[Any, tuple[list[Any], Params]] = {}
+        self._pool: ThreadPoolExecutor | None = None
 
     def prepare(self, obs_list: Sequence[dict[str, Any]]) -> dict[str, np.ndarray]:
         """Observations -> left-padded, length-bucketed processor inputs."""
@@ -273,28 +310,71 @@ class RolloutEngine:
         if inputs["attention_mask"][:, -1].min() == 0:
             raise ValueError("prompts must be left-padded (every row's last token attended)")
         start = time.perf_counter()
+        num_prompts = int(inputs["input_ids"].shape[0])
+        parts = self._parts(num_prompts)
+        if len(parts) == 1:
+            results = [self._generate_part(params, inputs, group_size, key, 0, parts[0][0])]
+        else:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(len(self.devices), thread_name_prefix="vlmgym-rollout")
+            futures = [self._pool.submit(self._generate_part, params, slice_prompts(inputs, first, stop, self.cfg),
+                                         group_size, key, first * group_size, device)
+                       for device, first, stop in parts]
+            results = [future.result() for future in futures]
+        host = {name: np.concatenate([r[0][name] for r in results]) for name in results[0][0] if name != "texts"}
+        texts = [text for r in results for text in r[0]["texts"]]
+        total_s = time.perf_counter() - start
+        prefill_s = max(r[1] for r in results)
+        mask = host["mask"]
+        ids = host["tokens"]
+        lengths = mask.sum(axis=1).astype(np.int32)
+        finish = ["eos" if hit else "length" for hit in host["eos"]]
+        return RolloutBatch(
+            prompt_inputs=inputs, group_size=group_size, completion_ids=ids, completion_mask=mask.astype(np.float32),
+            logprobs=host["logprobs"], sample_logprobs=host["sample_logprobs"], lengths=lengths,
+            finish_reasons=finish, texts=texts,
+            timings={"prefill_s": prefill_s, "total_s": total_s, "decode_s": total_s - prefill_s}, cfg=self.cfg)
+
+    def _parts(self, num_prompts: int) -> list[tuple[Any, int, int]]:
+        """(device, first prompt, end) per part: contiguous, near-equal shares; one part without devices."""
+        if len(self.devices) <= 1 or num_prompts == 1:
+            return [(self.devices[0] if self.devices else None, 0, num_prompts)]
+        count = min(len(self.devices), num_prompts)
+        bounds = [round(i * num_prompts / count) for i in range(count + 1)]
+        return [(self.devices[i], bounds[i], bounds[i + 1]) for i in range(count)]
+
+    def _on_device(self, params: Params, device: Any) -> Params:
+        """params placed on device; the copy is kept while the same arrays come back (eval, benchmarks)."""
+        leaves = jax.tree.leaves(params)
+        cached = self._replicas.get(device)
+        if cached is not None and len(cached[0]) == len(leaves) and all(a is b for a, b in zip(cached[0], leaves)):
+            return cached[1]
+        replica = jax.device_put(params, device)
+        self._replicas[device] = (leaves, replica)
+        return replica
+
+    def _generate_part(self, params: Params, inputs: dict[str, np.ndarray], group_size: int, key: jax.Array,
+                       first_row: int, device: Any) -> tuple[dict[str, Any], float]:
+        """Prefill + decode loop for some prompts on one device: host arrays and texts of their real rows, and the
+        prefill seconds. Host arrays go to the jitted calls as they are (they follow the committed params, which
+        is cheaper than placing them first)."""
+        start = time.perf_counter()
         prompts, num_prompts = self._device_prompts(inputs)
+        live = np.zeros(self.buckets.fit(self.buckets.num_prompts, num_prompts, "prompt count") * group_size, bool)
+        live[:num_prompts * group_size] = True
+        if device is not None:
+            params = self._on_device(params, device)
+            key = jax.device_put(key, device)
         logits, cache = _prefill_group(params, self.cfg, prompts, group_size, self.settings.max_new_tokens)
         logits.block_until_ready()
         prefill_s = time.perf_counter() - start
-        live = np.zeros(logits.shape[0], bool)
-        live[:num_prompts * group_size] = True
-        out, _ = _decode_loop(params, self.cfg, self.settings, logits, cache, key, jnp.asarray(live))
-        host = jax.device_get(out)
-        total_s = time.perf_counter() - start
+        out, _ = _decode_loop(params, self.cfg, self.settings, logits, cache, key, live, np.int32(first_row))
         rows = num_prompts * group_size
-        mask = host["mask"][:rows]
-        ids = host["tokens"][:rows]
-        lengths = mask.sum(axis=1).astype(np.int32)
-        finish = ["eos" if hit else "length" for hit in host["eos"][:rows]]
-        texts = [] if self.processor is None else self.processor.tokenizer.batch_decode(
-            [ids[r, :lengths[r]].tolist() for r in range(rows)], skip_special_tokens=True)
-        batch = RolloutBatch(
-            prompt_inputs=inputs, group_size=group_size, completion_ids=ids, completion_mask=mask.astype(np.float32),
-            logprobs=host["logprobs"][:rows], sample_logprobs=host["sample_logprobs"][:rows], lengths=lengths,
-            finish_reasons=finish, texts=texts,
-            timings={"prefill_s": prefill_s, "total_s": total_s, "decode_s": total_s - prefill_s}, cfg=self.cfg)
-        return batch
+        host = {name: value[:rows] for name, value in jax.device_get(out).items()}
+        lengths = host["mask"].sum(axis=1)
+        host["texts"] = [] if self.processor is None else self.processor.tokenizer.batch_decode(
+            [host["tokens"][r, :lengths[r]].tolist() for r in range(rows)], skip_special_tokens=True)
+        return host, prefill_s
 
     def _device_prompts(self, inputs: dict[str, np.ndarray]) -> tuple[dict[str, Any], int]:
         """Pad the prompt batch and the patch axis to their buckets; the arrays the jitted prefill takes."""
