@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -56,3 +59,37 @@ def test_hbm_roofline_figures():
     assert figures["bytes_per_step"] == decode_bytes_per_step(cfg, 64, 200.0, 2, 2)
     # ~8 GB of bf16 decoder + lm_head weights and ~1.9 GB of KV in 5 ms is ~2 TB/s: ~41% of an H200.
     assert 0.35 < figures["hbm_roofline_fraction"] < 0.45
+
+
+def test_devices_argument_and_worker_flag(monkeypatch):
+    with pytest.raises(SystemExit):
+        parse_args(["--devices", "-1"])
+    import subprocess
+
+    from vlmgym.rollout import benchmark
+
+    seen = {}
+
+    def fake_run(cmd, capture_output, text, env):
+        seen["flags"] = env.get("XLA_FLAGS", "")
+        return subprocess.CompletedProcess(cmd, 0, stdout='{"ok": 1}\n', stderr="")
+
+    monkeypatch.setattr(benchmark.subprocess, "run", fake_run)
+    monkeypatch.setenv("XLA_FLAGS", "--xla_cpu_enable_fast_math=false")
+    assert benchmark._run_worker("jax", Path("/nonexistent"), 3) == {"ok": 1}
+    assert seen["flags"] == "--xla_cpu_enable_fast_math=false --xla_force_host_platform_device_count=3"
+    benchmark._run_worker("jax", Path("/nonexistent"), 1)
+    assert "device_count" not in seen["flags"]
+
+
+def test_benchmark_end_to_end_on_two_devices(tiny_model, capsys):
+    # The whole command on the tiny test model: both workers, the prompts split over two host devices, greedy
+    # outputs compared with transformers token for token.
+    code = bench_main(["rollout", "--model", tiny_model.folder, "--prompts", "3", "--group", "2",
+                       "--max-new-tokens", "6", "--repeats", "1", "--devices", "2"])
+    report = json.loads(capsys.readouterr().out)
+    assert code == 0 and report["greedy_equal"] and report["greedy_rows"] == 3
+    jax_side = report["jax"]
+    assert jax_side["devices"] == 2 and jax_side["generated_tokens"] == 3 * 2 * 6
+    assert jax_side["recompiles"] == 0 and jax_side["tokens_per_s"] > 0 and report["hf"]["tokens_per_s"] > 0
+    assert 0 < jax_side["roofline_fraction"] < 1

@@ -1,12 +1,14 @@
 """`vlmgym bench rollout`: the JAX rollout engine against transformers `generate`, same weights, same prompts.
 
     vlmgym bench rollout [--model DIR] [--prompts 8] [--group 8] [--max-new-tokens 48] [--dtype fp32|bf16]
+                         [--devices N]
     vlmgym bench rollout --config 4b --random-weights --dtype bf16 --prompts 8 --group 8   # GPU, see BENCHMARKS.md
 
 Each side runs in its own process (its own peak memory, thread pools and accelerator allocator) on inputs the
 parent builds once and passes as an .npz. Throughput runs sample groups with the hub's sampling settings and no
 EOS, so every sequence produces exactly max_new_tokens on both sides; the greedy check (fp32: asserted) uses the
-model's EOS ids. Prints one JSON object.
+model's EOS ids. On a CPU the JAX side splits the prompts over one host device per core (`--devices`, default:
+the cores this process may use), each decoding its share concurrently. Prints one JSON object.
 """
 
 from __future__ import annotations
@@ -54,6 +56,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, default=10, help="timed runs per side (best is reported)")
     parser.add_argument("--hbm-bandwidth", type=float, default=4.8e12, help="bytes/s for the GPU roofline (H200)")
     parser.add_argument("--image-size", type=int, default=256, help="square image side for --config prompts")
+    parser.add_argument("--devices", type=int, default=0,
+                        help="CPU: split the prompts over this many host devices decoding concurrently, one per core "
+                             "(default: the cores this process may use); a GPU runs on one device")
     parser.add_argument("--skip-hf", action="store_true", help="only the JAX side")
     parser.add_argument("--worker", choices=("jax", "hf"), help=argparse.SUPPRESS)
     parser.add_argument("--spec", help=argparse.SUPPRESS)
@@ -62,6 +67,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         parser.error("--config needs --random-weights (real weights: pass --model DIR)")
     if args.config and args.model:
         parser.error("give --model or --config, not both")
+    if args.devices < 0:
+        parser.error("--devices must be >= 0 (0: one per core)")
     return args
 
 
@@ -79,6 +86,7 @@ def _prepare(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     spec: dict[str, Any] = {"dtype": args.dtype, "group_size": args.group, "max_new_tokens": args.max_new_tokens,
                             "temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p,
                             "repeats": args.repeats, "hbm_bandwidth": args.hbm_bandwidth,
+                            "devices": args.devices or len(os.sched_getaffinity(0)),
                             "check_greedy": args.dtype == "fp32" or not args.config}
     if args.config:
         from vlmgym.models.qwen3_vl.config import CONFIGS_DIR, load_hf_config
@@ -112,9 +120,15 @@ def _prepare(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     return spec
 
 
-def _run_worker(side: str, workdir: Path) -> dict[str, Any]:
-    """Run one side in a fresh interpreter; its last stdout line is its JSON result."""
+def _run_worker(side: str, workdir: Path, host_devices: int = 1) -> dict[str, Any]:
+    """Run one side in a fresh interpreter; its last stdout line is its JSON result.
+
+    host_devices: how many CPU devices XLA shows the JAX side (the flag must be set before JAX starts).
+    """
     env = dict(os.environ, TOKENIZERS_PARALLELISM="false")
+    flags = env.get("XLA_FLAGS", "")
+    if host_devices > 1 and "xla_force_host_platform_device_count" not in flags:
+        env["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={host_devices}".strip()
     proc = subprocess.run([sys.executable, "-m", "vlmgym.rollout.benchmark", "--worker", side, "--spec",
                            str(workdir / "spec.json")], capture_output=True, text=True, env=env)
     if proc.returncode != 0:
@@ -151,7 +165,7 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="vlmgym-bench-") as tmp:
         workdir = Path(tmp)
         spec = _prepare(args, workdir)
-        jax_result = _run_worker("jax", workdir)
+        jax_result = _run_worker("jax", workdir, spec["devices"])
         hf_result = None if args.skip_hf else _run_worker("hf", workdir)
     report: dict[str, Any] = {
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "model": spec["model"], "dtype": args.dtype,
@@ -231,14 +245,16 @@ def run_jax(spec: dict[str, Any], inputs: dict[str, np.ndarray]) -> dict[str, An
     from vlmgym.rollout.sampling import SamplingSettings
 
     on_gpu = jax.devices()[0].platform == "gpu"
+    devices = jax.devices()[:1] if on_gpu else jax.devices()[:int(spec.get("devices", 1))]
     cfg, params, processor = _load_jax_model(spec)
-    result: dict[str, Any] = {"device": str(jax.devices()[0])}
+    result: dict[str, Any] = {"device": str(jax.devices()[0]), "devices": len(devices)}
     if spec.get("check_greedy"):
         greedy = RolloutEngine(cfg, processor, SamplingSettings(
-            max_new_tokens=spec["max_new_tokens"], greedy=True, eos_ids=tuple(spec["eos_ids"]), pad_id=spec["pad_id"]))
+            max_new_tokens=spec["max_new_tokens"], greedy=True, eos_ids=tuple(spec["eos_ids"]), pad_id=spec["pad_id"]),
+            devices=devices)
         greedy_batch = greedy.generate_from_inputs(params, inputs, 1, jax.random.key(0))
         result["greedy_tokens"] = greedy_batch.completion_ids.tolist()
-    engine = RolloutEngine(cfg, processor, sampling_from_args(spec))
+    engine = RolloutEngine(cfg, processor, sampling_from_args(spec), devices=devices)
     group_size = int(spec["group_size"])
     compiles_before = sum(TRACE_COUNTS.values())
     start = time.perf_counter()
