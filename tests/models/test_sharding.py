@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import textwrap
 
 import jax.numpy as jnp
@@ -46,7 +43,7 @@ CHILD = textwrap.dedent("""
 """)
 
 
-def test_two_by_two_mesh_equals_single_device(tiny_untied, tmp_path):
+def test_two_by_two_mesh_equals_single_device(tiny_untied, tmp_path, run_on_cpu_devices):
     tiny = tiny_untied
     rng = np.random.default_rng(11)
     grids = [(1, 4, 4), (1, 2, 4)]
@@ -57,10 +54,7 @@ def test_two_by_two_mesh_equals_single_device(tiny_untied, tmp_path):
     np.savez(tmp_path / "in.npz", input_ids=batch["input_ids"].astype(np.int32),
              attention_mask=batch["attention_mask"].astype(np.int32), position_ids=positions.astype(np.int32),
              pixel_values=batch["pixel_values"], grid_thw=batch["grid_thw"], tokens=tokens)
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4", "JAX_PLATFORMS": "cpu"}
-    done = subprocess.run([sys.executable, "-c", CHILD, str(tiny.jax_dir), str(tmp_path / "in.npz"),
-                           str(tmp_path / "out.npz")], env=env, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
+    run_on_cpu_devices(4, ["-c", CHILD, tiny.jax_dir, tmp_path / "in.npz", tmp_path / "out.npz"])
     sharded = np.load(tmp_path / "out.npz")
 
     embeds, deepstack = encode_images(tiny.params, tiny.cfg, jnp.asarray(batch["pixel_values"]), grids)

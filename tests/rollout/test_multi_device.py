@@ -1,9 +1,6 @@
 """The engine split over several devices (one decode loop per CPU core) samples what one device samples."""
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -14,13 +11,10 @@ from vlmgym.rollout.engine import RolloutEngine, slice_prompts
 from vlmgym.rollout.sampling import SamplingSettings
 
 
-def test_split_over_two_devices_equals_one(tiny_model: Any):
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2", "JAX_PLATFORMS": "cpu"}
+def test_split_over_two_devices_equals_one(tiny_model: Any, run_on_cpu_devices):
     here = Path(__file__).parent
-    result = subprocess.run([sys.executable, str(here / "multi_device_run.py"), tiny_model.folder], env=env, cwd=here,
-                            capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr[-3000:]
-    report = json.loads(result.stdout.strip().splitlines()[-1])
+    stdout = run_on_cpu_devices(2, [here / "multi_device_run.py", tiny_model.folder], cwd=here)
+    report = json.loads(stdout.strip().splitlines()[-1])
     for name in ("sampled", "greedy"):
         out = report[name]
         assert out["devices_used"] == ["cpu:0", "cpu:1"], out  # each device ran a part
