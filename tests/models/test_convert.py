@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 
@@ -108,3 +109,26 @@ def test_save_checkpoint_replaces_atomically_and_round_trips(tiny_tied, tmp_path
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]  # no temp or old folders left
     with pytest.raises(ConversionError, match="not a vlmgym JAX checkpoint"):
         load_checkpoint(tmp_path)
+
+
+def _file_digests(folder) -> dict[str, str]:
+    return {str(p.relative_to(folder)): hashlib.md5(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_same_params_give_the_same_bytes(tiny_tied, tmp_path):
+    # DVC hashes a model folder by its bytes: saving equal params twice must give equal files, or every stage
+    # downstream of a rerun stage would rerun too.
+    first, second = tmp_path / "first", tmp_path / "second"
+    save_checkpoint(first, tiny_tied.cfg, tiny_tied.params)
+    save_checkpoint(second, tiny_tied.cfg, tiny_tied.params)
+    digests = _file_digests(first)
+    assert any(name.startswith("params/") for name in digests)
+    assert digests == _file_digests(second)
+    changed = jax.tree.map(lambda x: x, tiny_tied.params)
+    changed["text"]["norm"]["scale"] = changed["text"]["norm"]["scale"] + 1
+    save_checkpoint(second, tiny_tied.cfg, changed)
+    assert digests != _file_digests(second)
+    _, params = load_checkpoint(second)
+    np.testing.assert_array_equal(np.asarray(params["text"]["norm"]["scale"]),
+                                  np.asarray(changed["text"]["norm"]["scale"]))

@@ -247,13 +247,19 @@ def to_hf_dict(cfg: Qwen3VLConfig) -> dict[str, Any]:
 
 def save_checkpoint(path: str | Path, cfg: Qwen3VLConfig, params: Params, hf_config: dict[str, Any] | None = None,
                     side_files_from: str | Path | None = None) -> Path:
-    """Write params (orbax) + config.json (+ tokenizer files) into `path` atomically (temp dir + rename)."""
+    """Write params (orbax) + config.json (+ tokenizer files) into `path` atomically (temp dir + rename).
+
+    The folder's bytes depend only on what is saved, so DVC sees equal params as an unchanged output: orbax's
+    OCDBT store names its files at random, so arrays are written one zarr folder each instead, and orbax's two
+    run records (timestamps, the temp path), which restoring does not read, are dropped.
+    """
     final = Path(path).absolute()
     tmp = _atomic_dir(final)
     try:
-        checkpointer = ocp.StandardCheckpointer()
-        checkpointer.save(tmp / "params", params)
-        checkpointer.wait_until_finished()
+        checkpointer = ocp.Checkpointer(ocp.StandardCheckpointHandler(use_ocdbt=False))
+        checkpointer.save(tmp / "params", args=ocp.args.StandardSave(params))  # synchronous
+        for record in ("_CHECKPOINT_METADATA", "commit_success.txt"):
+            (tmp / "params" / record).unlink(missing_ok=True)
         config = hf_config if hf_config is not None else to_hf_dict(cfg)
         (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
         (tmp / META_FILE).write_text(json.dumps({"param_dtype": _dtype_name(params), "format": 1}) + "\n")
