@@ -1,8 +1,8 @@
 """The whole pipeline end to end: `dvc repro` on the micro preset in a fresh copy of the repository.
 
 One module-scoped run (a few minutes on 2 cores) feeds every check: every stage ran once and wrote its outputs,
-one MLflow run per stage with lineage tags, a second `dvc repro` is a no-op, and a changed training param makes
-DVC rerun train and what follows (for real), nothing upstream.
+one MLflow run per stage with lineage tags, a second `dvc repro` is a no-op, a training param that leaves the
+weights as they were reruns train only, and one that changes them reruns train and what follows, nothing upstream.
 """
 
 from __future__ import annotations
@@ -169,15 +169,27 @@ def test_second_repro_is_a_no_op_and_train_param_reruns_downstream(pipeline):
     assert _stages_run(again.stdout) == []
     assert (root / "dvc.lock").read_bytes() == lock
     assert len(_mlflow_runs(root)) == len(STAGES)
+    before = yaml.safe_load(lock)["stages"]
+    # The micro preset's two GRPO steps see only groups whose rewards are all equal (zero advantages), so a
+    # doubled lr reruns train but gives the same weights; the model folder's bytes are equal, so DVC reruns
+    # nothing after it.
     params = yaml.safe_load((root / "params.yaml").read_text())
     params["train"]["lr"] = params["train"]["lr"] * 2
     (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    same = _run(["dvc", "repro"], root, env)
+    assert _stages_run(same.stdout) == ["train"]
+    middle = yaml.safe_load((root / "dvc.lock").read_bytes())["stages"]
+    assert middle["train"]["params"]["params.yaml"]["train"]["lr"] == params["train"]["lr"]
+    assert middle["train"]["outs"] == before["train"]["outs"]
+    # Weight decay moves the matrices even with zero advantages: new weights, and what follows them reruns.
+    params["train"]["weight_decay"] = 0.5
+    (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     rerun = _run(["dvc", "repro"], root, env)
     assert _stages_run(rerun.stdout) == ["train", "rollout", "export", "evaluate"]
-    before, after = (yaml.safe_load(text)["stages"] for text in (lock, (root / "dvc.lock").read_bytes()))
+    after = yaml.safe_load((root / "dvc.lock").read_bytes())["stages"]
     for stage in ("download", "shard", "base_model", "convert", "sft"):
         assert after[stage] == before[stage], stage
-    assert after["train"]["params"]["params.yaml"]["train"]["lr"] == params["train"]["lr"]
     assert after["train"]["outs"] != before["train"]["outs"]  # new weights
     runs = _mlflow_runs(root)
-    assert [r.data.tags["vlmgym.stage"] for r in runs[len(STAGES):]] == ["train", "rollout", "export", "evaluate"]
+    assert [r.data.tags["vlmgym.stage"] for r in runs[len(STAGES):]] == ["train", "train", "rollout", "export",
+                                                                           "evaluate"]
