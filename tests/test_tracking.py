@@ -124,7 +124,6 @@ def test_failed_stage_is_marked_failed_and_env_overrides(tmp_path, monkeypatch):
     assert run.info.run_name == "brisk-lamb/boom"
 
 
-
 def test_tracking_section_comes_from_the_stage_params_file(tmp_path, monkeypatch):
     """A stage run with --params other.yaml logs to that file's experiment, not the repo's params.yaml one."""
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
@@ -139,6 +138,7 @@ def test_tracking_section_comes_from_the_stage_params_file(tmp_path, monkeypatch
     assert client.get_experiment_by_name("from-root") is None
     (run,) = client.search_runs([client.get_experiment_by_name("from-other").experiment_id])
     assert run.info.run_name == "probe"
+
 
 def test_dvc_hash_matches_dvc_for_files(tmp_path):
     path = tmp_path / "x.txt"

@@ -138,14 +138,11 @@ def repeat_prompt_inputs(inputs: dict[str, np.ndarray], group_size: int, cfg: Qw
         if cfg is None:
             raise ValueError("repeating images needs the model config (for the patch layout)")
         pixels = np.asarray(inputs["pixel_values"])
-        images_per_row = _images_per_row(inputs, cfg)
-        patch_counts = grids.prod(axis=1)
-        starts = np.concatenate([[0], np.cumsum(patch_counts)])
-        first_image = np.concatenate([[0], np.cumsum(images_per_row)])
+        first_image, first_patch = _image_bounds(inputs, cfg)
         rows_pixels, rows_grids = [], []
-        for row in range(len(images_per_row)):
+        for row in range(len(first_image) - 1):
             span = slice(first_image[row], first_image[row + 1])
-            row_pixels = pixels[starts[span.start]:starts[span.stop]]
+            row_pixels = pixels[first_patch[span.start]:first_patch[span.stop]]
             for _ in range(group_size):
                 rows_pixels.append(row_pixels)
                 rows_grids.append(grids[span])
@@ -167,12 +164,18 @@ def slice_prompts(inputs: dict[str, np.ndarray], start: int, stop: int,
     if len(grids):
         if cfg is None:
             raise ValueError("slicing prompts with images needs the model config")
-        first_image = np.concatenate([[0], np.cumsum(_images_per_row(inputs, cfg))])
-        first_patch = np.concatenate([[0], np.cumsum(grids.prod(axis=1))])
+        first_image, first_patch = _image_bounds(inputs, cfg)
         images = slice(first_image[start], first_image[stop])
         out["image_grid_thw"] = inputs["image_grid_thw"][images]
         out["pixel_values"] = inputs["pixel_values"][first_patch[images.start]:first_patch[images.stop]]
     return out
+
+
+def _image_bounds(inputs: dict[str, np.ndarray], cfg: Qwen3VLConfig) -> tuple[np.ndarray, np.ndarray]:
+    """(first image of each prompt row, first patch row of each image), each ending with a past-the-end entry."""
+    grids = np.asarray(inputs["image_grid_thw"], np.int64)
+    first_image = np.concatenate([[0], np.cumsum(_images_per_row(inputs, cfg))])
+    return first_image, np.concatenate([[0], np.cumsum(grids.prod(axis=1))])
 
 
 def _images_per_row(inputs: dict[str, np.ndarray], cfg: Qwen3VLConfig) -> np.ndarray:
@@ -321,10 +324,11 @@ class RolloutEngine:
                                          group_size, key, first * group_size, device)
                        for device, first, stop in parts]
             results = [future.result() for future in futures]
-        host = {name: np.concatenate([r[0][name] for r in results]) for name in results[0][0] if name != "texts"}
-        texts = [text for r in results for text in r[0]["texts"]]
+        hosts, part_texts, prefills = zip(*results)
+        host = {name: np.concatenate([part[name] for part in hosts]) for name in hosts[0]}
+        texts = [text for part in part_texts for text in part]
         total_s = time.perf_counter() - start
-        prefill_s = max(r[1] for r in results)
+        prefill_s = max(prefills)
         mask = host["mask"]
         ids = host["tokens"]
         lengths = mask.sum(axis=1).astype(np.int32)
@@ -337,8 +341,8 @@ class RolloutEngine:
 
     def _parts(self, num_prompts: int) -> list[tuple[Any, int, int]]:
         """(device, first prompt, end) per part: contiguous, near-equal shares; one part without devices."""
-        if len(self.devices) <= 1 or num_prompts == 1:
-            return [(self.devices[0] if self.devices else None, 0, num_prompts)]
+        if not self.devices:
+            return [(None, 0, num_prompts)]
         count = min(len(self.devices), num_prompts)
         bounds = [round(i * num_prompts / count) for i in range(count + 1)]
         return [(self.devices[i], bounds[i], bounds[i + 1]) for i in range(count)]
@@ -354,13 +358,13 @@ class RolloutEngine:
         return replica
 
     def _generate_part(self, params: Params, inputs: dict[str, np.ndarray], group_size: int, key: jax.Array,
-                       first_row: int, device: Any) -> tuple[dict[str, Any], float]:
+                       first_row: int, device: Any) -> tuple[dict[str, np.ndarray], list[str], float]:
         """Prefill + decode loop for some prompts on one device: host arrays and texts of their real rows, and the
         prefill seconds. Host arrays go to the jitted calls as they are (they follow the committed params, which
         is cheaper than placing them first)."""
         start = time.perf_counter()
         prompts, num_prompts = self._device_prompts(inputs)
-        live = np.zeros(self.buckets.fit(self.buckets.num_prompts, num_prompts, "prompt count") * group_size, bool)
+        live = np.zeros(prompts["input_ids"].shape[0] * group_size, bool)
         live[:num_prompts * group_size] = True
         if device is not None:
             params = self._on_device(params, device)
@@ -372,9 +376,9 @@ class RolloutEngine:
         rows = num_prompts * group_size
         host = {name: value[:rows] for name, value in jax.device_get(out).items()}
         lengths = host["mask"].sum(axis=1)
-        host["texts"] = [] if self.processor is None else self.processor.tokenizer.batch_decode(
+        texts = [] if self.processor is None else self.processor.tokenizer.batch_decode(
             [host["tokens"][r, :lengths[r]].tolist() for r in range(rows)], skip_special_tokens=True)
-        return host, prefill_s
+        return host, texts, prefill_s
 
     def _device_prompts(self, inputs: dict[str, np.ndarray]) -> tuple[dict[str, Any], int]:
         """Pad the prompt batch and the patch axis to their buckets; the arrays the jitted prefill takes."""
