@@ -10,13 +10,12 @@ whole (unknown keys, types, ranges) before params.yaml is touched, and written w
 from __future__ import annotations
 
 import argparse
-import os
-import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from vlmgym import params as params_mod
+from vlmgym.atomic import atomic_file
 
 
 def merge(base: Mapping[str, Any], overlay: Mapping[str, Any]) -> dict[str, Any]:
@@ -37,20 +36,16 @@ def apply_preset(preset: str | Path, params_file: str | Path = params_mod.DEFAUL
     lines = params_file.read_text().splitlines()
     header = "".join(f"{line}\n" for line in lines[: next((i for i, x in enumerate(lines) if not x.startswith("#")),
                                                            len(lines))])
-    fd, tmp = tempfile.mkstemp(prefix=f".{params_file.name}.", suffix=".tmp", dir=params_file.parent)
-    os.close(fd)
-    try:
-        import yaml
+    import yaml
 
-        Path(tmp).write_text(yaml.safe_dump(merged, sort_keys=False))
+    # Validated from the temp file itself (load_all reads a path); params_file is replaced only when it loads.
+    with atomic_file(params_file) as tmp:
+        tmp.write_text(yaml.safe_dump(merged, sort_keys=False))
         try:
             sections = params_mod.load_all(tmp)
         except params_mod.ParamsError as err:
             raise params_mod.ParamsError(f"{preset} merged into {params_file}: {err}") from err
-        Path(tmp).write_text(header + ("\n" if header else "") + params_mod.render_yaml(sections))
-        os.replace(tmp, params_file)
-    finally:
-        Path(tmp).unlink(missing_ok=True)
+        tmp.write_text(header + ("\n" if header else "") + params_mod.render_yaml(sections))
     return sections
 
 

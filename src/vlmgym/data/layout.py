@@ -1,4 +1,4 @@
-"""The raw layout shared by the download and shard stages, and atomic-write helpers.
+"""The raw layout shared by the download and shard stages.
 
 Raw layout (the Hugging Face hub layout of OSV-5M): `{raw}/{split}.csv` and
 `{raw}/images/{split}/NN.zip` holding `{id}.jpg`. Zips are read in place, never
@@ -7,15 +7,14 @@ extracted, and member names come from outside, so unsafe ones are rejected.
 
 from __future__ import annotations
 
-import contextlib
 import csv
-import os
-import shutil
-import tempfile
 import zipfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
+
+# atomic_dir is re-exported: the download, shard and rollout code import both helpers from here.
+from vlmgym.atomic import atomic_dir, atomic_file  # noqa: F401
 
 SPLITS = ("train", "test")
 
@@ -172,43 +171,6 @@ def write_zip(path: Path, members: list[tuple[str, bytes]]) -> None:
             info = zipfile.ZipInfo(name, date_time=ZIP_DATE_TIME)
             info.external_attr = 0o644 << 16
             archive.writestr(info, data)
-
-
-@contextlib.contextmanager
-def atomic_file(path: Path) -> Iterator[Path]:
-    """Yield a temp path beside `path`; it is renamed onto `path` only if the block succeeds."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    tmp = Path(tmp)
-    try:
-        yield tmp
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
-@contextlib.contextmanager
-def atomic_dir(path: Path) -> Iterator[Path]:
-    """Yield an empty temp folder beside `path`; it replaces `path` only if the block succeeds."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    for stale in path.parent.glob(f".{path.name}.*.partial"):
-        shutil.rmtree(stale, ignore_errors=True)  # left by an interrupted earlier run
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".partial", dir=path.parent))
-    try:
-        yield tmp
-        if path.exists():
-            old = path.with_name(f".{path.name}.{os.getpid()}.old")
-            os.replace(path, old)
-            os.replace(tmp, path)
-            shutil.rmtree(old)
-        else:
-            os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp)
 
 
 def tree_bytes(path: Path) -> int:
