@@ -5,9 +5,9 @@ import dataclasses
 import jax
 import numpy as np
 import pytest
+from toy import ToyEnv, ToyPolicy
 
 from vlmgym.params import SFTParams, TrainParams
-from vlmgym.rl.toy import ToyEnv, ToyPolicy
 from vlmgym.rl.trainer import GRPOTrainer, SFTTrainer
 
 POLICY = ToyPolicy()

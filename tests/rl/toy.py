@@ -1,4 +1,4 @@
-"""A toy env and a tiny MLP policy implementing the trainer's Policy interface (for tests and examples).
+"""A toy env and a tiny MLP policy implementing the trainer's Policy interface (test helper, not library code).
 
 The env shows a prompt id and rewards answers that spell that prompt's target sequence and then stop;
 the policy is a small autoregressive MLP over a handful of tokens. Training it exercises every part of
