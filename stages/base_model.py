@@ -2,7 +2,7 @@
 
 `model.source: tiny` (default) builds a tiny random Qwen3-VL and a BPE tokenizer trained on the
 environments' text; `model.source: hf:<owner>/<name>` downloads that hub snapshot. See
-vlmgym.models.qwen3_vl.tiny for the dimensions.
+vlmgym.models.qwen3_vl.base_model for the dimensions.
 
     python stages/base_model.py [--params params.yaml]
 """
@@ -13,7 +13,8 @@ import argparse
 import sys
 
 from vlmgym import tracking
-from vlmgym.models.qwen3_vl.tiny import build_base_model
+from vlmgym.envs import corpus
+from vlmgym.models.qwen3_vl.base_model import build_base_model
 from vlmgym.params import load_section
 
 # Figures of the built checkpoint logged as metrics (the dimensions go to base_model.json).
@@ -27,7 +28,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     params = load_section("model", args.params)
     with tracking.stage_run("base_model", params, params_file=args.params) as run:
-        summary = build_base_model(params)
+        summary = build_base_model(params, corpus=corpus())
         run.log_metrics({k: summary[k] for k in FIGURES if k in summary})
         run.log_dict(summary, "base_model.json")
     print(f"base_model: {summary['source']} -> {params.hf_dir} "

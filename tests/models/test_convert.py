@@ -14,7 +14,10 @@ from safetensors.numpy import save_file
 
 from vlmgym.models.qwen3_vl.convert import (
     ConversionError,
+    ExportCheckFailed,
+    check_export,
     convert_hf_to_jax,
+    export_and_check,
     export_to_hf,
     hf_to_params,
     load_checkpoint,
@@ -95,6 +98,29 @@ def test_export_round_trip_is_bit_exact_and_loads_in_transformers(tiny_folder, t
     with torch.no_grad():
         assert torch.equal(model(input_ids=ids).logits, reference(input_ids=ids).logits)
     assert tokenizer.decode(ids[0]) == "Where was this photo taken?"
+
+
+def test_export_check_passes_a_faithful_export_and_removes_a_tampered_one(tiny_folder, tmp_path, monkeypatch):
+    hf_dir, jax_dir = tiny_folder
+    out, figures = export_and_check(jax_dir, tmp_path / "exported")
+    state = read_safetensors(out)
+    assert figures["tensors"] == len(state) and figures["parameters"] == figures["transformers_parameters"]
+    assert figures["bytes"] == (out / "model.safetensors").stat().st_size
+    key = "model.language_model.norm.weight"
+    save_file({**state, key: state[key] + 1}, str(out / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(ExportCheckFailed, match="language_model.norm.weight' differs"):
+        check_export(jax_dir, out)
+    extra = {**state, "model.visual.extra.weight": state[key]}
+    save_file(extra, str(out / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(ExportCheckFailed, match=r"unexpected \['model.visual.extra.weight'\]"):
+        check_export(jax_dir, out)
+    # A folder transformers cannot fill (here: no tensors at all) fails too, and the failed export is removed.
+    from vlmgym.models.qwen3_vl import convert
+
+    monkeypatch.setattr(convert, "params_to_hf", lambda params, cfg: {})
+    with pytest.raises(ExportCheckFailed, match="transformers reports {'missing_keys'"):
+        export_and_check(jax_dir, out)
+    assert not out.exists() and list(tmp_path.iterdir()) == []
 
 
 def test_save_checkpoint_replaces_atomically_and_round_trips(tiny_tied, tmp_path):

@@ -13,6 +13,7 @@ from PIL import Image
 from transformers import Qwen3VLModel
 from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
+from vlmgym.models.qwen3_vl.base_model import TINY_MAX_PIXELS, TINY_MIN_PIXELS, train_tokenizer
 from vlmgym.models.qwen3_vl.processor import (
     IMAGE_PAD,
     QWEN3_VL_CHAT_TEMPLATE,
@@ -27,7 +28,6 @@ from vlmgym.models.qwen3_vl.processor import (
     render_chat,
     smart_resize,
 )
-from vlmgym.models.qwen3_vl.tiny import TINY_MAX_PIXELS, TINY_MIN_PIXELS, train_tokenizer
 
 TEXTS = ["Where was this photo taken? Answer with country, region, city, latitude and longitude.",
          "Country: France\nRegion: Bretagne\nCity: Rennes\nLatitude: 48.11\nLongitude: -1.68",

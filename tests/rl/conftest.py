@@ -43,10 +43,10 @@ def geo_samples() -> list[GeoSample]:
 @pytest.fixture(scope="session")
 def tiny_vlm(tmp_path_factory: pytest.TempPathFactory) -> TinyVLM:
     from vlmgym.envs.geospot import PROMPT, GeospotEnv
+    from vlmgym.models.qwen3_vl.base_model import TinyDims, build_tiny
     from vlmgym.models.qwen3_vl.config import load_hf_config
     from vlmgym.models.qwen3_vl.convert import hf_to_params, read_safetensors
     from vlmgym.models.qwen3_vl.processor import Processor
-    from vlmgym.models.qwen3_vl.tiny import TinyDims, build_tiny
 
     samples = geo_samples()
     env = GeospotEnv(samples)

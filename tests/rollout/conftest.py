@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from vlmgym.models.qwen3_vl.base_model import TinyDims, build_tiny
 from vlmgym.models.qwen3_vl.config import Qwen3VLConfig, load_hf_config
 from vlmgym.models.qwen3_vl.convert import hf_to_params, read_safetensors
 from vlmgym.models.qwen3_vl.processor import Processor
-from vlmgym.models.qwen3_vl.tiny import TinyDims, build_tiny
 
 QUESTION = "Where was this photo taken? Answer with the city, region, country, latitude and longitude."
 

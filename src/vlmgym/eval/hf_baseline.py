@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-TORCH_DTYPES = ("fp32", "bf16")
+from vlmgym.models.qwen3_vl.hf_reference import GREEDY, hf_generate, hf_logits, load_hf_model, torch_inputs
 
 
 def answer_through_eos(tokens: Sequence[int], eos_ids: Sequence[int]) -> list[int]:
@@ -55,34 +55,9 @@ def token_agreement(reference: Sequence[Sequence[int]], other: Sequence[Sequence
             "greedy_first_divergence": float(min(first_divergence)) if first_divergence else -1.0}
 
 
-def load_hf_model(hf_dir: str | Path, dtype: str = "fp32") -> Any:
-    """transformers' Qwen3-VL from a local folder (offline), in eval mode."""
-    import torch
-    from transformers import Qwen3VLForConditionalGeneration
-
-    if dtype not in TORCH_DTYPES:
-        raise ValueError(f"dtype must be one of {TORCH_DTYPES}, got {dtype!r}")
-    torch_dtype = torch.float32 if dtype == "fp32" else torch.bfloat16
-    return Qwen3VLForConditionalGeneration.from_pretrained(str(hf_dir), dtype=torch_dtype,
-                                                           local_files_only=True).eval()
-
-
-def _torch_inputs(inputs: dict[str, np.ndarray], model: Any) -> dict[str, Any]:
-    import torch
-
-    out = {key: torch.from_numpy(np.asarray(inputs[key]).astype(np.int64))
-           for key in ("input_ids", "attention_mask", "mm_token_type_ids")}
-    if np.asarray(inputs["image_grid_thw"]).shape[0]:
-        out["pixel_values"] = torch.from_numpy(np.asarray(inputs["pixel_values"], np.float32)).to(model.dtype)
-        out["image_grid_thw"] = torch.from_numpy(np.asarray(inputs["image_grid_thw"]).astype(np.int64))
-    return out
-
-
 def hf_greedy(model: Any, processor: Any, observations: Sequence[dict], *, max_new_tokens: int,
               batch_size: int) -> tuple[list[list[int]], int, float]:
     """transformers' greedy answers (through the first end token), generated tokens and seconds spent."""
-    import torch
-
     eos_ids = list(processor.eos_token_ids)
     answers: list[list[int]] = []
     tokens = 0
@@ -91,17 +66,13 @@ def hf_greedy(model: Any, processor: Any, observations: Sequence[dict], *, max_n
         chunk = observations[start:start + batch_size]
         inputs = processor([o["messages"] for o in chunk], [list(o.get("images") or []) for o in chunk],
                            padding_side="left")
-        kwargs = _torch_inputs(inputs, model)
-        with torch.no_grad():
-            if start == 0:  # warm-up (allocator, kernels), so the timing is of generation, not first-call setup
-                model.model.rope_deltas = None
-                model.generate(**kwargs, do_sample=False, max_new_tokens=1, pad_token_id=int(processor.pad_token_id),
-                               top_k=None, top_p=None, temperature=None)
-            model.model.rope_deltas = None  # cached per call by transformers; a stale one would shift positions
-            started = time.perf_counter()
-            out = model.generate(**kwargs, do_sample=False, max_new_tokens=max_new_tokens, eos_token_id=eos_ids,
-                                 pad_token_id=int(processor.pad_token_id), top_k=None, top_p=None, temperature=None)
-            seconds += time.perf_counter() - started
+        kwargs = torch_inputs(model, inputs)
+        if start == 0:  # warm-up (allocator, kernels), so the timing is of generation, not first-call setup
+            hf_generate(model, kwargs, max_new_tokens=1, pad_token_id=int(processor.pad_token_id), **GREEDY)
+        started = time.perf_counter()
+        out = hf_generate(model, kwargs, max_new_tokens=max_new_tokens, eos_token_id=eos_ids,
+                          pad_token_id=int(processor.pad_token_id), **GREEDY)
+        seconds += time.perf_counter() - started
         for row in out[:, kwargs["input_ids"].shape[1]:].tolist():
             answer = answer_through_eos(row, eos_ids)
             answers.append(answer)
@@ -114,7 +85,6 @@ def max_logit_difference(model: Any, cfg: Any, params: Any, processor: Any, obse
     """Max |logit difference| of transformers and JAX over one prompt + answer (every position, every entry)."""
     import jax
     import jax.numpy as jnp
-    import torch
 
     from vlmgym.models.qwen3_vl import model as qwen
     from vlmgym.models.qwen3_vl.processor import get_rope_index
@@ -128,9 +98,7 @@ def max_logit_difference(model: Any, cfg: Any, params: Any, processor: Any, obse
                                      spatial_merge_size=processor.settings.merge_size)
     full = {**prompt, "input_ids": ids, "attention_mask": mask,
             "mm_token_type_ids": (ids == processor.image_token_id).astype(np.int32)}
-    with torch.no_grad():
-        model.model.rope_deltas = None
-        hf_logits = model(**_torch_inputs(full, model)).logits.float().numpy()
+    reference = hf_logits(model, torch_inputs(model, full))
     # fp32 comparison means fp32 matmuls on the JAX side too (no TF32 / bf16 passes on accelerators).
     with jax.default_matmul_precision("highest"):
         image_embeds = deepstack = None
@@ -138,7 +106,7 @@ def max_logit_difference(model: Any, cfg: Any, params: Any, processor: Any, obse
             image_embeds, deepstack = encode_images(params, cfg, jnp.asarray(prompt["pixel_values"]), grids.tolist())
         jax_logits = np.asarray(qwen.jit_forward(params, cfg, jnp.asarray(ids), jnp.asarray(mask),
                                                  jnp.asarray(position_ids.astype(np.int32)), image_embeds, deepstack))
-    return float(np.abs(hf_logits - jax_logits).max())
+    return float(np.abs(reference - jax_logits).max())
 
 
 def run_hf_baseline(hf_dir: str | Path, jax_dir: str | Path, observations: Sequence[dict],

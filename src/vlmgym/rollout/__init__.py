@@ -6,7 +6,7 @@
     batch = engine.generate(params, obs_list, group_size=8, key=jax.random.key(step))
 
 See engine.py for RolloutBatch's arrays, sampling.py for the sampling method and randomness, decode.py for
-the shared-prompt KV cache, benchmark.py for `vlmgym bench rollout`.
+the shared-prompt KV cache; `vlmgym bench rollout` (vlmgym.bench.rollout) measures it.
 """
 
 from vlmgym.rollout.engine import TRACE_COUNTS, Buckets, RolloutBatch, RolloutEngine, repeat_prompt_inputs

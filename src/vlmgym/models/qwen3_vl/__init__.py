@@ -39,6 +39,8 @@ Text / entry points (`model.py`)
 Checkpoints (`convert.py`)
     convert_hf_to_jax(hf_dir, out_dir) -> (cfg, path)      strict: unmatched / missing key, bad shape -> error
     export_to_hf(jax_dir, out_dir) -> path                  transformers-loadable folder, bit-exact
+    check_export(jax_dir, hf_dir) -> figures                tensors bit-identical + loads in transformers, or
+        ExportCheckFailed; export_and_check(jax_dir, out_dir) -> (path, figures) removes a failed export
     save_checkpoint(path, cfg, params, hf_config=None, side_files_from=None)   atomic (temp dir + rename)
     load_checkpoint(path, dtype="fp32", param_dtype=None, shardings=None) -> (cfg, params)
 
@@ -49,7 +51,12 @@ Config / params / sharding
     batch_sharding(mesh, ndim, batch_axis, batch), cache_shardings(cache, mesh), ShardingRules
 
 Parity: `vlmgym parity --hf DIR --jax DIR [--image PATH ...] [--prompt TEXT] [--dtype fp32|bf16]`
-(parity.main) and parity.run_parity(hf_dir, jax_dir, cases, dtype, tolerance) for the convert stage.
+(parity.main), parity.run_parity(hf_dir, jax_dir, cases, dtype, tolerance), and parity.convert_and_check(hf_dir,
+jax_dir, dtype, tolerance) for the convert stage. The transformers side of every comparison (parity, export
+check, the HF baseline, the rollout benchmark) loads and feeds the model through `hf_reference.py`.
+
+Base checkpoint (`base_model.py`): the tiny random Qwen3-VL with its own tokenizer (trained on a corpus the
+caller passes) or a hub snapshot, written as an HF folder.
 """
 
 from __future__ import annotations
@@ -65,7 +72,8 @@ _EXPORTS = {
     "model": ("forward", "prefill", "decode_step", "repeat_cache", "token_logprobs", "hidden_states",
               "text_position_ids", "KVCache", "jit_forward", "jit_prefill", "jit_decode_step", "jit_token_logprobs"),
     "convert": ("convert_hf_to_jax", "export_to_hf", "save_checkpoint", "load_checkpoint", "ConversionError",
-                "hf_to_params", "params_to_hf", "read_safetensors"),
+                "hf_to_params", "params_to_hf", "read_safetensors", "check_export", "export_and_check",
+                "ExportCheckFailed"),
     "sharding": ("ShardingRules", "make_mesh", "param_shardings", "shard_params", "batch_sharding",
                  "cache_shardings"),
 }
@@ -74,7 +82,7 @@ __all__ = sorted(_WHERE)
 
 
 def __getattr__(name: str) -> Any:
-    # Lazy so that `processor` / `tiny` users do not import jax.
+    # Lazy so that `processor` / `base_model` / `hf_reference` users do not import jax.
     if name not in _WHERE:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     return getattr(importlib.import_module(f"{__name__}.{_WHERE[name]}"), name)

@@ -3,15 +3,13 @@
 The key table is built from the config, so every expected tensor is known up front:
 a checkpoint key that matches nothing, an expected key that is absent, or a shape that
 differs is an error naming the key. Values are copied exactly (only transposed or
-reshaped), so HF -> JAX -> HF is bit-exact.
+reshaped), so HF -> JAX -> HF is bit-exact, and `check_export` verifies it on the written folder.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,6 +21,7 @@ import orbax.checkpoint as ocp
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
+from vlmgym.atomic import atomic_dir
 from vlmgym.models.qwen3_vl.config import Qwen3VLConfig, from_hf_dict, load_hf_config
 from vlmgym.models.qwen3_vl.params import Params, abstract_params
 
@@ -36,6 +35,10 @@ MAX_SHARD_BYTES = 4 * 1024**3
 
 class ConversionError(ValueError):
     """A checkpoint does not match the architecture (names the key)."""
+
+
+class ExportCheckFailed(RuntimeError):
+    """The exported folder does not reproduce the JAX weights or does not load in transformers."""
 
 
 def _key_table(cfg: Qwen3VLConfig) -> Iterator[tuple[str, tuple[str, ...], int | None, str]]:
@@ -191,22 +194,6 @@ def _dtype_name(params: Params) -> str:
     return {np.dtype(np.float32): "fp32", np.dtype(ml_dtypes.bfloat16): "bf16"}[np.dtype(dtype)]
 
 
-def _atomic_dir(final: Path) -> Path:
-    final.parent.mkdir(parents=True, exist_ok=True)
-    return Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
-
-
-def _commit_dir(tmp: Path, final: Path) -> None:
-    """Replace `final` by `tmp` (rename; an older `final` is moved aside first, then removed)."""
-    old = None
-    if final.exists():
-        old = final.parent / f".{final.name}.old-{os.getpid()}"
-        os.replace(final, old)
-    os.replace(tmp, final)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
-
-
 def copy_side_files(src: str | Path, dst: str | Path) -> list[str]:
     """Copy tokenizer / preprocessor / chat-template / generation files present in `src`."""
     copied = []
@@ -254,8 +241,7 @@ def save_checkpoint(path: str | Path, cfg: Qwen3VLConfig, params: Params, hf_con
     run records (timestamps, the temp path), which restoring does not read, are dropped.
     """
     final = Path(path).absolute()
-    tmp = _atomic_dir(final)
-    try:
+    with atomic_dir(final) as tmp:
         checkpointer = ocp.Checkpointer(ocp.StandardCheckpointHandler(use_ocdbt=False))
         checkpointer.save(tmp / "params", args=ocp.args.StandardSave(params))  # synchronous
         for record in ("_CHECKPOINT_METADATA", "commit_success.txt"):
@@ -265,10 +251,6 @@ def save_checkpoint(path: str | Path, cfg: Qwen3VLConfig, params: Params, hf_con
         (tmp / META_FILE).write_text(json.dumps({"param_dtype": _dtype_name(params), "format": 1}) + "\n")
         if side_files_from is not None:
             copy_side_files(side_files_from, tmp)
-        _commit_dir(tmp, final)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return final
 
 
@@ -332,14 +314,46 @@ def export_to_hf(jax_dir: str | Path, out_dir: str | Path) -> Path:
     cfg, params = load_checkpoint(jax_dir)
     state = params_to_hf(jax.tree.map(np.asarray, params), cfg)
     final = Path(out_dir).absolute()
-    tmp = _atomic_dir(final)
-    try:
+    with atomic_dir(final) as tmp:
         _write_safetensors(state, tmp)
         shutil.copy2(jax_dir / "config.json", tmp / "config.json")
         copy_side_files(jax_dir, tmp)
-        _commit_dir(tmp, final)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return final
+
+
+def check_export(jax_dir: str | Path, hf_dir: str | Path) -> dict[str, float]:
+    """Compare the exported tensors with the JAX params and load the folder in transformers; returns figures.
+
+    Raises ExportCheckFailed when a tensor is missing, extra or not bit-identical, or when transformers reports
+    missing, unexpected or mismatched weights.
+    """
+    from vlmgym.models.qwen3_vl.hf_reference import IncompleteCheckpoint, load_hf_model
+
+    cfg, params = load_checkpoint(jax_dir)
+    expected = params_to_hf(jax.tree.map(np.asarray, params), cfg)
+    exported = read_safetensors(hf_dir)
+    if expected.keys() != exported.keys():
+        missing, extra = sorted(expected.keys() - exported.keys()), sorted(exported.keys() - expected.keys())
+        raise ExportCheckFailed(f"{hf_dir}: tensors missing {missing[:5]}, unexpected {extra[:5]}")
+    for key, value in expected.items():
+        if exported[key].dtype != value.dtype or not np.array_equal(exported[key], value):
+            raise ExportCheckFailed(f"{hf_dir}: tensor {key!r} differs from the JAX parameter it was exported from")
+    try:
+        model = load_hf_model(hf_dir, dtype=None, strict=True)
+    except IncompleteCheckpoint as err:
+        raise ExportCheckFailed(str(err)) from err
+    return {"tensors": float(len(exported)),
+            "parameters": float(sum(int(np.prod(v.shape)) for v in exported.values())),
+            "transformers_parameters": float(sum(p.numel() for p in model.parameters())),
+            "bytes": float(sum(p.stat().st_size for p in Path(hf_dir).glob("*.safetensors")))}
+
+
+def export_and_check(jax_dir: str | Path, out_dir: str | Path) -> tuple[Path, dict[str, float]]:
+    """`export_to_hf`, then `check_export`; when the check fails (or errors) the exported folder is removed."""
+    out = export_to_hf(jax_dir, out_dir)
+    try:
+        return out, check_export(jax_dir, out)
+    except Exception:
+        shutil.rmtree(out, ignore_errors=True)
+        raise
 

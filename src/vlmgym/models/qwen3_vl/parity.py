@@ -3,23 +3,33 @@
 Both sides get the same numpy-processed inputs (vlmgym's processor, itself tested against
 transformers); transformers computes its own MRoPE positions, the JAX side uses the
 processor's. Prints JSON and exits 1 when the max abs logit difference exceeds the tolerance.
+`convert_and_check` is the convert stage's work: convert, then the same comparison on a
+text-only and a one-image prompt that need no dataset.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from PIL import Image
 
 DEFAULT_TOLERANCE = {"fp32": 1e-3, "bf16": 1.0}
 DEFAULT_PROMPT = "Describe this image."
+CONVERT_PROMPT = "Where was this photo taken? Answer with the country."
+
+
+class ParityFailure(RuntimeError):
+    """The converted checkpoint does not reproduce transformers' logits within tolerance."""
 
 
 def _messages(prompt: str, n_images: int) -> list[dict[str, Any]]:
@@ -42,23 +52,14 @@ def _load_images(paths: Sequence[str | Path]) -> list[Any]:
 
 def _hf_side(model: Any, inputs: dict[str, np.ndarray], max_new_tokens: int) -> tuple[np.ndarray, list[int]]:
     """transformers logits (float32 numpy) and its greedy continuation."""
-    import torch
+    from vlmgym.models.qwen3_vl.hf_reference import GREEDY, hf_generate, hf_logits, torch_inputs
 
-    kwargs = {"input_ids": torch.from_numpy(inputs["input_ids"].astype(np.int64)),
-              "attention_mask": torch.from_numpy(inputs["attention_mask"].astype(np.int64))}
-    if inputs["image_grid_thw"].shape[0]:
-        kwargs.update(pixel_values=torch.from_numpy(inputs["pixel_values"]).to(model.dtype),
-                      image_grid_thw=torch.from_numpy(inputs["image_grid_thw"].astype(np.int64)),
-                      mm_token_type_ids=torch.from_numpy(inputs["mm_token_type_ids"].astype(np.int64)))
-    with torch.no_grad():
-        model.model.rope_deltas = None
-        logits = model(**kwargs).logits.float().numpy()
-        generated: list[int] = []
-        if max_new_tokens:
-            model.model.rope_deltas = None
-            out = model.generate(**kwargs, max_new_tokens=max_new_tokens, do_sample=False, top_k=None, top_p=None,
-                                 temperature=None)
-            generated = out[0, inputs["input_ids"].shape[1]:].tolist()
+    kwargs = torch_inputs(model, inputs)
+    logits = hf_logits(model, kwargs)
+    generated: list[int] = []
+    if max_new_tokens:
+        out = hf_generate(model, kwargs, max_new_tokens=max_new_tokens, **GREEDY)
+        generated = out[0, inputs["input_ids"].shape[1]:].tolist()
     return logits, generated
 
 
@@ -88,19 +89,15 @@ def _jax_side(cfg: Any, params: Any, inputs: dict[str, np.ndarray],
 def run_parity(hf_dir: str | Path, jax_dir: str | Path, cases: Sequence[tuple[str, Sequence[Any]]],
                dtype: str = "fp32", tolerance: float | None = None, max_new_tokens: int = 8) -> dict[str, Any]:
     """Compare the two implementations on each (prompt, images) case; returns per-case and overall figures."""
-    import torch
-    from transformers import Qwen3VLForConditionalGeneration
-
     from vlmgym.models.qwen3_vl.convert import load_checkpoint
+    from vlmgym.models.qwen3_vl.hf_reference import load_hf_model
     from vlmgym.models.qwen3_vl.processor import Processor
 
     if dtype not in DEFAULT_TOLERANCE:
         raise ValueError(f"dtype must be one of {list(DEFAULT_TOLERANCE)}, got {dtype!r}")
     tolerance = DEFAULT_TOLERANCE[dtype] if tolerance is None else tolerance
     processor = Processor.from_pretrained(hf_dir)
-    torch_dtype = torch.float32 if dtype == "fp32" else torch.bfloat16
-    hf_model = Qwen3VLForConditionalGeneration.from_pretrained(str(hf_dir), dtype=torch_dtype,
-                                                               local_files_only=True).eval()
+    hf_model = load_hf_model(hf_dir, dtype)
     cfg, params = load_checkpoint(jax_dir, dtype=dtype, param_dtype=dtype)
     results = []
     # fp32 parity means fp32 matmuls: keep XLA from using TF32 / bf16 passes on accelerators.
@@ -130,6 +127,57 @@ def run_parity(hf_dir: str | Path, jax_dir: str | Path, cases: Sequence[tuple[st
         "greedy_token_agreement": float(np.mean([r["greedy_token_agreement"] for r in results])),
         "cases": results,
     }
+
+
+def parity_image(seed: int = 0, size: tuple[int, int] = (256, 192)) -> Image.Image:
+    """A deterministic synthetic RGB image (smooth gradient plus noise) so parity needs no dataset."""
+    width, height = size
+    rng = np.random.default_rng(seed)
+    y, x = np.mgrid[0:height, 0:width]
+    base = np.stack([x / width, y / height, (x + y) / (width + height)], axis=-1) * 200
+    pixels = np.clip(base + rng.normal(0, 25, base.shape), 0, 255).astype(np.uint8)
+    return Image.fromarray(pixels, "RGB")
+
+
+@dataclass
+class ConvertResult:
+    """The convert stage's outcome: the parity report, its figures as flat metrics, the converted folder."""
+
+    report: dict[str, Any]
+    metrics: dict[str, float]
+    out_dir: Path
+
+    def raise_if_failed(self) -> None:
+        """Beyond tolerance: remove the converted folder and raise ParityFailure."""
+        if not self.report["passed"]:
+            shutil.rmtree(self.out_dir, ignore_errors=True)
+            report = self.report
+            raise ParityFailure(f"max abs logit diff {report['max_abs_logit_diff']:.3g} > {report['tolerance']} "
+                                f"({report['dtype']}); removed {self.out_dir}")
+
+
+def convert_and_check(hf_dir: str | Path, jax_dir: str | Path, dtype: str = "fp32",
+                      tolerance: float | None = None) -> ConvertResult:
+    """HF folder -> JAX checkpoint, then parity on a text-only and a one-image prompt (the caller logs the figures
+    and calls `raise_if_failed`)."""
+    from vlmgym.models.qwen3_vl.convert import convert_hf_to_jax
+    from vlmgym.models.qwen3_vl.params import abstract_params, count_params
+
+    cfg, out_dir = convert_hf_to_jax(hf_dir, jax_dir)
+    cases = [(CONVERT_PROMPT, []), (CONVERT_PROMPT, [parity_image()])]
+    report = run_parity(hf_dir, out_dir, cases, dtype=dtype, tolerance=tolerance)
+    metrics = {
+        "params_total": count_params(abstract_params(cfg)),
+        "max_abs_logit_diff": report["max_abs_logit_diff"],
+        "mean_abs_logit_diff": report["mean_abs_logit_diff"],
+        "greedy_token_agreement": report["greedy_token_agreement"],
+        "parity_passed": float(report["passed"]),
+    }
+    for name, case in zip(("text", "image"), report["cases"]):
+        metrics[f"{name}.max_abs_logit_diff"] = case["max_abs_logit_diff"]
+        if case["greedy_generation_agreement"] is not None:
+            metrics[f"{name}.greedy_generation_agreement"] = case["greedy_generation_agreement"]
+    return ConvertResult(report, metrics, Path(out_dir))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -15,7 +15,7 @@ corpus of the environments, trained up to 2,048 tokens):
 |        | = 12 image tokens                                                              |
 | size   | vision 466,624 + text decoder 787,840 + embedding 128 x vocab (tied):          |
 |        | 1,254,464 + 128 x vocab; 1,517,376 with the environments' 2,054-token vocab    |
-| tokens | geospot prompt 62 (12 of them image), five-line answer ~39 (max ~47)           |
+| tokens | default env prompt 62 (12 of them image), five-line answer ~39 (max ~47)       |
 
 rope_theta is 10000 rather than the hub's 5e6: with head_dim 32 and ~100-token sequences a 5e6
 base would leave most rotary frequencies unused. `count_parameters` gives the exact figures.
@@ -24,13 +24,12 @@ base would leave most rotary frequencies unused. `count_parameters` gives the ex
 from __future__ import annotations
 
 import json
-import shutil
-import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from vlmgym.atomic import atomic_dir
 from vlmgym.models.qwen3_vl.processor import QWEN3_VL_CHAT_TEMPLATE, ImageSettings, image_processor_config
 
 # Qwen's special tokens, in the hub tokenizer's order (there they are ids 151643..151656).
@@ -192,13 +191,11 @@ def build_tiny(out_dir: str | Path, corpus: Sequence[str], *, seed: int = 0, dim
     settings = ImageSettings(min_pixels=min_pixels, max_pixels=max_pixels)
     tokens_per_image = settings.num_image_tokens(192, 256)
 
-    def write(folder: Path) -> None:
+    with atomic_dir(out_dir) as folder:
         model.save_pretrained(folder)
         generation.save_pretrained(folder)
         tokenizer.save_pretrained(folder)
         (folder / "preprocessor_config.json").write_text(json.dumps(image_processor_config(settings), indent=2) + "\n")
-
-    write_folder_atomically(out_dir, write)
     return {"source": "tiny", "seed": seed, "vocab_size": len(tokenizer), "dims": asdict(dims),
             "min_pixels": min_pixels, "max_pixels": max_pixels, "image_tokens_256x192": tokens_per_image,
             **count_parameters(model)}
@@ -217,11 +214,9 @@ def fetch_hub_model(repo: str, out_dir: str | Path,
     if repo.count("/") != 1 or not all(repo.split("/")):
         raise ValueError(f"model.source 'hf:{repo}': expected 'hf:<owner>/<name>'")
 
-    def write(folder: Path) -> None:
+    with atomic_dir(out_dir) as folder:
         download(repo, folder)
         check_checkpoint(folder, f"hub snapshot of {repo}")
-
-    write_folder_atomically(out_dir, write)
     config = json.loads((Path(out_dir) / "config.json").read_text())
     return {"source": f"hf:{repo}", "model_type": config.get("model_type"),
             "text_hidden_size": (config.get("text_config") or {}).get("hidden_size"),
@@ -246,36 +241,20 @@ def check_checkpoint(folder: Path, what: str) -> None:
         raise ValueError(f"{what}: config.json model_type is {model_type!r}, expected 'qwen3_vl'")
 
 
-def write_folder_atomically(out_dir: str | Path, fill: Callable[[Path], None]) -> None:
-    """Fill a temporary sibling folder, then swap it in for `out_dir`; on any error `out_dir` is untouched."""
-    out_dir = Path(out_dir)
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
-    try:
-        fill(tmp)
-        if out_dir.exists():
-            old = tmp.with_name(tmp.name + "-old")
-            out_dir.rename(old)
-            tmp.rename(out_dir)
-            shutil.rmtree(old)
-        else:
-            tmp.rename(out_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+def build_base_model(params: Any, corpus: Sequence[str] = (),
+                     download: Callable[[str, Path], None] = download_snapshot) -> dict[str, Any]:
+    """The base_model stage's work for a `model` params section: tiny build or hub snapshot into params.hf_dir.
 
-
-def build_base_model(params: Any, download: Callable[[str, Path], None] = download_snapshot) -> dict[str, Any]:
-    """The base_model stage's work for a `model` params section: tiny build or hub snapshot into params.hf_dir."""
+    `corpus`: the texts the tiny model's tokenizer is trained on (the pipeline passes `vlmgym.envs.corpus()`);
+    a hub snapshot brings its own tokenizer and ignores it.
+    """
     from vlmgym.params import ParamsError
 
     if params.source == "tiny":
         if params.min_pixels > params.max_pixels:
             raise ParamsError(f"model.min_pixels {params.min_pixels} > model.max_pixels {params.max_pixels}")
-        from vlmgym.envs import corpus
-
         dims = TinyDims.scaled(params.tiny_hidden_size, params.tiny_num_layers)
-        return build_tiny(params.hf_dir, corpus(), seed=params.seed, dims=dims, vocab_size=params.tiny_vocab_size,
+        return build_tiny(params.hf_dir, corpus, seed=params.seed, dims=dims, vocab_size=params.tiny_vocab_size,
                           min_pixels=params.min_pixels, max_pixels=params.max_pixels)
     if params.source.startswith("hf:"):
         return fetch_hub_model(params.source[len("hf:"):], params.hf_dir, download)

@@ -2,7 +2,7 @@
 
 import json
 
-from vlmgym.envs import bench_reward
+from vlmgym.bench import reward as bench_reward
 
 
 def test_bench_reward_prints_json(capsys):

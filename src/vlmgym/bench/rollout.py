@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from vlmgym.rollout.bench_common import (
+from vlmgym.bench.common import (
     decode_bytes_per_step,
     decode_flops_per_token,
     measure_matmul_flops,
@@ -74,10 +74,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 def _build_default_model(folder: Path) -> Path:
     """The pipeline's tiny default Qwen3-VL (default `model` params: tokenizer trained on the envs' text)."""
-    from vlmgym.models.qwen3_vl.tiny import build_base_model
+    from vlmgym.envs import corpus
+    from vlmgym.models.qwen3_vl.base_model import build_base_model
     from vlmgym.params import ModelParams, from_dict
 
-    build_base_model(from_dict(ModelParams, {"hf_dir": str(folder)}))
+    build_base_model(from_dict(ModelParams, {"hf_dir": str(folder)}), corpus=corpus())
     return folder
 
 
@@ -129,7 +130,7 @@ def _run_worker(side: str, workdir: Path, host_devices: int = 1) -> dict[str, An
     flags = env.get("XLA_FLAGS", "")
     if host_devices > 1 and "xla_force_host_platform_device_count" not in flags:
         env["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={host_devices}".strip()
-    proc = subprocess.run([sys.executable, "-m", "vlmgym.rollout.benchmark", "--worker", side, "--spec",
+    proc = subprocess.run([sys.executable, "-m", "vlmgym.bench.rollout", "--worker", side, "--spec",
                            str(workdir / "spec.json")], capture_output=True, text=True, env=env)
     if proc.returncode != 0:
         raise RuntimeError(f"{side} benchmark worker failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}")
@@ -191,7 +192,7 @@ def main(argv: list[str]) -> int:
         if args.worker == "jax":
             result = run_jax(spec, inputs)
         else:
-            from vlmgym.rollout.bench_hf import run as run_hf
+            from vlmgym.bench.hf import run as run_hf
 
             result = run_hf(spec, inputs)
         print(json.dumps(result))

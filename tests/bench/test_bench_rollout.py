@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from vlmgym.bench import main as bench_main
+from vlmgym.bench.common import decode_bytes_per_step, decode_flops_per_token, measure_matmul_flops
+from vlmgym.bench.rollout import compare_greedy, parse_args
 from vlmgym.models.qwen3_vl.config import named_config
-from vlmgym.rollout.bench_common import decode_bytes_per_step, decode_flops_per_token, measure_matmul_flops
-from vlmgym.rollout.benchmark import compare_greedy, parse_args
 
 
 def test_compare_greedy_cuts_after_eos_and_reports_first_difference():
@@ -51,7 +51,7 @@ def test_cli_arguments():
 
 
 def test_hbm_roofline_figures():
-    from vlmgym.rollout.benchmark import hbm_figures
+    from vlmgym.bench.rollout import hbm_figures
 
     cfg = named_config("4b", "bf16", "bf16")
     figures = hbm_figures(cfg, rows=64, context=200.0, steps=100, decode_s=0.5, bandwidth=4.8e12)
@@ -66,7 +66,7 @@ def test_devices_argument_and_worker_flag(monkeypatch):
         parse_args(["--devices", "-1"])
     import subprocess
 
-    from vlmgym.rollout import benchmark
+    from vlmgym.bench import rollout as benchmark
 
     seen = {}
 
@@ -82,10 +82,10 @@ def test_devices_argument_and_worker_flag(monkeypatch):
     assert "device_count" not in seen["flags"]
 
 
-def test_benchmark_end_to_end_on_two_devices(tiny_model, capsys):
+def test_benchmark_end_to_end_on_two_devices(bench_model_dir, capsys):
     # The whole command on the tiny test model: both workers, the prompts split over two host devices, greedy
     # outputs compared with transformers token for token.
-    code = bench_main(["rollout", "--model", tiny_model.folder, "--prompts", "3", "--group", "2",
+    code = bench_main(["rollout", "--model", str(bench_model_dir), "--prompts", "3", "--group", "2",
                        "--max-new-tokens", "6", "--repeats", "1", "--devices", "2"])
     report = json.loads(capsys.readouterr().out)
     assert code == 0 and report["greedy_equal"] and report["greedy_rows"] == 3

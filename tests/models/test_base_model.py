@@ -14,15 +14,8 @@ import pytest
 import torch
 from PIL import Image
 
+from vlmgym.models.qwen3_vl.base_model import SPECIAL_TOKENS, TinyDims, build_base_model, build_tiny, fetch_hub_model
 from vlmgym.models.qwen3_vl.processor import QWEN3_VL_CHAT_TEMPLATE, Processor
-from vlmgym.models.qwen3_vl.tiny import (
-    SPECIAL_TOKENS,
-    TinyDims,
-    build_base_model,
-    build_tiny,
-    fetch_hub_model,
-    write_folder_atomically,
-)
 from vlmgym.params import ModelParams, ParamsError, from_dict
 
 # Used only while vlmgym.envs.corpus() is not importable (it is written concurrently with this module).
@@ -76,7 +69,7 @@ def test_folder_is_a_complete_hf_checkpoint(tiny):
     for name in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
                  "preprocessor_config.json", "generation_config.json"):
         assert (out / name).exists(), name
-    assert not list(out.parent.glob(".base.tmp-*")), "temporary folder left behind"
+    assert not list(out.parent.glob(".base.*")), "temporary folder left behind"
     config = json.loads((out / "config.json").read_text())
     tokenizer_config = json.loads((out / "tokenizer_config.json").read_text())
     assert tokenizer_config["tokenizer_class"] == "Qwen2Tokenizer"
@@ -92,7 +85,7 @@ def test_folder_is_a_complete_hf_checkpoint(tiny):
     preprocessor = json.loads((out / "preprocessor_config.json").read_text())
     assert preprocessor["size"] == {"shortest_edge": 64 * 64, "longest_edge": 128 * 96}
     assert summary["image_tokens_256x192"] == 12
-    # The figures quoted in tiny.py's docstring (and the README).
+    # The figures quoted in base_model.py's docstring (and the README).
     assert (summary["params_vision"], summary["params_text"] - 128 * summary["vocab_size"]) == (466_624, 787_840)
 
 
@@ -188,13 +181,9 @@ def test_incomplete_snapshot_is_an_error_and_leaves_the_old_folder(tmp_path):
         fetch_hub_model("no-owner", out, download=wrong_model)
 
 
-def test_tiny_source_builds_from_the_environments_corpus(tiny, corpus, tmp_path, monkeypatch):
-    if env_corpus() is None:
-        fake_envs = types.ModuleType("vlmgym.envs")
-        fake_envs.corpus = lambda: list(FALLBACK_CORPUS)
-        monkeypatch.setitem(sys.modules, "vlmgym.envs", fake_envs)
+def test_tiny_source_builds_from_the_given_corpus(tiny, corpus, tmp_path):
     params = from_dict(ModelParams, {"hf_dir": str(tmp_path / "base")})
-    summary = build_base_model(params)
+    summary = build_base_model(params, corpus=corpus)
     assert summary == tiny[1]
     assert (tmp_path / "base" / "model.safetensors").read_bytes() == (tiny[0] / "model.safetensors").read_bytes()
     with pytest.raises(ParamsError, match="model.source: 'hub' is neither"):
@@ -203,17 +192,11 @@ def test_tiny_source_builds_from_the_environments_corpus(tiny, corpus, tmp_path,
         build_base_model(from_dict(ModelParams, {"min_pixels": 20000, "max_pixels": 10000}))
 
 
-def test_failed_build_keeps_the_previous_folder(tmp_path):
-    out = tmp_path / "base"
-    write_folder_atomically(out, lambda folder: (folder / "a.txt").write_text("one"))
-
-    def crash(folder: Path) -> None:
-        (folder / "a.txt").write_text("half")
-        raise RuntimeError("disk full")
-
-    with pytest.raises(RuntimeError, match="disk full"):
-        write_folder_atomically(out, crash)
-    assert (out / "a.txt").read_text() == "one" and [p.name for p in tmp_path.iterdir()] == ["base"]
+def test_models_do_not_import_the_environments():
+    # The corpus comes from the caller, so editing an env does not change the model code (nor its DVC deps).
+    package = Path(__file__).parents[2] / "src" / "vlmgym" / "models"
+    assert [p.name for p in package.rglob("*.py") if "vlmgym.envs import" in p.read_text()
+            or "import vlmgym.envs" in p.read_text()] == []
 
 
 def test_dims_that_qwen3_vl_cannot_run_are_rejected():
@@ -233,6 +216,10 @@ def test_stage_script_builds_and_logs(tmp_path, monkeypatch):
     import importlib.util
 
     script = Path(__file__).parents[2] / "stages" / "base_model.py"
+    if env_corpus() is None:
+        fake_envs = types.ModuleType("vlmgym.envs")
+        fake_envs.corpus = lambda: list(FALLBACK_CORPUS)
+        monkeypatch.setitem(sys.modules, "vlmgym.envs", fake_envs)
     spec = importlib.util.spec_from_file_location("base_model_stage", script)
     stage = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(stage)
@@ -251,10 +238,6 @@ def test_stage_script_builds_and_logs(tmp_path, monkeypatch):
         yield FakeRun()
 
     monkeypatch.setattr(stage.tracking, "stage_run", fake_stage_run)
-    if env_corpus() is None:
-        fake_envs = types.ModuleType("vlmgym.envs")
-        fake_envs.corpus = lambda: list(FALLBACK_CORPUS)
-        monkeypatch.setitem(sys.modules, "vlmgym.envs", fake_envs)
     (tmp_path / "params.yaml").write_text(f"model:\n  seed: 3\n  hf_dir: {tmp_path / 'base'}\n")
     assert stage.main(["--params", str(tmp_path / "params.yaml")]) == 0
     assert logged["stage"] == "base_model" and logged["params"].seed == 3

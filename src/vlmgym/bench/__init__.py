@@ -1,0 +1,19 @@
+"""`vlmgym bench <name> ...`: the benchmarks, one module each.
+
+Nothing outside this package imports it, so editing a benchmark changes no pipeline stage's code (nor its DVC
+deps).
+"""
+
+from __future__ import annotations
+
+from vlmgym.cli import Table, dispatch
+
+BENCHMARKS: Table = {
+    "rollout": ("vlmgym.bench.rollout:main", "JAX rollout engine vs transformers generate (tokens/s, roofline)"),
+    "reward": ("vlmgym.bench.reward:main", "reward computation throughput"),
+}
+
+
+def main(argv: list[str]) -> int:
+    """Dispatch to one benchmark's main(argv)."""
+    return dispatch("vlmgym bench", BENCHMARKS, argv, what="benchmark")
