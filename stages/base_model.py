@@ -27,8 +27,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--params", default="params.yaml", help="params file (section `model`)")
     args = parser.parse_args(argv)
     params = load_section("model", args.params)
-    with tracking.stage_run("base_model", params, params_file=args.params) as run:
-        summary = build_base_model(params, corpus=corpus())
+    env_name = load_section("env", args.params).name
+    with tracking.stage_run("base_model", params, extra_params={"env.name": env_name},
+                            params_file=args.params) as run:
+        # the built-in envs' texts, plus the active env's when it is another one (vlmgym.envs.corpus)
+        summary = build_base_model(params, corpus=corpus(active=env_name))
         run.log_metrics({k: summary[k] for k in FIGURES if k in summary})
         run.log_dict(summary, "base_model.json")
     print(f"base_model: {summary['source']} -> {params.hf_dir} "

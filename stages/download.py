@@ -1,4 +1,4 @@
-"""download stage: build data/raw/ (OSV-5M raw layout) for params `data` (synthetic world by default).
+"""download stage: build data/raw/, the env's raw layout, for params `data` (its embedded generator by default).
 
 Run: `python stages/download.py` (dvc repro runs it); ~10 s for the default 2,000 + 200 synthetic images.
 """
@@ -22,8 +22,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     params = load_section("data", args.params)
-    with tracking.stage_run("download", params, params_file=args.params) as run:
-        stats = build_raw(params)
+    env_params = load_section("env", args.params)
+    with tracking.stage_run("download", params, extra_params={"env.name": env_params.name},
+                            params_file=args.params) as run:
+        stats = build_raw(params, env_params.name)
         run.log_metrics(numeric_metrics(stats))
         run.log_dict(stats, "download_stats.json")
     print(json.dumps({k: v for k, v in stats.items() if k != "details"}, indent=1))

@@ -19,10 +19,10 @@ from pathlib import Path
 import jax
 import numpy as np
 
-from vlmgym import tracking
-from vlmgym.data.layout import atomic_dir
+from vlmgym import envs, tracking
+from vlmgym.atomic import atomic_dir
 from vlmgym.eval.records import write_jsonl
-from vlmgym.eval.rollouts import answer_split, load_engine, make_eval_env
+from vlmgym.eval.rollouts import answer_split, load_engine
 from vlmgym.params import load_section
 from vlmgym.rollout import RolloutEngine
 
@@ -48,8 +48,9 @@ def main(argv: list[str] | None = None) -> int:
                 engine, params = load_engine(model_dir, max_new_tokens=rollout.max_new_tokens, dtype=model.dtype,
                                              param_dtype=model.param_dtype)
                 if env is None:  # one env for every policy: they share the tokenizer of the base model
-                    env = make_eval_env(env_params, rollout.shards_dir, rollout.split, rollout.limit,
-                                   engine.processor.tokenizer, rollout.progress)
+                    env = envs.from_params(env_params, shards_dir=rollout.shards_dir, split=rollout.split,
+                                           tokenizer=engine.processor.tokenizer, limit=rollout.limit,
+                                           progress=rollout.progress)
                 records, timing = answer_split(engine, params, env, policy=policy, batch_size=rollout.batch_size)
                 write_jsonl(tmp / f"{policy}.jsonl", records)
                 figures = {**timing.as_dict(), "mean_reward": float(np.mean([r["reward"] for r in records])),

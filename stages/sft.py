@@ -13,9 +13,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from vlmgym import tracking
+from vlmgym import envs, tracking
 from vlmgym.params import load_section
-from vlmgym.rl.run import load_policy, make_env, resume_dir, save_model, write_json_atomically
+from vlmgym.rl.run import load_policy, resume_dir, save_model, write_json_atomically
 from vlmgym.rl.trainer import SFTTrainer
 
 METRICS_FILE = "metrics/sft.json"
@@ -34,7 +34,8 @@ def main(argv: list[str] | None = None) -> int:
         policy, params = load_policy(sft.init_dir, model, sft.max_target_tokens, mesh_shape=tuple(sft.mesh))
         summary = {"steps": sft.steps}
         if sft.steps > 0:
-            env = make_env(env_params, sft.shards_dir, "train", policy.processor.tokenizer)
+            env = envs.from_params(env_params, shards_dir=sft.shards_dir, split="train",
+                                   tokenizer=policy.processor.tokenizer)
             checkpoints = resume_dir(sft.checkpoint_dir, sft, model, env_params, init_dir=sft.init_dir)
             trainer = SFTTrainer(policy, env, params, sft, checkpoints,
                                  metrics_callback=lambda step, metrics: run.log_metrics(metrics, step=step))

@@ -11,22 +11,25 @@ import logging
 import sys
 from pathlib import Path
 
-from vlmgym import tracking
+from vlmgym import envs, tracking
 from vlmgym.data.sharding import manifest_metrics, shard_raw
 from vlmgym.params import DEFAULT_PARAMS_FILE, load_section
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Read the `shard` section (and data.dataset / data.raw_dir), shard both splits, log one MLflow run."""
+    """Read the `shard` section (and env.name / data.raw_dir), shard both splits, log one MLflow run."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--params", default=str(DEFAULT_PARAMS_FILE), help="params file")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     params = load_section("shard", args.params)
     data = load_section("data", args.params)
-    extra = {"data.dataset": data.dataset, "data.raw_dir": data.raw_dir}
+    env = envs.env_class(load_section("env", args.params).name)
+    if env.schema is None:
+        raise ValueError(f"env {env.name!r} declares no row schema, so its raw data cannot be sharded")
+    extra = {"env.name": env.name, "data.raw_dir": data.raw_dir}
     with tracking.stage_run("shard", params, extra_params=extra, params_file=args.params) as run:
-        manifest = shard_raw(Path(data.raw_dir), Path(params.out_dir), data.dataset, params)
+        manifest = shard_raw(Path(data.raw_dir), Path(params.out_dir), env.schema, params)
         run.log_metrics(manifest_metrics(manifest))
         run.log_artifact(Path(params.out_dir) / "manifest.json")
     print(json.dumps(manifest_metrics(manifest), indent=1))

@@ -18,10 +18,10 @@ import sys
 import tempfile
 from pathlib import Path
 
-from vlmgym import tracking
+from vlmgym import envs, tracking
 from vlmgym.params import load_section
 from vlmgym.rl.loop import RECENT_METRICS
-from vlmgym.rl.run import load_policy, make_env, resume_dir, save_model, write_json_atomically
+from vlmgym.rl.run import load_policy, resume_dir, save_model, write_json_atomically
 from vlmgym.rl.trainer import GRPOTrainer
 
 METRICS_FILE = "metrics/train.json"
@@ -61,7 +61,8 @@ def main(argv: list[str] | None = None) -> int:
     with tracking.stage_run("train", train, extra_params=logged, params_file=args.params) as run:
         policy, params = load_policy(train.init_dir, model, train.max_new_tokens, temperature=train.temperature,
                                      top_k=train.top_k, top_p=train.top_p, mesh_shape=tuple(train.mesh))
-        env = make_env(env_params, train.shards_dir, "train", policy.processor.tokenizer)
+        env = envs.from_params(env_params, shards_dir=train.shards_dir, split="train",
+                               tokenizer=policy.processor.tokenizer)
         checkpoints = resume_dir(train.checkpoint_dir, train, model, env_params, init_dir=train.init_dir)
         trainer = GRPOTrainer(policy, env, params, train, checkpoints,
                               metrics_callback=lambda step, metrics: run.log_metrics(metrics, step=step),

@@ -35,7 +35,15 @@ def test_defaults_fill_missing_keys(tmp_path):
         ("data:\n  seed: -1\n", ["data.seed", "-1", ">= 0"]),
         ("data:\n  source: ftp\n", ["data.source", "'ftp'", "synthetic"]),
         ("data:\n  seed: true\n", ["data.seed", "True", "integer"]),
-        ("data:\n  countries: FR\n", ["data.countries", "'FR'", "list"]),
+        ("data:\n  countries: [FR]\n", ["data.countries", "unknown key", "geospot, nlvr2"]),
+        ("data:\n  geospot:\n    countries: FR\n", ["data.geospot.countries", "'FR'", "list"]),
+        ("env:\n  geospot:\n    tau_kms: [1]\n", ["env.geospot.tau_kms", "unknown key", "tau_km"]),
+        ("env:\n  geospot:\n    format_weight: 2\n", ["env.geospot.format_weight", "<= 1"]),
+        ("env:\n  geospot:\n    tau_km: [1.0]\n", ["env.geospot.tau_km", "expected 4 values"]),
+        ("env:\n  nlvr2:\n    x: 1\n", ["env.nlvr2", "takes no settings"]),
+        ("env:\n  name: colour\n", ["env.name", "unknown env 'colour'", "geospot, nlvr2"]),
+        ("env:\n  name: no_such_module:Env\n", ["env.name", "cannot load"]),
+        ("eval:\n  comparisons: [[grpo]]\n", ["eval.comparisons", "[treatment, control]"]),
         ("shard:\n  jpeg_quality: 101\n", ["shard.jpeg_quality", "101", "<= 100"]),
     ],
 )
@@ -71,3 +79,20 @@ def test_exponent_without_dot_is_a_float(tmp_path):
     assert train.lr == 3e-5
     with pytest.raises(params.ParamsError, match="train.lr"):
         params.load_section("train", write(tmp_path, "train:\n  lr: fast\n"))
+
+
+def test_env_sections_render_and_read_back(tmp_path):
+    # every env's own section is written beside the section's keys, and reads back to the same dataclass
+    sections = params.default_sections()
+    path = write(tmp_path, params.render_yaml(sections))
+    again = params.load_all(path)
+    assert again["env"] == sections["env"] and again["data"] == sections["data"]
+    assert again["env"].settings().tau_km == [2000.0, 500.0, 100.0, 25.0]
+    assert params.to_dict(again["env"])["geospot"]["format_weight"] == 0.1
+
+
+def test_settings_fall_back_to_the_env_defaults(tmp_path):
+    env = params.load_section("env", write(tmp_path, "env:\n  name: nlvr2\n"))
+    assert env.settings() is None  # nlvr2 takes no settings
+    env = params.load_section("env", write(tmp_path, "env:\n  name: geospot\n"))
+    assert env.settings().format_weight == 0.1

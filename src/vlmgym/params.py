@@ -8,6 +8,7 @@ silently ignored.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import re
 import types
@@ -17,6 +18,8 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import yaml
+
+from vlmgym.envs.registry import DEFAULT_ENV
 
 DEFAULT_PARAMS_FILE = Path("params.yaml")
 
@@ -29,9 +32,16 @@ class ParamsError(ValueError):
 
 
 def spec(default: Any = dataclasses.MISSING, *, ge=None, gt=None, le=None, lt=None, choices=None,
-         doc: str = "", default_factory: Any = dataclasses.MISSING) -> Any:
-    """A dataclass field with validation bounds and a one-line description."""
-    meta = {"ge": ge, "gt": gt, "le": le, "lt": lt, "choices": choices, "doc": doc}
+         doc: str = "", default_factory: Any = dataclasses.MISSING, env_sections: str | None = None,
+         env_name: bool = False) -> Any:
+    """A dataclass field with validation bounds and a one-line description.
+
+    env_sections="Params": the field holds the envs' own sections ({env name: dataclass}), written in the file
+    as keys beside the section's other keys and validated by that env class's attribute of that name.
+    env_name=True: the value must name an env (registered, an entry point or 'package.module:Class').
+    """
+    meta = {"ge": ge, "gt": gt, "le": le, "lt": lt, "choices": choices, "doc": doc, "env_sections": env_sections,
+            "env_name": env_name}
     if default_factory is not dataclasses.MISSING:
         return field(default_factory=default_factory, metadata=meta)
     return field(default=default, metadata=meta)
@@ -42,24 +52,21 @@ def spec(default: Any = dataclasses.MISSING, *, ge=None, gt=None, le=None, lt=No
 
 @dataclass(frozen=True)
 class DataParams:
-    """download stage: where the raw OSV-5M-layout data comes from."""
+    """download stage: where the env's raw data comes from (its generator's own settings: data.<env name>)."""
 
-    dataset: str = spec("geospot", choices=("geospot", "nlvr2"), doc="which environment's data to build")
     source: str = spec("synthetic", choices=("synthetic", "hub"),
-                       doc="synthetic generator (offline default) or the real dataset from the Hugging Face hub")
+                       doc="the env's embedded generator (offline default) or its public dataset from the hub")
     seed: int = spec(0, ge=0, doc="seed of the synthetic generators")
-    countries: list[str] = spec(default_factory=list, doc="ISO-2 codes of the synthetic world (empty: num_countries)")
-    num_countries: int = spec(8, ge=1, le=250, doc="countries picked when `countries` is empty")
-    train_images: int = spec(2000, ge=1, doc="synthetic train images")
-    test_images: int = spec(1000, ge=1, doc="synthetic test images")
+    train_images: int = spec(2000, ge=1, doc="synthetic train samples")
+    test_images: int = spec(1000, ge=1, doc="synthetic test samples")
     image_width: int = spec(256, ge=32, le=4096, doc="width of rendered synthetic images")
     image_height: int = spec(192, ge=32, le=4096, doc="height of rendered synthetic images")
-    hub_repo: str = spec("", doc="hub dataset repo for source=hub (empty: osv5m/osv5m or HuggingFaceM4/NLVR2)")
+    hub_repo: str = spec("", doc="hub dataset repo for source=hub (empty: the env's default)")
     zips_per_split: int = spec(1, ge=1, le=98, doc="image zips downloaded per split for source=hub")
     hub_cache_dir: str = spec("data/hub_cache", doc="resumable download cache for source=hub (kept between runs)")
-    cities_per_country: int = spec(12, ge=1, le=500, doc="anchor places per country of the synthetic world")
-    jitter_km: float = spec(2.0, gt=0, le=50, doc="std-dev of the synthetic coordinates around their anchor place")
     raw_dir: str = spec("data/raw", doc="where the raw layout is written")
+    sections: dict[str, Any] = spec(default_factory=dict, env_sections="DataParams",
+                                    doc="each env's generator settings, under its name")
 
 
 @dataclass(frozen=True)
@@ -101,44 +108,23 @@ class TrackingParams:
 
 
 @dataclass(frozen=True)
-class GeospotParams:
-    """geospot reward: k = exp(-d / tau) per level (country, region, city, coordinates), curriculum-weighted."""
-
-    tau_km: list[float] = spec(default_factory=lambda: [2000.0, 500.0, 100.0, 25.0], gt=0,
-                               doc="distance scale (km) of the country, region, city and coordinates levels")
-    tau_end_factor: float = spec(1.0, gt=0, le=1, doc="tau at progress 1 is tau_km * this (geometric in between); "
-                                                      "1: no tightening")
-    curriculum_progress: list[float] = spec(default_factory=lambda: [0.0, 0.25, 0.5, 0.75], ge=0, le=1,
-                                            doc="training progress (step / total steps) of each curriculum stage")
-    curriculum_weights: list[list[float]] = spec(
-        default_factory=lambda: [[1.0, 0.2, 0.1, 0.1], [1.0, 0.6, 0.3, 0.3], [1.0, 1.0, 0.6, 0.6],
-                                 [1.0, 1.0, 1.0, 1.0]],
-        doc="level weights (country, region, city, coordinates) at each stage, linearly interpolated between")
-    format_weight: float = spec(0.1, ge=0, le=1, doc="share of the reward given for the five-line answer format")
-    answer_decimals: int = spec(4, ge=0, le=10, doc="decimals of the coordinates in the ideal (SFT target) answer")
-
-    def __post_init__(self):
-        where = "env.geospot"
-        if len(self.tau_km) != 4:
-            raise ParamsError(f"{where}.tau_km: expected 4 values (country, region, city, coordinates), "
-                              f"got {self.tau_km!r}")
-        points, weights = list(self.curriculum_progress), list(self.curriculum_weights)
-        if not points or points[0] != 0.0 or any(b <= a for a, b in zip(points, points[1:])):
-            raise ParamsError(f"{where}.curriculum_progress: must start at 0.0 and increase strictly, got {points!r}")
-        if len(weights) != len(points):
-            raise ParamsError(f"{where}.curriculum_weights: {len(weights)} stages for {len(points)} progress points")
-        for i, row in enumerate(weights):
-            if len(row) != 4 or any(w < 0 for w in row) or sum(row) <= 0:
-                raise ParamsError(f"{where}.curriculum_weights[{i}]: expected 4 weights >= 0 with a positive sum, "
-                                  f"got {row!r}")
-
-
-@dataclass(frozen=True)
 class EnvParams:
     """The environment the policy is trained and evaluated on."""
 
-    name: str = spec("geospot", choices=("geospot", "nlvr2"), doc="registered environment name")
-    geospot: GeospotParams = spec(default_factory=GeospotParams, doc="geospot reward settings")
+    name: str = spec(DEFAULT_ENV, env_name=True,
+                     doc="the task: a registered env name, an entry point (vlmgym.envs) or 'package.module:Class'")
+    sections: dict[str, Any] = spec(default_factory=dict, env_sections="Params",
+                                    doc="each env's own settings (reward, report), under its name")
+
+    def settings(self) -> Any:
+        """The active env's section (env.<its name>), its defaults when absent; None when it takes none."""
+        from vlmgym.envs import env_class
+
+        cls = env_class(self.name)
+        section = self.sections.get(cls.name)
+        if section is None and cls.Params is not None:
+            section = cls.Params()
+        return section
 
 
 @dataclass(frozen=True)
@@ -246,12 +232,16 @@ class EvalParams:
     confidence: float = spec(0.95, gt=0, lt=1, doc="confidence level of the intervals")
     seed: int = spec(0, ge=0, doc="seed of the bootstrap")
     gallery_samples: int = spec(48, ge=0, doc="test samples shown in the report's maps and gallery (0: all)")
-    map_base_points: int = spec(4000, ge=0, doc="gazetteer places drawn as the world map's base (0: none)")
     hf_policy: str = spec("grpo", doc="policy whose exported weights transformers runs (its greedy rollout compared)")
     hf_dir: str = spec("models/hf/grpo", doc="the exported transformers folder of hf_policy")
     hf_samples: int = spec(16, ge=0, doc="test prompts transformers answers greedily (0: no HF baseline)")
     logit_samples: int = spec(4, ge=0, doc="of those, samples whose prompt + answer logits are compared")
     reward_curve_metric: str = spec("reward_mean", doc="train-run metric drawn as the training reward curve")
+
+    def __post_init__(self):
+        bad = [pair for pair in self.comparisons if len(pair) != 2]
+        if bad:
+            raise ParamsError(f"eval.comparisons: each must be a [treatment, control] pair, got {bad[0]!r}")
 
 
 SECTIONS: dict[str, type] = {
@@ -287,10 +277,13 @@ def load_section(name: str, path: str | Path = DEFAULT_PARAMS_FILE, overrides: d
     """Load and validate one section of a params file (missing section: all defaults)."""
     if name not in SECTIONS:
         raise ParamsError(f"{path}: unknown section {name!r} (known: {', '.join(sorted(SECTIONS))})")
-    raw = read_yaml(path).get(name) or {}
+    file = read_yaml(path)
+    raw = file.get(name) or {}
     if not isinstance(raw, dict):
         raise ParamsError(f"{path}: section {name!r} must be a mapping, got {raw!r}")
     raw = {**raw, **(overrides or {})}
+    if name != "env" and _env_sections_field(SECTIONS[name]) is not None:
+        _resolve_active_env(file, path)  # so a 'package.module:Class' env's own section here is known
     return from_dict(SECTIONS[name], raw, where=f"{path}: {name}")
 
 
@@ -304,26 +297,82 @@ def load_all(path: str | Path = DEFAULT_PARAMS_FILE) -> dict[str, Any]:
 
 
 def from_dict(cls: type[T], raw: dict[str, Any], where: str = "params") -> T:
-    """Build dataclass `cls` from `raw`, validating keys, types and ranges."""
+    """Build dataclass `cls` from `raw`, validating keys, types and ranges (and envs' sections, see spec)."""
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls)}
-    unknown = sorted(set(raw) - set(fields))
-    if unknown:
-        raise ParamsError(f"{where}.{unknown[0]}: unknown key (value {raw[unknown[0]]!r}); "
+    plugin = _env_sections_field(cls)
+    plain = {k: v for k, v in raw.items() if k in fields and (plugin is None or k != plugin.name)}
+    extra = [k for k in raw if k not in plain]
+    if extra and plugin is None:
+        raise ParamsError(f"{where}.{extra[0]}: unknown key (value {raw[extra[0]]!r}); "
                           f"known keys: {', '.join(fields)}")
     values = {}
-    for key, value in raw.items():
+    for key, value in plain.items():
         f = fields[key]
         key_where = f"{where}.{key}"
         value = _coerce(value, hints[key], key_where)
         _check_range(value, f.metadata, key_where)
+        if f.metadata.get("env_name"):
+            _env_class(value, key_where)
         values[key] = value
-    return cls(**values)
+    if plugin is not None:
+        known = [k for k in fields if k != plugin.name]
+        values[plugin.name] = {str(k): _env_section(str(k), raw[k], plugin.metadata["env_sections"], f"{where}.{k}",
+                                                    known) for k in extra}
+    try:
+        return cls(**values)
+    except ParamsError as err:  # a check across keys (__post_init__): name the file too
+        prefix = where.rsplit(": ", 1)[0] if ": " in where else where
+        raise ParamsError(f"{prefix}: {err}") from err
 
 
 def to_dict(section: Any) -> dict[str, Any]:
-    """A section as a plain dict (for logging)."""
-    return dataclasses.asdict(section)
+    """A section as a plain dict, as the file writes it (for logging): envs' sections under their names."""
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(section):
+        value = getattr(section, f.name)
+        if f.metadata.get("env_sections"):
+            out.update({name: to_dict(v) for name, v in value.items()})
+        elif dataclasses.is_dataclass(value):
+            out[f.name] = to_dict(value)
+        else:
+            out[f.name] = copy.deepcopy(value)
+    return out
+
+
+def _env_sections_field(cls: type) -> dataclasses.Field | None:
+    return next((f for f in dataclasses.fields(cls) if f.metadata.get("env_sections")), None)
+
+
+def _env_class(name: Any, where: str) -> type:
+    from vlmgym.envs import registry
+
+    try:
+        return registry.env_class(name)
+    except (KeyError, ImportError, TypeError, ValueError) as err:
+        raise ParamsError(f"{where}: {err.args[0] if err.args else err}") from err
+
+
+def _env_section(name: str, value: Any, attribute: str, where: str, known: list[str]) -> Any:
+    """An env's own section (env.<name>, data.<name>), validated by its dataclass `attribute` (Params, DataParams)."""
+    from vlmgym.envs import registry
+
+    if not registry.is_known(name):
+        raise ParamsError(f"{where}: unknown key (value {value!r}); known keys: {', '.join(known)}, or a section "
+                          f"named after an env ({', '.join(registry.names())})")
+    section_cls = getattr(_env_class(name, where), attribute)
+    if section_cls is None:
+        raise ParamsError(f"{where}: env {name!r} takes no settings here (it declares no {attribute})")
+    if not isinstance(value, dict):
+        raise ParamsError(f"{where}: expected a mapping of {name}'s settings, got {value!r}")
+    return from_dict(section_cls, value, where)
+
+
+def _resolve_active_env(file: dict[str, Any], path: str | Path) -> None:
+    env = file.get("env")
+    name = env.get("name") if isinstance(env, dict) else None
+    if isinstance(name, str):
+        _env_class(name, f"{path}: env.name")
 
 
 def _coerce(value: Any, hint: Any, where: str) -> Any:
@@ -392,15 +441,33 @@ def _check_range(value: Any, meta: typing.Mapping, where: str) -> None:
                 raise ParamsError(f"{where}: value {v!r} out of range (must be {word} {limit})")
 
 
+def default_sections() -> dict[str, Any]:
+    """Every section at its defaults, with the default env's own sections filled in (what params.yaml shows)."""
+    from vlmgym.envs import env_class
+
+    cls = env_class(DEFAULT_ENV)
+    sections: dict[str, Any] = {name: section() for name, section in SECTIONS.items()}
+    if cls.DataParams is not None:
+        sections["data"] = DataParams(sections={cls.name: cls.DataParams()})
+    if cls.Params is not None:
+        sections["env"] = EnvParams(sections={cls.name: cls.Params()})
+    return sections
+
+
 def render_yaml(sections: dict[str, Any] | None = None) -> str:
     """params.yaml text for the given section objects (default: all defaults), each key with its doc as a comment."""
-    sections = sections or {name: cls() for name, cls in SECTIONS.items()}
+    sections = sections or default_sections()
     lines: list[str] = []
 
     def emit(obj: Any, indent: int) -> None:
         pad = "  " * indent
         for f in dataclasses.fields(obj):
             value = getattr(obj, f.name)
+            if f.metadata.get("env_sections"):
+                for name, section in value.items():
+                    lines.append(f"{pad}{name}:  # {type(section).__doc__.strip().splitlines()[0]}")
+                    emit(section, indent + 1)
+                continue
             if dataclasses.is_dataclass(value):
                 lines.append(f"{pad}{f.name}:")
                 emit(value, indent + 1)

@@ -174,7 +174,9 @@ class StageRun:
 
 def _flatten(prefix: str, value: Any) -> dict[str, str]:
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        value = dataclasses.asdict(value)
+        from vlmgym.params import to_dict
+
+        value = to_dict(value)  # envs' own sections under their names, as in params.yaml
     if isinstance(value, Mapping):
         out: dict[str, str] = {}
         for k, v in value.items():

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from data_helpers import TINY_WORLD
 
-from vlmgym.data.synthetic import write_synthetic_raw
+from vlmgym.envs.geospot.synthetic import write_synthetic_raw
 
 
 @pytest.fixture(scope="session")

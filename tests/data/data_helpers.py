@@ -9,10 +9,12 @@ import numpy as np
 from PIL import Image
 
 from vlmgym.data import layout
+from vlmgym.envs.geospot.params import GeospotDataParams
 from vlmgym.params import DataParams
 
-TINY_WORLD = DataParams(num_countries=3, train_images=60, test_images=24, image_width=96, image_height=72,
-                        cities_per_country=4, seed=3)
+TINY_GEO = GeospotDataParams(num_countries=3, cities_per_country=4)
+TINY_WORLD = DataParams(train_images=60, test_images=24, image_width=96, image_height=72, seed=3,
+                        sections={"geospot": TINY_GEO})
 
 
 

@@ -15,9 +15,11 @@ import pytest
 from data_helpers import osv5m_row
 from PIL import Image
 
-from vlmgym.data import layout, osv5m, sharding
+from vlmgym.data import layout, sharding
 from vlmgym.data.download import build_raw
 from vlmgym.data.shards import read_split
+from vlmgym.envs import env_class
+from vlmgym.envs.geospot import osv5m
 from vlmgym.params import DataParams, ShardParams
 
 SAMPLE_DIR = Path(__file__).parent / "fixtures" / "osv5m_sample"
@@ -82,7 +84,7 @@ def hub_params(tmp_path: Path, zips: int = 1) -> DataParams:
 
 
 def build(params: DataParams, fake: FakeHub) -> dict:
-    return build_raw(params, builder=lambda p, out: osv5m.download_hub_raw(p, out, fetch=fake))
+    return build_raw(params, "geospot", builder=lambda p, out: osv5m.download_hub_raw(p, out, fetch=fake))
 
 
 def read_csv(path: Path) -> list[dict[str, str]]:
@@ -144,7 +146,8 @@ def test_truncated_zip_from_the_hub_is_refetched(hub_folder, tmp_path):
 def test_real_photos_through_the_shard_stage(hub_folder, tmp_path):
     build(hub_params(tmp_path), FakeHub(hub_folder))
     shard_params = ShardParams(max_pixels=256 * 192)
-    manifest = sharding.shard_raw(tmp_path / "raw", tmp_path / "shards", "geospot", shard_params)
+    manifest = sharding.shard_raw(tmp_path / "raw", tmp_path / "shards", env_class("geospot").schema,
+                                  shard_params)
     assert manifest["splits"]["train"]["kept"] == 4 and manifest["splits"]["test"]["kept"] == 1
     samples = {s.key: s for s in read_split(tmp_path / "shards", "train")}
     for (pid, path), labels in zip(photo_ids()[:4], MADE_UP):

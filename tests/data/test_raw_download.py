@@ -1,4 +1,4 @@
-"""The download stage: dispatch per (dataset, source), atomic raw folder, and both stage scripts end to end."""
+"""The download stage: the env's builder per source, atomic raw folder, and both stage scripts end to end."""
 
 from __future__ import annotations
 
@@ -8,8 +8,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from vlmgym.data import download, layout, nlvr2, osv5m, sharding, synthetic
+from vlmgym import envs
+from vlmgym.data import download, layout, sharding
 from vlmgym.data.shards import read_split
+from vlmgym.envs.geospot import osv5m, synthetic
+from vlmgym.envs.nlvr2 import data as nlvr2
 from vlmgym.params import DataParams, ShardParams
 
 STAGES = Path(__file__).resolve().parents[2] / "stages"
@@ -26,7 +29,7 @@ def test_dispatch():
     assert download.raw_builder(DataParams()) is synthetic.write_synthetic_raw
     assert download.raw_builder(DataParams(source="hub")) is osv5m.download_hub_raw
     assert download.raw_builder(DataParams(dataset="nlvr2")) is nlvr2.write_synthetic_raw
-    assert download.raw_builder(DataParams(dataset="nlvr2", source="hub")) is nlvr2.download_hub_raw
+    assert download.raw_builder(DataParams(source="hub")) is nlvr2.download_hub_raw
 
 
 def test_failed_build_keeps_the_old_raw_dir(tmp_path):
@@ -38,19 +41,20 @@ def test_failed_build_keeps_the_old_raw_dir(tmp_path):
         raise OSError("disk full")
 
     with pytest.raises(OSError, match="disk full"):
-        download.build_raw(DataParams(), raw, builder=breaks_halfway)
+        download.build_raw(DataParams(), "geospot", raw, builder=breaks_halfway)
     assert layout.csv_path(raw, "train").read_text() == "id\nold\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["raw"]
     with pytest.raises(RuntimeError, match=r"wrote no CSV for split\(s\) \['test'\]"):
-        download.build_raw(DataParams(), raw, builder=lambda p, out: layout.write_csv(
+        download.build_raw(DataParams(), "geospot", raw, builder=lambda p, out: layout.write_csv(
             layout.csv_path(out, "train"), ["id"], []))
 
 
 def test_nlvr2_raw_through_the_shard_stage(tmp_path):
-    params = DataParams(dataset="nlvr2", train_images=4, test_images=2, image_width=64, image_height=48)
-    stats = download.build_raw(params, tmp_path / "raw")
+    params = DataParams(train_images=4, test_images=2, image_width=64, image_height=48)
+    stats = download.build_raw(params, "nlvr2", tmp_path / "raw")
     assert (stats["train_rows"], stats["test_rows"]) == (4, 2)
-    manifest = sharding.shard_raw(tmp_path / "raw", tmp_path / "shards", "nlvr2", ShardParams())
+    manifest = sharding.shard_raw(tmp_path / "raw", tmp_path / "shards", envs.env_class("nlvr2").schema,
+                                  ShardParams())
     assert manifest["splits"]["train"]["kept"] == 4
     sample = read_split(tmp_path / "shards", "train")[0]
     assert len(sample.images) == 2 and isinstance(sample.meta["label"], bool) and sample.meta["sentence"]
@@ -63,8 +67,8 @@ def test_stage_scripts_log_to_mlflow(tmp_path, monkeypatch):
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
     monkeypatch.delenv("DVC_ROOT", raising=False)
     (tmp_path / "params.yaml").write_text(yaml.safe_dump({
-        "data": {"num_countries": 2, "train_images": 12, "test_images": 4, "image_width": 64, "image_height": 48,
-                 "cities_per_country": 3},
+        "data": {"train_images": 12, "test_images": 4, "image_width": 64, "image_height": 48,
+                 "geospot": {"num_countries": 2, "cities_per_country": 3}},
         "shard": {"shard_max_bytes": 65536}}))
     assert load_stage("download").main([]) == 0
     assert load_stage("shard").main([]) == 0
@@ -72,5 +76,6 @@ def test_stage_scripts_log_to_mlflow(tmp_path, monkeypatch):
     client = MlflowClient()
     runs = {r.data.tags["vlmgym.stage"]: r for r in client.search_runs(
         [e.experiment_id for e in client.search_experiments()])}
-    assert runs["download"].data.metrics["train_rows"] == 12 and runs["download"].data.params["num_countries"] == "2"
-    assert runs["shard"].data.metrics["test.kept"] == 4 and runs["shard"].data.params["data.dataset"] == "geospot"
+    assert runs["download"].data.metrics["train_rows"] == 12
+    assert runs["download"].data.params["geospot.num_countries"] == "2"
+    assert runs["shard"].data.metrics["test.kept"] == 4 and runs["shard"].data.params["env.name"] == "geospot"

@@ -12,11 +12,12 @@ import zipfile
 import numpy as np
 import pytest
 import reverse_geocoder
-from data_helpers import TINY_WORLD
+from data_helpers import TINY_GEO, TINY_WORLD
 from PIL import Image
 
-from vlmgym.data import layout, synthetic
-from vlmgym.data.scene import Place, render_scene
+from vlmgym.data import layout
+from vlmgym.envs.geospot import synthetic
+from vlmgym.envs.geospot.scene import Place, render_scene
 from vlmgym.params import ParamsError
 
 
@@ -76,7 +77,7 @@ def test_labels_are_reverse_geocoder_labels(tiny_raw):
 
 
 def test_countries_spread_and_closed_label_set(tiny_raw):
-    countries = synthetic.pick_countries(TINY_WORLD)
+    countries = synthetic.pick_countries(TINY_GEO)
     assert len(countries) == 3
     rows = read_rows(tiny_raw, "train") + read_rows(tiny_raw, "test")
     assert {r["country"] for r in rows} == set(countries)
@@ -85,14 +86,14 @@ def test_countries_spread_and_closed_label_set(tiny_raw):
     gaps = [haversine_km(*a, *b) for i, a in enumerate(centres) for b in centres[i + 1:]]
     assert min(gaps) > 3000  # well separated over the globe
     # The same countries whatever the seed: the class set is a property of the params, not of the draw.
-    assert synthetic.pick_countries(dataclasses.replace(TINY_WORLD, seed=11)) == countries
+    assert synthetic.pick_countries(dataclasses.replace(TINY_GEO)) == countries
 
 
 def test_explicit_countries_and_unknown_code():
-    chosen = dataclasses.replace(TINY_WORLD, countries=["FR", "BR"])
+    chosen = dataclasses.replace(TINY_GEO, countries=["FR", "BR"])
     assert synthetic.pick_countries(chosen) == ["BR", "FR"]
-    with pytest.raises(ParamsError, match="data.countries.*XX"):
-        synthetic.pick_countries(dataclasses.replace(TINY_WORLD, countries=["FR", "XX"]))
+    with pytest.raises(ParamsError, match="data.geospot.countries.*XX"):
+        synthetic.pick_countries(dataclasses.replace(TINY_GEO, countries=["FR", "XX"]))
 
 
 def test_train_and_test_places_disjoint(tiny_raw):
@@ -111,7 +112,7 @@ def test_jitter_stays_near_anchor_places(tiny_raw):
         lat, lon = float(row["latitude"]), float(row["longitude"])
         mask = table.cc == row["country"]
         nearest = min(haversine_km(lat, lon, a, o) for a, o in zip(table.lat[mask], table.lon[mask]))
-        assert nearest < 6 * TINY_WORLD.jitter_km
+        assert nearest < 6 * TINY_GEO.jitter_km
 
 
 def test_scene_depends_on_place_not_only_on_nuisance():

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from vlmgym.envs.geospot import render_answer
-from vlmgym.envs.geospot_parse import EMPTY_VALUES, FIELDS, parse_answer, scan_coordinates
+from vlmgym.envs.geospot.parse import EMPTY_VALUES, FIELDS, parse_answer, scan_coordinates
 
 CANONICAL = "Country: France\nRegion: Ile-de-France\nCity: Paris\nLatitude: 48.8534\nLongitude: 2.3488"
 PARIS = ("France", "Ile-de-France", "Paris", 48.8534, 2.3488)

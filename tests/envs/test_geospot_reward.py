@@ -13,10 +13,11 @@ from PIL import Image
 
 from vlmgym.envs import make
 from vlmgym.envs.geospot import render_answer
-from vlmgym.envs.geospot_parse import parse_answer
-from vlmgym.envs.geospot_reward import LEVELS, curriculum, taus
+from vlmgym.envs.geospot.params import GeospotParams
+from vlmgym.envs.geospot.parse import parse_answer
+from vlmgym.envs.geospot.reward import LEVELS, curriculum, taus
 from vlmgym.geo import country_display_name, gazetteer
-from vlmgym.params import GeospotParams, ParamsError
+from vlmgym.params import ParamsError
 
 IMAGE = Image.new("RGB", (4, 4))
 progress = st.floats(0, 1)

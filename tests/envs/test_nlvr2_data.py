@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from vlmgym.data import nlvr2
+from vlmgym.envs.nlvr2 import data as nlvr2
 from vlmgym.params import DataParams
 
 # --- an independent reading of the statements ----------------------------------------------------------
@@ -190,7 +190,7 @@ def read_raw(raw: Path, split: str) -> tuple[list[dict], dict[str, bytes]]:
 
 @pytest.fixture(scope="module")
 def synthetic_raw(tmp_path_factory):
-    params = DataParams(dataset="nlvr2", seed=7, train_images=24, test_images=9, image_width=128, image_height=96)
+    params = DataParams(seed=7, train_images=24, test_images=9, image_width=128, image_height=96)
     raw = tmp_path_factory.mktemp("raw")
     counts = nlvr2.write_synthetic_raw(params, raw)
     return params, raw, counts
@@ -296,7 +296,7 @@ def test_hub_classlabel_true_false_order_is_respected(tmp_path):
     # -1 is how `datasets` stores a missing ClassLabel: a counted skip, not the last name
     fixture = make_hub_fixture(tmp_path, datasets.ClassLabel(names=["True", "False"]), [0, 1, -1, 1, 0, 0])
     calls: list = []
-    params = DataParams(dataset="nlvr2", source="hub", train_images=4, test_images=10)
+    params = DataParams(source="hub", train_images=4, test_images=10)
     counts = nlvr2.download_hub_raw(params, tmp_path / "raw", load_fn=local_loader(fixture, calls))
     assert calls == [("HuggingFaceM4/NLVR2", "train"), ("HuggingFaceM4/NLVR2", "test")]
     assert counts == {"train_pairs": 4, "train_skipped_no_label": 1, "test_pairs": 2}
@@ -315,7 +315,7 @@ def test_hub_string_labels_and_counted_skips(tmp_path):
     import datasets
 
     fixture = make_hub_fixture(tmp_path, datasets.Value("string"), ["False", "true", None, "TRUE", "False", "True"])
-    params = DataParams(dataset="nlvr2", source="hub", hub_repo="someone/nlvr2-mirror", train_images=100)
+    params = DataParams(source="hub", hub_repo="someone/nlvr2-mirror", train_images=100)
     counts = nlvr2.download_hub_raw(params, tmp_path / "raw", load_fn=local_loader(fixture, []))
     assert counts == {"train_pairs": 5, "train_skipped_no_label": 1, "test_pairs": 2}
     rows, _ = read_raw(tmp_path / "raw", "train")
@@ -330,7 +330,7 @@ def test_hub_unusable_labels_fail_clearly(tmp_path):
     with pytest.raises(ValueError, match="int64"):
         nlvr2.label_decoder(datasets.Value("int64"))
     fixture = make_hub_fixture(tmp_path, datasets.Value("string"), ["True", "maybe"])
-    params = DataParams(dataset="nlvr2", source="hub", train_images=10)
+    params = DataParams(source="hub", train_images=10)
     with pytest.raises(ValueError, match=r"train row 1 \(id train-1-0-1\).*'maybe'"):
         nlvr2.download_hub_raw(params, tmp_path / "raw", load_fn=local_loader(fixture, []))
     assert not (tmp_path / "raw" / "train.csv").exists()

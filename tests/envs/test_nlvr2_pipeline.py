@@ -6,19 +6,19 @@ import numpy as np
 import pytest
 
 from vlmgym import envs
-from vlmgym.data import nlvr2
 from vlmgym.data.download import build_raw
 from vlmgym.data.sharding import shard_raw
+from vlmgym.envs.nlvr2 import data as nlvr2
 from vlmgym.params import DataParams, ShardParams
 
 
 @pytest.fixture(scope="module")
 def shards(tmp_path_factory):
     root = tmp_path_factory.mktemp("pipeline")
-    params = DataParams(dataset="nlvr2", source="synthetic", seed=2, train_images=6, test_images=10,
+    params = DataParams(source="synthetic", seed=2, train_images=6, test_images=10,
                         image_width=128, image_height=96, raw_dir=str(root / "raw"))
-    build_raw(params)
-    manifest = shard_raw(root / "raw", root / "shards", "nlvr2", ShardParams())
+    build_raw(params, "nlvr2")
+    manifest = shard_raw(root / "raw", root / "shards", envs.env_class("nlvr2").schema, ShardParams())
     return params, root / "shards", manifest
 
 

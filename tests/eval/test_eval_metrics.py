@@ -7,16 +7,8 @@ import math
 import numpy as np
 import pytest
 
-from vlmgym.eval.metrics import (
-    MISSING_DISTANCE_KM,
-    align_by_id,
-    compare,
-    coordinate,
-    evaluate,
-    evaluate_policies,
-    geospot_statistics,
-    sample_distances_km,
-)
+from vlmgym.envs.geospot.metrics import MISSING_DISTANCE_KM, coordinate, sample_distances_km, statistics
+from vlmgym.eval.metrics import align_by_id, compare, evaluate, evaluate_policies, statistics_for
 
 KM_PER_DEGREE = 2 * math.pi * 6371.0 / 360  # along a meridian of the 6371 km sphere
 PARIS = {"latitude": 48.8566, "longitude": 2.3522, "country": "FR", "region": "Ile-de-France",
@@ -101,7 +93,7 @@ def test_area_accuracy_reverse_geocodes_the_prediction():
         record("berlin", 52.52, 13.405),           # nothing right
         record("windhoek", -22.5609, 17.0658, namibia),  # 'NA' stays Namibia; OSV-5M's 'NaN' admin2 is empty
     ]
-    stats = geospot_statistics(records)
+    stats = statistics(records)
     hits = {level: stats[f"acc_{level}"].values.tolist() for level in ("country", "region", "sub_region", "city")}
     assert hits["country"] == [1, 1, 1, 0, 1]
     assert hits["region"] == [1, 1, 0, 0, 1]
@@ -143,7 +135,7 @@ def test_coordinate_reading():
 
 def test_format_ok_from_the_env_is_respected():
     records = [record("a", 48.86, 2.35, format_ok=False), record("b", 48.86, 2.35, format_ok=True)]
-    stats = geospot_statistics(records, reverse_geocoder=_places)
+    stats = statistics_for("geospot", records, reverse_geocoder=_places)
     assert stats["format_valid_rate"].point() == 0.5
 
 
@@ -158,7 +150,7 @@ def test_mean_reward_and_bad_records_are_named():
         evaluate("geospot", [record("y", 1, 2, truth={"latitude": "?", "longitude": 2})], reverse_geocoder=_places)
     with pytest.raises(ValueError, match="no geospot records"):
         evaluate("geospot", [])
-    with pytest.raises(ValueError, match="no metrics for environment 'chess'"):
+    with pytest.raises(KeyError, match="unknown env 'chess'"):
         evaluate("chess", records)
 
 

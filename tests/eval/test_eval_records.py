@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from vlmgym.envs.geospot.metrics import MISSING_DISTANCE_KM
 from vlmgym.envs.nlvr2 import NLVR2Env
-from vlmgym.eval.metrics import MISSING_DISTANCE_KM, evaluate
+from vlmgym.eval.metrics import evaluate
 from vlmgym.eval.records import read_jsonl, rollout_record, write_jsonl, write_metrics_json
 
 GEOSPOT_META = {"id": "0042", "latitude": 48.8566, "longitude": 2.3522, "country": "FR", "region": "Ile-de-France",
@@ -19,7 +20,7 @@ GEOSPOT_META = {"id": "0042", "latitude": 48.8566, "longitude": 2.3522, "country
 
 
 def geospot_info(lat, lon, format_ok=True):
-    """The fields of a geospot step's info that records read (names as vlmgym.envs.geospot_reward writes them)."""
+    """The fields of a geospot step's info that records read (names as vlmgym.envs.geospot.reward writes them)."""
     return {"pred_country": "FR", "pred_region": "Ile-de-France", "pred_city": "Paris", "pred_latitude": lat,
             "pred_longitude": lon, "format_ok": format_ok, "k_country": 1.0, "k_coords": np.float64(0.9),
             "d_coords_km": 1.2, "content_reward": 0.95, "format_reward": 1.0, "progress": 0.5}
@@ -60,7 +61,7 @@ def test_nlvr2_record_from_a_real_env_step():
 
 
 def test_unknown_env_is_a_clear_error():
-    with pytest.raises(ValueError, match="no rollout record schema for environment 'chess'"):
+    with pytest.raises(KeyError, match="unknown env 'chess'"):
         rollout_record("chess", "1", "e4", 0.0, {}, {})
 
 

@@ -11,23 +11,13 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from vlmgym.eval.metrics import MISSING_DISTANCE_KM, evaluate_policies
+from vlmgym.envs.geospot.metrics import MISSING_DISTANCE_KM
+from vlmgym.envs.geospot.params import GeospotParams
+from vlmgym.envs.geospot.report import basemap_points, map_segments, plot_distance_cdf_png, write_distance_cdf_csv
+from vlmgym.eval.metrics import evaluate_policies
 from vlmgym.eval.outputs import mlflow_metrics, write_evaluation
-from vlmgym.eval.plots import (
-    plot_distance_cdf_png,
-    plot_reward_curve_png,
-    write_distance_cdf_csv,
-    write_reward_curve_csv,
-)
-from vlmgym.eval.report import (
-    basemap_points,
-    map_segments,
-    markdown_table,
-    render_html,
-    thumbnail_data_uri,
-    write_html,
-    write_markdown,
-)
+from vlmgym.eval.plots import plot_reward_curve_png, write_reward_curve_csv
+from vlmgym.eval.report import markdown_table, render_html, thumbnail_data_uri, write_html, write_markdown
 
 FIXTURES = Path(__file__).resolve().parents[3] / "shared" / "fixtures" / "osv5m-sample" / "images"
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -74,8 +64,7 @@ def policies(images):
 @pytest.fixture(scope="module")
 def page(images, policies):
     results = evaluate_policies("geospot", policies, n_resamples=100, reverse_geocoder=nowhere)
-    basemap = np.array([[0.0, 0.0], [45.0, 90.0], [-45.0, -90.0]])
-    return render_html("geospot", results, policies, images, basemap=basemap)
+    return render_html("geospot", results, policies, images, env_params=GeospotParams(map_base_points=3))
 
 
 def test_page_is_self_contained(page):
@@ -117,11 +106,11 @@ def test_write_html_and_markdown_atomically(tmp_path, images, policies):
                        "acc_country": 0.5, "acc_country_ci_low": 0.25, "acc_country_ci_high": 0.75},
                "grpo_minus_sft": {"n": 6.0, "geoscore": 120.0, "geoscore_ci_low": 20.0, "geoscore_ci_high": 220.0,
                                   "acc_country": float("nan")}}
-    table = markdown_table(results)
+    table = markdown_table("geospot", results)
     assert "| metric | sft | grpo_minus_sft |" in table
     assert "| GeoScore | 3000 [2500, 3500] | +120 [+20, +220] |" in table
     assert "| country | 50.0% [25.0%, 75.0%] | n/a |" in table
-    write_markdown(tmp_path / "reports" / "eval.md", results)
+    write_markdown(tmp_path / "reports" / "eval.md", "geospot", results)
     write_html(tmp_path / "reports" / "eval.html", "geospot", results, policies, images)
     assert sorted(p.name for p in (tmp_path / "reports").iterdir()) == ["eval.html", "eval.md"]
     assert (tmp_path / "reports" / "eval.md").read_text().startswith("# Evaluation\n")
@@ -172,7 +161,8 @@ def test_distance_cdf_and_reward_curve_files(tmp_path):
 
 def test_write_evaluation_writes_every_output(tmp_path, images, policies):
     outputs = write_evaluation("geospot", policies, images, out_root=tmp_path, reward_curve=[(0, 0.1), (5, 0.4)],
-                               n_resamples=50, max_samples=4, map_base_points=500, reverse_geocoder=nowhere)
+                               n_resamples=50, max_samples=4, env_params=GeospotParams(map_base_points=500),
+                               metric_options={"reverse_geocoder": nowhere})
     assert set(outputs.results) == {"sft", "grpo", "grpo_minus_sft"}
     assert sorted(str(p.relative_to(tmp_path)) for p in outputs.files.values()) == sorted(
         ["metrics/eval.json", "reports/eval.md", "reports/eval.html", "metrics/plots/distance_cdf.csv",

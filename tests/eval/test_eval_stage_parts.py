@@ -11,6 +11,7 @@ import jax
 import numpy as np
 import pytest
 
+from vlmgym.envs.nlvr2 import NLVR2Env
 from vlmgym.eval.hf_baseline import answer_through_eos, token_agreement
 from vlmgym.eval.report import sections_markdown
 from vlmgym.eval.rollouts import answer_split
@@ -31,6 +32,9 @@ class FakeEnv:
     keys: list[str]
     name: str = "nlvr2"
     scored: list = field(default_factory=list)
+    # nlvr2's rollout record schema (answer_split builds each record with the env's class)
+    record_fields = NLVR2Env.record_fields
+    finish_record = NLVR2Env.finish_record
 
     def __len__(self) -> int:
         return len(self.keys)

@@ -10,44 +10,14 @@ from __future__ import annotations
 import csv
 import json
 import os
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
+from pipeline_helpers import VENV_BIN, fresh_checkout, run_checked, stages_run
 
-REPO = Path(__file__).resolve().parents[2]
-VENV_BIN = Path(sys.executable).parent
 STAGES = ["download", "shard", "base_model", "convert", "sft", "train", "rollout", "export", "evaluate"]
 POLICIES = ["base", "sft", "grpo"]
-# Top-level folders that only hold pipeline outputs (or local state): never copied into the fresh checkout.
-OUTPUT_DIRS = ("data", "models", "outputs", "metrics", "reports", "checkpoints", "mlartifacts")
-
-
-def _run(args: list[str], cwd: Path, env: dict[str, str], timeout: int = 600) -> subprocess.CompletedProcess:
-    result = subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
-    if result.returncode != 0:
-        raise AssertionError(f"{' '.join(args)} failed ({result.returncode}):\n{result.stdout[-4000:]}\n"
-                             f"{result.stderr[-6000:]}")
-    return result
-
-
-def _stages_run(output: str) -> list[str]:
-    """Stage names in the order `dvc repro` ran them ("Running stage 'x':" lines; --dry prints the same)."""
-    return [line.split("'")[1] for line in output.splitlines() if line.startswith("Running stage '")]
-
-
-def _fresh_checkout(dest: Path) -> None:
-    """The repository's files as a clone would have them (tracked plus not-yet-committed, not ignored)."""
-    listed = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"], cwd=REPO,
-                            capture_output=True, text=True, check=True).stdout.split("\0")
-    for name in filter(None, listed):
-        if name.split("/", 1)[0] in OUTPUT_DIRS or name == "dvc.lock" or not (REPO / name).is_file():
-            continue
-        (dest / name).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(REPO / name, dest / name)
 
 
 @pytest.fixture(scope="module")
@@ -56,18 +26,18 @@ def pipeline(tmp_path_factory):
     from vlmgym.presets import apply_preset
 
     root = tmp_path_factory.mktemp("pipeline")
-    _fresh_checkout(root)
+    fresh_checkout(root)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DVC_", "VLMGYM_", "MLFLOW_"))}
     env.update(PATH=f"{VENV_BIN}{os.pathsep}{env.get('PATH', '')}", PYTHONPATH=str(root / "src"),
                MLFLOW_TRACKING_URI=f"sqlite:///{root / 'mlflow.db'}", GIT_AUTHOR_NAME="e2e", GIT_AUTHOR_EMAIL="e2e@x",
                GIT_COMMITTER_NAME="e2e", GIT_COMMITTER_EMAIL="e2e@x")
-    _run(["git", "init", "-q"], root, env)
+    run_checked(["git", "init", "-q"], root, env)
     if not (root / ".dvc").is_dir():
-        _run(["dvc", "init", "-q"], root, env)
+        run_checked(["dvc", "init", "-q"], root, env)
     apply_preset(root / "configs" / "micro.yaml", root / "params.yaml")
-    _run(["git", "add", "-A"], root, env)
-    _run(["git", "commit", "-qm", "micro preset"], root, env)
-    first = _run(["dvc", "repro"], root, env)
+    run_checked(["git", "add", "-A"], root, env)
+    run_checked(["git", "commit", "-qm", "micro preset"], root, env)
+    first = run_checked(["dvc", "repro"], root, env)
     return {"root": root, "env": env, "first": first.stdout}
 
 
@@ -81,7 +51,7 @@ def _mlflow_runs(root: Path) -> list:
 
 
 def test_every_stage_runs_once_in_order(pipeline):
-    assert _stages_run(pipeline["first"]) == STAGES
+    assert stages_run(pipeline["first"]) == STAGES
 
 
 def test_data_and_models(pipeline):
@@ -165,8 +135,8 @@ def test_one_mlflow_run_per_stage_with_lineage(pipeline):
 def test_second_repro_is_a_no_op_and_train_param_reruns_downstream(pipeline):
     root, env = pipeline["root"], pipeline["env"]
     lock = (root / "dvc.lock").read_bytes()
-    again = _run(["dvc", "repro"], root, env)
-    assert _stages_run(again.stdout) == []
+    again = run_checked(["dvc", "repro"], root, env)
+    assert stages_run(again.stdout) == []
     assert (root / "dvc.lock").read_bytes() == lock
     assert len(_mlflow_runs(root)) == len(STAGES)
     before = yaml.safe_load(lock)["stages"]
@@ -176,16 +146,16 @@ def test_second_repro_is_a_no_op_and_train_param_reruns_downstream(pipeline):
     params = yaml.safe_load((root / "params.yaml").read_text())
     params["train"]["lr"] = params["train"]["lr"] * 2
     (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
-    same = _run(["dvc", "repro"], root, env)
-    assert _stages_run(same.stdout) == ["train"]
+    same = run_checked(["dvc", "repro"], root, env)
+    assert stages_run(same.stdout) == ["train"]
     middle = yaml.safe_load((root / "dvc.lock").read_bytes())["stages"]
     assert middle["train"]["params"]["params.yaml"]["train"]["lr"] == params["train"]["lr"]
     assert middle["train"]["outs"] == before["train"]["outs"]
     # Weight decay moves the matrices even with zero advantages: new weights, and what follows them reruns.
     params["train"]["weight_decay"] = 0.5
     (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
-    rerun = _run(["dvc", "repro"], root, env)
-    assert _stages_run(rerun.stdout) == ["train", "rollout", "export", "evaluate"]
+    rerun = run_checked(["dvc", "repro"], root, env)
+    assert stages_run(rerun.stdout) == ["train", "rollout", "export", "evaluate"]
     after = yaml.safe_load((root / "dvc.lock").read_bytes())["stages"]
     for stage in ("download", "shard", "base_model", "convert", "sft"):
         assert after[stage] == before[stage], stage

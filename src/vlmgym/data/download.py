@@ -1,4 +1,5 @@
-"""The download stage's library: build the raw layout for (data.dataset, data.source), atomically."""
+"""The download stage's library: the env's raw layout for `data.source` (its generator or its hub loader),
+written atomically."""
 
 from __future__ import annotations
 
@@ -7,39 +8,27 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from vlmgym.atomic import atomic_dir
 from vlmgym.data import layout
 from vlmgym.params import DataParams
 
 
-def raw_builder(params: DataParams) -> Callable[[DataParams, Path], Any]:
-    """The function that writes the raw layout for this dataset and source into a folder."""
-    if params.dataset == "geospot":
-        if params.source == "synthetic":
-            from vlmgym.data.synthetic import write_synthetic_raw
-
-            return write_synthetic_raw
-        from vlmgym.data.osv5m import download_hub_raw
-
-        return download_hub_raw
-    if params.dataset == "nlvr2":
-        from vlmgym.data import nlvr2
-
-        return nlvr2.write_synthetic_raw if params.source == "synthetic" else nlvr2.download_hub_raw
-    raise ValueError(f"data.dataset: no raw builder for {params.dataset!r}")
-
-
-def build_raw(params: DataParams, raw_dir: Path | None = None,
+def build_raw(params: DataParams, env: Any, raw_dir: Path | None = None,
               builder: Callable[[DataParams, Path], Any] | None = None) -> dict:
-    """Write the raw layout to a temp folder and rename it onto raw_dir; returns stats (counts, bytes, seconds)."""
+    """Write env's raw layout (an Env class or name; `builder` replaces its Env.build_raw) to a temp folder and
+    rename it onto raw_dir; returns stats (counts, bytes, seconds)."""
+    from vlmgym.envs import env_class
+
+    env = env_class(env) if isinstance(env, str) else env
     raw_dir = Path(raw_dir or params.raw_dir)
-    builder = builder or raw_builder(params)
+    builder = builder or env.build_raw
     start = time.perf_counter()
-    with layout.atomic_dir(raw_dir) as tmp:
+    with atomic_dir(raw_dir) as tmp:
         details = builder(params, tmp) or {}
         missing = [split for split in layout.SPLITS if not layout.csv_path(tmp, split).exists()]
         if missing:
-            raise RuntimeError(f"raw builder for {params.dataset}/{params.source} wrote no CSV for split(s) {missing}")
-        stats = {"dataset": params.dataset, "source": params.source, "details": details}
+            raise RuntimeError(f"raw builder for {env.name}/{params.source} wrote no CSV for split(s) {missing}")
+        stats = {"dataset": env.name, "source": params.source, "details": details}
         for split in layout.SPLITS:
             stats[f"{split}_rows"] = sum(1 for _ in layout.iter_csv(layout.csv_path(tmp, split)))
             stats[f"{split}_zips"] = len(layout.split_zips(tmp, split))

@@ -13,8 +13,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
-# atomic_dir is re-exported: the download, shard and rollout code import both helpers from here.
-from vlmgym.atomic import atomic_dir, atomic_file  # noqa: F401
+from vlmgym.atomic import atomic_file
 
 SPLITS = ("train", "test")
 

@@ -1,7 +1,8 @@
 """The shard stage's library: validate raw rows, resize images, write webdataset tars plus a manifest.
 
-One code path for every dataset; a RowSchema says which columns a dataset's
-CSV needs, which images a row refers to and what goes into the sample's json.
+One code path for every env; the env's RowSchema (vlmgym.data.rows) says which
+columns its CSV needs, which images a row refers to and what goes into the
+sample's json.
 Output is deterministic (rows sorted by key, fixed tar headers), every tar is
 written to a temp name and renamed, and the whole output folder is built beside
 the old one and swapped in only when complete.
@@ -14,96 +15,28 @@ import json
 import logging
 import math
 import os
-import re
 import tarfile
 import zipfile
 import zlib
 from collections import Counter
-from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
 from PIL import Image, ImageOps
 from tqdm import tqdm
 
+from vlmgym.atomic import atomic_dir
 from vlmgym.data import layout
+from vlmgym.data.rows import Row, RowSchema, RowSkip
 from vlmgym.params import ShardParams
 
 log = logging.getLogger(__name__)
 
 MAX_EXAMPLES = 5  # example rows per skip reason kept in the manifest
-SAFE_KEY = re.compile(r"^[A-Za-z0-9_-]+$")  # webdataset splits names at dots: keys must have none
-
-
-class RowSkip(Exception):
-    """A raw row that cannot become a sample; `reason` is the manifest counter it adds to."""
-
-    def __init__(self, reason: str, detail: str):
-        super().__init__(f"{reason}: {detail}")
-        self.reason = reason
 
 
 class ShardError(ValueError):
     """The raw data cannot be sharded at all (missing file, missing columns, nothing valid)."""
-
-
-@dataclass(frozen=True)
-class Row:
-    """A validated row: its sample key, the image file names it needs and its json metadata."""
-
-    key: str
-    images: tuple[str, ...]
-    meta: dict
-
-
-@dataclass(frozen=True)
-class RowSchema:
-    """How one dataset's raw CSV rows become samples."""
-
-    dataset: str
-    required: tuple[str, ...]
-    image_exts: tuple[str, ...]  # tar extension of each image, in row order
-    parse: Callable[[dict[str, str]], Row]
-
-
-def _parse_geospot(rec: dict[str, str]) -> Row:
-    image_id = rec["id"].strip()
-    if not SAFE_KEY.match(image_id):
-        raise RowSkip("bad_id", f"id {rec['id']!r} is not a plain token")
-    try:
-        lat, lon = float(rec["latitude"]), float(rec["longitude"])
-    except ValueError as err:
-        raise RowSkip("bad_coordinates", f"latitude {rec['latitude']!r} / longitude {rec['longitude']!r}") from err
-    if not (math.isfinite(lat) and math.isfinite(lon) and -90 <= lat <= 90 and -180 <= lon <= 180):
-        raise RowSkip("bad_coordinates", f"({lat}, {lon}) out of range")
-    if not rec["country"]:
-        raise RowSkip("missing_country", "empty country")
-    meta = {"id": image_id, "latitude": lat, "longitude": lon, "country": rec["country"], "region": rec["region"],
-            "sub_region": rec["sub-region"], "city": rec["city"]}
-    return Row(image_id, (f"{image_id}.jpg",), meta)
-
-
-def _parse_nlvr2(rec: dict[str, str]) -> Row:
-    pair_id = rec["id"].strip()
-    key = re.sub(r"[^A-Za-z0-9_-]", "_", pair_id)
-    if not pair_id:
-        raise RowSkip("bad_id", "empty id")
-    sentence = " ".join(rec["sentence"].split())
-    if not sentence:
-        raise RowSkip("missing_sentence", "empty sentence")
-    if rec["label"] not in ("True", "False"):
-        raise RowSkip("bad_label", f"label {rec['label']!r} is not True/False")
-    if not rec["left"] or not rec["right"]:
-        raise RowSkip("image_missing", "empty left/right image name")
-    return Row(key, (rec["left"], rec["right"]), {"id": pair_id, "sentence": sentence, "label": rec["label"] == "True"})
-
-
-SCHEMAS = {
-    "geospot": RowSchema("geospot", ("id", "latitude", "longitude", "country", "region", "sub-region", "city"),
-                         ("jpg",), _parse_geospot),
-    "nlvr2": RowSchema("nlvr2", ("id", "sentence", "label", "left", "right"), ("left.jpg", "right.jpg"),
-                       _parse_nlvr2),
-}
 
 
 def prepare_image(data: bytes, max_pixels: int, quality: int) -> bytes:
@@ -180,7 +113,7 @@ def read_rows(raw_dir: Path, split: str, schema: RowSchema, index: layout.ZipInd
     header = layout.read_header(path)
     missing = [c for c in schema.required if c not in header]
     if missing:
-        raise ShardError(f"{path}: header lacks column(s) {missing} needed for dataset {schema.dataset}")
+        raise ShardError(f"{path}: header lacks column(s) {missing} needed by env {schema.name}")
 
     def skip(reason: str, where: str) -> None:
         skipped[reason] += 1
@@ -254,13 +187,10 @@ def shard_split(raw_dir: Path, split: str, schema: RowSchema, params: ShardParam
             "shards": writer.shards}
 
 
-def shard_raw(raw_dir: Path, out_dir: Path, dataset: str, params: ShardParams) -> dict:
+def shard_raw(raw_dir: Path, out_dir: Path, schema: RowSchema, params: ShardParams) -> dict:
     """Shard both splits of a raw layout into out_dir (swapped in atomically) with manifest.json; returns it."""
-    if dataset not in SCHEMAS:
-        raise ShardError(f"data.dataset: no row schema for {dataset!r} (known: {sorted(SCHEMAS)})")
-    schema = SCHEMAS[dataset]
-    manifest = {"dataset": dataset, "params": asdict(params), "splits": {}}
-    with layout.atomic_dir(Path(out_dir)) as tmp:
+    manifest = {"dataset": schema.name, "params": asdict(params), "splits": {}}
+    with atomic_dir(Path(out_dir)) as tmp:
         for split in layout.SPLITS:
             manifest["splits"][split] = shard_split(Path(raw_dir), split, schema, params, tmp / split)
         (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")

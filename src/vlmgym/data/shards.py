@@ -8,8 +8,6 @@ from pathlib import Path
 import webdataset as wds
 from PIL import Image
 
-# Order of a sample's images: geospot has one `.jpg`, nlvr2 a `.left.jpg` and a `.right.jpg`.
-IMAGE_ORDER = ("jpg", "left.jpg", "right.jpg")
 IMAGE_TYPES = ("jpg", "jpeg", "png")
 
 
@@ -30,19 +28,24 @@ def split_shards(shards_dir: str | Path, split: str) -> list[Path]:
     return sorted(folder.glob("shard-*.tar"))
 
 
-def _image_rank(ext: str) -> tuple[int, str]:
-    return (IMAGE_ORDER.index(ext), ext) if ext in IMAGE_ORDER else (len(IMAGE_ORDER), ext)
+def read_split(shards_dir: str | Path, split: str, limit: int | None = None,
+               image_exts: tuple[str, ...] | None = None) -> list[Sample]:
+    """Decode the first `limit` samples (all when None) of a split with webdataset.WebDataset.
 
+    A sample's images come in the order of `image_exts` (an env schema's, e.g. ("left.jpg", "right.jpg")),
+    then any others by name; without it, by name."""
+    order = tuple(image_exts or ())
 
-def read_split(shards_dir: str | Path, split: str, limit: int | None = None) -> list[Sample]:
-    """Decode the first `limit` samples (all when None) of a split with webdataset.WebDataset."""
+    def rank(ext: str) -> tuple[int, str]:
+        return (order.index(ext), ext) if ext in order else (len(order), ext)
+
     urls = [str(p) for p in split_shards(shards_dir, split)]
     if not urls or limit == 0:
         return []
     dataset = wds.WebDataset(urls, shardshuffle=False, empty_check=False).decode("pil")
     samples = []
     for raw in dataset:
-        exts = sorted((k for k in raw if k.rsplit(".", 1)[-1] in IMAGE_TYPES), key=_image_rank)
+        exts = sorted((k for k in raw if k.rsplit(".", 1)[-1] in IMAGE_TYPES), key=rank)
         if "json" not in raw:
             raise ValueError(f"{raw.get('__url__')}: sample {raw['__key__']!r} has no .json")
         samples.append(Sample(key=raw["__key__"], images=[raw[k].convert("RGB") for k in exts], meta=raw["json"]))

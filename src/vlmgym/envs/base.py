@@ -1,17 +1,38 @@
-"""The environment API: single-step episodes over samples from the webdataset shards.
+"""The environment API and plug-in interface: one Env subclass is one task, and owns everything the pipeline
+needs of it.
 
+Episodes are single-step, over samples from the webdataset shards:
 `reset(idx) -> (state, obs)` shows the images and the question; the truth stays in `state`.
 `step(state, action_tokens) -> (state, [], reward, done, info)` decodes the answer and scores it; `info` carries
 every named reward component. `step` does not mutate `state`, so GRPO scores a group of answers against one reset.
+
+What a task provides, by pipeline stage (class attributes and classmethods, so the stages that never load
+samples need no instance):
+- params: `Params` (its section `env.<name>`) and `DataParams` (`data.<name>`, the generator's settings),
+  validated by vlmgym.params like every other section.
+- download: `write_synthetic` (the embedded offline generator, the default) and `download_hub` (a public
+  dataset, where one exists), both writing the raw layout (vlmgym.data.layout); `generate(n)` makes samples in
+  memory from the same generator.
+- shard: `schema` (vlmgym.data.rows.RowSchema: CSV columns, images, row validation).
+- sft / train / rollout: `prompt`, `score`, `ideal_answer`, `corpus` (the tokenizer's texts).
+- evaluate: `record_fields` / `finish_record` (the per-sample record), `task_statistics` (metrics as
+  bootstrap-able arrays), `metric_rows` (their table labels), `truth_text` / `outcome_text` (gallery rows),
+  `report_html` and `write_report_files` (task plots and page sections).
 """
 
 from __future__ import annotations
 
 import abc
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Protocol
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+
+if TYPE_CHECKING:
+    from vlmgym.data.rows import RowSchema
+    from vlmgym.eval.bootstrap import Statistic
+    from vlmgym.params import DataParams
 
 
 class SampleLike(Protocol):
@@ -36,17 +57,25 @@ class State:
 
 
 class Env(abc.ABC):
-    """Base class: subclasses set `name` and implement `prompt` and `score` (and usually `corpus`)."""
+    """Base class: subclasses set `name` and implement `prompt` and `score`; the pipeline needs the rest of the
+    interface below (see the module docstring), each part with a default where one makes sense."""
 
-    name: str = "env"
+    name: ClassVar[str] = "env"
+    Params: ClassVar[type | None] = None  # dataclass of the section env.<name> (None: the env takes no settings)
+    DataParams: ClassVar[type | None] = None  # dataclass of data.<name>: the generator's settings
+    schema: ClassVar[RowSchema | None] = None  # how the raw layout's CSV rows become shard samples
+    # metric -> (table label, kind: rate | km | score | reward | count), in table order; kinds pick the format
+    metric_rows: ClassVar[dict[str, tuple[str, str]]] = {}
 
     def __init__(self, samples: Sequence[SampleLike] | None = None, *, shards_dir: str = "data/shards",
-                 split: str = "train", limit: int | None = None, tokenizer: Any = None):
-        """Serve `samples`, or read `split` from the webdataset shards in `shards_dir` when none are given."""
+                 split: str = "train", limit: int | None = None, tokenizer: Any = None, params: Any = None):
+        """Serve `samples`, or read `split` from the webdataset shards in `shards_dir` when none are given;
+        `params` is the env's own section (an instance of `Params`; None: its defaults)."""
         if samples is None:
             from vlmgym.data.shards import read_split
 
-            samples = read_split(shards_dir, split, limit)
+            image_exts = self.schema.image_exts if self.schema is not None else None
+            samples = read_split(shards_dir, split, limit, image_exts=image_exts)
             where = f"{shards_dir}/{split}"
         else:
             samples = list(samples)[:limit] if limit is not None else list(samples)
@@ -55,6 +84,7 @@ class Env(abc.ABC):
             raise ValueError(f"{self.name}: no samples in {where}")
         self.samples = samples
         self.tokenizer = tokenizer
+        self.params = params if params is not None else (self.Params() if self.Params is not None else None)
         self.progress = 0.0
 
     def __len__(self) -> int:
@@ -93,7 +123,7 @@ class Env(abc.ABC):
         reward, info = self.score(state, text)
         return replace(state, done=True, answer=text), [], float(reward), True, info
 
-    # --- what a subclass provides -------------------------------------------
+    # --- interaction: what a subclass provides -------------------------------
 
     @abc.abstractmethod
     def prompt(self, sample: SampleLike) -> str:
@@ -101,13 +131,102 @@ class Env(abc.ABC):
 
     @abc.abstractmethod
     def score(self, state: State, text: str) -> tuple[float, dict]:
-        """(reward, info with the named reward components) of answer `text` in episode `state`."""
+        """(reward, info with the named reward components) of answer `text` in episode `state`.
+
+        Never raises on a model's answer: garbage scores 0 with `format_ok` False in `info`."""
 
     def prepare_truth(self, sample: SampleLike) -> Any:
         """Anything worth computing once per reset rather than once per answer (default: nothing)."""
         return None
 
+    def ideal_answer(self, meta: dict) -> str:
+        """The perfect answer for a sample's meta: the SFT target (default: none, so SFT cannot run)."""
+        raise NotImplementedError(f"env {self.name!r} has no ideal_answer, so it cannot be the SFT target; "
+                                  "set sft.steps: 0 or implement ideal_answer(meta)")
+
     @classmethod
     def corpus(cls) -> list[str]:
         """Texts the tokenizer should cover for this env: prompts, answer templates, names (default: none)."""
         return []
+
+    # --- data ------------------------------------------------------------------
+
+    @classmethod
+    def data_settings(cls, data: DataParams) -> Any:
+        """This env's section of `data` (data.<name>), or its defaults; None when the env has no DataParams."""
+        section = data.sections.get(cls.name)
+        if section is None and cls.DataParams is not None:
+            section = cls.DataParams()
+        return section
+
+    @classmethod
+    def write_synthetic(cls, data: DataParams, out_dir: Path) -> dict:
+        """Write the embedded offline dataset in the raw layout (CSV + image zips per split); returns details."""
+        raise NotImplementedError(f"env {cls.name!r} has no embedded generator (data.source: synthetic)")
+
+    @classmethod
+    def download_hub(cls, data: DataParams, out_dir: Path) -> dict:
+        """Download the env's public dataset into the raw layout; returns details."""
+        raise NotImplementedError(f"env {cls.name!r} has no public dataset loader (data.source: hub); "
+                                  "use data.source: synthetic")
+
+    @classmethod
+    def build_raw(cls, data: DataParams, out_dir: Path) -> dict:
+        """The raw layout for `data.source` (synthetic or hub), written into `out_dir`."""
+        writer = cls.write_synthetic if data.source == "synthetic" else cls.download_hub
+        return writer(data, Path(out_dir)) or {}
+
+    @classmethod
+    def generate(cls, n: int, *, seed: int = 0, split: str = "train", data: DataParams | None = None) -> list:
+        """`n` samples of the embedded generator in memory (vlmgym.data.shards.Sample: key, PIL images, meta),
+        validated by the env's schema as the shard stage does (without its resizing)."""
+        from vlmgym.data.raw_samples import generate_samples
+
+        return generate_samples(cls, n, seed=seed, split=split, data=data)
+
+    # --- evaluation ------------------------------------------------------------
+
+    @classmethod
+    def record_fields(cls, info: Mapping[str, Any], meta: Mapping[str, Any]) -> dict[str, Any]:
+        """The env's fields of a rollout record (after id, policy, env, answer): what the answer parsed to and
+        the truth (default: info["parsed"] and the whole meta)."""
+        return {"parsed": info.get("parsed"), "truth": dict(meta)}
+
+    @classmethod
+    def finish_record(cls, record: dict[str, Any]) -> dict[str, Any]:
+        """Fields derived from a complete, JSON-safe record, appended last (default: none)."""
+        return record
+
+    @classmethod
+    def usable_prediction(cls, record: Mapping[str, Any]) -> bool:
+        """Whether the record holds a prediction the metrics can use (with format_ok: the format-valid rate)."""
+        return True
+
+    @classmethod
+    def task_statistics(cls, records: Sequence[Mapping[str, Any]], **options: Any) -> dict[str, Statistic]:
+        """Per-sample arrays of the env's own metrics (vlmgym.eval.bootstrap.Statistic), before the shared
+        format-valid rate and mean reward; `options` are the env's (e.g. a test's reverse geocoder)."""
+        return {}
+
+    @classmethod
+    def truth_text(cls, truth: Mapping[str, Any]) -> str:
+        """One line describing a record's truth in the report's gallery."""
+        return ", ".join(f"{k}: {v}" for k, v in truth.items())
+
+    @classmethod
+    def outcome_text(cls, record: Mapping[str, Any]) -> str:
+        """How one answer did, in a gallery row (default: its reward components)."""
+        components = record.get("reward_components") or {}
+        return ", ".join(f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}" for k, v in components.items())
+
+    @classmethod
+    def report_html(cls, records_by_policy: Mapping[str, Sequence[Mapping[str, Any]]], params: Any) -> str:
+        """The env's own part of reports/eval.html (placed before the gallery; default: none)."""
+        return ""
+
+    @classmethod
+    def write_report_files(cls, out_root: Path, records_by_policy: Mapping[str, Sequence[Mapping[str, Any]]],
+                           params: Any) -> tuple[dict[str, Path], dict[str, Path]]:
+        """Write the env's plots and data files under out_root; returns ({role: path}, {caption: PNG embedded in
+        the page}) (default: none)."""
+        return {}, {}

@@ -1,22 +1,39 @@
-"""Environment registry: names -> classes, imported only when first made (so importing vlmgym.envs is cheap)."""
+"""Environment registry: names -> Env classes, imported only when first made (so importing vlmgym.envs is cheap).
+
+An env is found by `env.name` in three ways:
+- a built-in name (geospot, nlvr2) or one added with `register(name, "package.module:Class")`;
+- an entry point of group `vlmgym.envs` of an installed package, e.g. in its pyproject.toml
+  `[project.entry-points."vlmgym.envs"]` then `colour = "my_package.colour:ColourEnv"`;
+- `package.module:Class` itself (importable from sys.path; the working directory is tried too, so a module
+  beside params.yaml works), registered under the class's `name` on first use.
+"""
 
 from __future__ import annotations
 
 import importlib
+import importlib.metadata
+import os
+import sys
+from typing import Any
 
 from vlmgym.envs.base import Env
 
-_REGISTRY: dict[str, str | type[Env]] = {
+ENTRY_POINT_GROUP = "vlmgym.envs"
+DEFAULT_ENV = "geospot"
+# The envs shipped with vlmgym; the tiny tokenizer is trained on their texts (plus the active env's).
+BUILTIN: dict[str, str] = {
     "geospot": "vlmgym.envs.geospot:GeospotEnv",
     "nlvr2": "vlmgym.envs.nlvr2:NLVR2Env",
 }
 
+_REGISTRY: dict[str, str | type[Env]] = dict(BUILTIN)
+
 
 def register(name: str, target: str | type[Env], *, overwrite: bool = False) -> None:
     """Register an env class, or a 'module:Class' string imported on first use, under `name`."""
-    if not name or not isinstance(name, str):
-        raise ValueError(f"env name must be a non-empty string, got {name!r}")
-    if name in _REGISTRY and not overwrite and _REGISTRY[name] != target:
+    if not name or not isinstance(name, str) or ":" in name:
+        raise ValueError(f"env name must be a non-empty string without ':', got {name!r}")
+    if name in _REGISTRY and not overwrite and not _same(_REGISTRY[name], target):
         raise ValueError(f"env {name!r} is already registered as {_REGISTRY[name]!r}; pass overwrite=True")
     if isinstance(target, str) and target.count(":") != 1:
         raise ValueError(f"env {name!r}: target {target!r} must look like 'package.module:ClassName'")
@@ -25,36 +42,95 @@ def register(name: str, target: str | type[Env], *, overwrite: bool = False) -> 
     _REGISTRY[name] = target
 
 
+def _same(a: str | type[Env], b: str | type[Env]) -> bool:
+    def text(t: str | type[Env]) -> str:
+        return t if isinstance(t, str) else f"{t.__module__}:{t.__qualname__}"
+
+    return a is b or text(a) == text(b)
+
+
+def _entry_points() -> dict[str, str]:
+    return {ep.name: ep.value for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)}
+
+
 def names() -> list[str]:
-    """Registered env names, sorted."""
-    return sorted(_REGISTRY)
+    """Known env names (registered and entry points), sorted."""
+    return sorted(set(_REGISTRY) | set(_entry_points()))
+
+
+def is_known(name: str) -> bool:
+    """Whether `name` is a registered env or an entry point (a 'module:Class' string is not a name)."""
+    return name in _REGISTRY or name in _entry_points()
+
+
+def _load(target: str, what: str) -> type[Env]:
+    module_name, _, class_name = target.partition(":")
+    try:
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as err:
+            # `python stages/x.py` puts stages/ first on sys.path, not the working directory: try it too.
+            if os.getcwd() in sys.path or not module_name.startswith(err.name or "\0"):
+                raise
+            sys.path.append(os.getcwd())
+            module = importlib.import_module(module_name)
+        cls = getattr(module, class_name)
+    except (ImportError, AttributeError) as err:
+        raise ImportError(f"{what}: cannot load {target!r}: {err}") from err
+    if not (isinstance(cls, type) and issubclass(cls, Env)):
+        raise TypeError(f"{what}: {target!r} is not an Env subclass")
+    return cls
 
 
 def env_class(name: str) -> type[Env]:
-    """The class registered under `name`, importing its module if needed."""
+    """The class for `name`: registered, an entry point, or 'package.module:Class' (then registered)."""
+    if not isinstance(name, str) or not name:
+        raise KeyError(f"env name must be a non-empty string, got {name!r}")
+    if ":" in name:
+        cls = _load(name, f"env {name!r}")
+        if not is_known(cls.name):
+            register(cls.name, cls)
+        elif not _same(env_class(cls.name), cls):
+            raise ValueError(f"env {name!r} is named {cls.name!r}, which is already the env "
+                             f"{_REGISTRY.get(cls.name) or _entry_points()[cls.name]!r}; give it another name")
+        return cls
     if name not in _REGISTRY:
-        raise KeyError(f"unknown env {name!r}; registered: {', '.join(names())}")
+        points = _entry_points()
+        if name not in points:
+            raise KeyError(f"unknown env {name!r}; known: {', '.join(names())} (or give 'package.module:Class')")
+        _REGISTRY[name] = points[name]
     target = _REGISTRY[name]
     if isinstance(target, str):
-        module_name, class_name = target.split(":")
-        try:
-            cls = getattr(importlib.import_module(module_name), class_name)
-        except (ImportError, AttributeError) as err:
-            raise ImportError(f"env {name!r}: cannot load {target!r}: {err}") from err
-        if not (isinstance(cls, type) and issubclass(cls, Env)):
-            raise TypeError(f"env {name!r}: {target!r} is not an Env subclass")
+        cls = _load(target, f"env {name!r}")
         _REGISTRY[name] = target = cls
     return target
 
 
 def make(name: str, **kwargs) -> Env:
-    """Build the env registered under `name` with `kwargs` (e.g. shards_dir=, split=, samples=, tokenizer=)."""
+    """Build the env `name` (see env_class) with `kwargs` (e.g. shards_dir=, split=, samples=, tokenizer=)."""
     return env_class(name)(**kwargs)
 
 
-def corpus() -> list[str]:
-    """All registered envs' tokenizer corpora, concatenated in name order."""
+def corpus(active: str | None = None) -> list[str]:
+    """The tokenizer corpus: the built-in envs' texts in name order, then the active env's when it is another one
+    (so installing a plug-in package never changes the default tokenizer)."""
     texts: list[str] = []
-    for name in names():
+    for name in sorted(BUILTIN):
         texts.extend(env_class(name).corpus())
+    if active is not None:
+        cls = env_class(active)
+        if cls.name not in BUILTIN:
+            texts.extend(cls.corpus())
     return texts
+
+
+def from_params(env_params: Any, *, shards_dir: str, split: str, tokenizer: Any = None, limit: int = 0,
+                progress: float | None = None) -> Env:
+    """The configured env (params section `env`: its name and its own settings) over the first `limit` samples
+    (0: all) of a split of the shards, decoding answers with `tokenizer`; scoring at a fixed curriculum
+    `progress` when given (rollout and evaluation score at 1, the final reward)."""
+    env = env_class(env_params.name)(shards_dir=shards_dir, split=split, tokenizer=tokenizer, limit=limit or None,
+                                     params=env_params.settings())
+    if progress is not None:
+        env.set_progress(progress)
+    return env

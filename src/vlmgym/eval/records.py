@@ -1,9 +1,8 @@
 """Rollout records: one JSON object per (policy, test sample), built from an env step, stored as JSONL.
 
-The schema the metrics and reports read (see vlmgym.eval.metrics for how each field is scored):
-
-    id, policy, env, answer, parsed, pred_lat, pred_lon, distance_km (geospot), pred_label (nlvr2),
-    truth, reward, reward_components, format_ok
+The schema the metrics and reports read (see vlmgym.eval.metrics): id, policy, env, answer, then the env's own
+fields (Env.record_fields: parsed, truth and e.g. predictions), then reward, reward_components, format_ok, then
+fields the env derives from the whole record (Env.finish_record, e.g. a distance to the truth).
 """
 
 from __future__ import annotations
@@ -16,17 +15,11 @@ from typing import Any
 
 import numpy as np
 
-from vlmgym.data.layout import atomic_file
-from vlmgym.eval.metrics import sample_distances_km
-
-GEOSPOT_TRUTH_FIELDS = ("latitude", "longitude", "country", "region", "sub_region", "city")
-NLVR2_TRUTH_FIELDS = ("label", "sentence")
-_GEOSPOT_PARSED = {"country": "pred_country", "region": "pred_region", "city": "pred_city",
-                   "latitude": "pred_latitude", "longitude": "pred_longitude"}
-_NLVR2_WORDS = {"True": True, "False": False}
+from vlmgym.atomic import atomic_file
+from vlmgym.eval.metrics import env_class
 
 
-def _json_safe(value: Any) -> Any:
+def json_safe(value: Any) -> Any:
     """Finite numbers, strings, bools, None, and lists/dicts of them; anything else as its str; nan/inf as None."""
     if value is None or isinstance(value, bool | str | int):
         return value
@@ -35,9 +28,9 @@ def _json_safe(value: Any) -> Any:
     if isinstance(value, float):  # np.float64 too (a float subclass json would keep as is)
         return float(value) if math.isfinite(value) else None
     if isinstance(value, Mapping):
-        return {str(k): _json_safe(v) for k, v in value.items()}
+        return {str(k): json_safe(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
-        return [_json_safe(v) for v in value]
+        return [json_safe(v) for v in value]
     try:
         number = float(value)  # numpy scalars
     except (TypeError, ValueError):
@@ -53,28 +46,17 @@ def reward_components(info: Mapping[str, Any]) -> dict[str, Any]:
             if k.startswith("k_") or k.startswith("d_") or k in ("content_reward", "format_reward")}
 
 
-def rollout_record(env: str, sample_id: str, answer: str, reward: float, info: Mapping[str, Any],
+def rollout_record(env: Any, sample_id: str, answer: str, reward: float, info: Mapping[str, Any],
                    meta: Mapping[str, Any], policy: str = "") -> dict[str, Any]:
-    """One JSON-safe rollout record from an env step's (answer, reward, info) and the sample's shard meta."""
-    record: dict[str, Any] = {"id": str(sample_id), "policy": policy, "env": env, "answer": answer}
-    if env == "geospot":
-        record["parsed"] = {field: info.get(key) for field, key in _GEOSPOT_PARSED.items()}
-        record["pred_lat"], record["pred_lon"] = info.get("pred_latitude"), info.get("pred_longitude")
-        record["truth"] = {field: meta.get(field) for field in GEOSPOT_TRUTH_FIELDS}
-    elif env == "nlvr2":
-        word = info.get("answer")
-        record["parsed"] = {"answer": word}
-        record["pred_label"] = _NLVR2_WORDS.get(word) if isinstance(word, str) else None
-        record["truth"] = {field: meta.get(field) for field in NLVR2_TRUTH_FIELDS}
-    else:
-        raise ValueError(f"no rollout record schema for environment {env!r} (known: geospot, nlvr2)")
+    """One JSON-safe rollout record from an env step's (answer, reward, info) and the sample's shard meta;
+    `env` is an Env class or name."""
+    env = env_class(env)
+    record: dict[str, Any] = {"id": str(sample_id), "policy": policy, "env": env.name, "answer": answer}
+    record.update(env.record_fields(info, meta))
     record["reward"] = float(reward)
     record["reward_components"] = reward_components(info)
     record["format_ok"] = bool(info.get("format_ok", False))
-    record = _json_safe(record)
-    if env == "geospot":  # haversine to the truth (the OSV-5M metric), the worst case when coordinates are missing
-        record["distance_km"] = float(sample_distances_km([record])[0])
-    return record
+    return env.finish_record(json_safe(record))
 
 
 def write_jsonl(path: str | Path, records: Iterable[Mapping[str, Any]]) -> int:
@@ -82,7 +64,7 @@ def write_jsonl(path: str | Path, records: Iterable[Mapping[str, Any]]) -> int:
     count = 0
     with atomic_file(Path(path)) as tmp, open(tmp, "w", encoding="utf-8") as handle:
         for record in records:
-            handle.write(json.dumps(_json_safe(record), ensure_ascii=False, allow_nan=False) + "\n")
+            handle.write(json.dumps(json_safe(record), ensure_ascii=False, allow_nan=False) + "\n")
             count += 1
     return count
 
@@ -107,4 +89,4 @@ def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
 def write_metrics_json(path: str | Path, metrics: Mapping[str, Any]) -> None:
     """Write metrics (e.g. metrics/eval.json) atomically with nan/inf as null, so `dvc metrics` can read it."""
     with atomic_file(Path(path)) as tmp:
-        tmp.write_text(json.dumps(_json_safe(metrics), indent=2, allow_nan=False) + "\n")
+        tmp.write_text(json.dumps(json_safe(metrics), indent=2, allow_nan=False) + "\n")

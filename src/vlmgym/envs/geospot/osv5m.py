@@ -19,6 +19,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from vlmgym.atomic import atomic_file
 from vlmgym.data import layout
 from vlmgym.params import DataParams
 
@@ -72,7 +73,7 @@ def fetch_all(repo_id: str, files: list[str], cache_dir: Path, fetch: Fetch) -> 
             raise RuntimeError(f"{filename}: fetch wrote {got}, expected {local}")
         _check_fetched(local, filename)
         complete[filename] = local.stat().st_size
-        with layout.atomic_file(record_path) as tmp:
+        with atomic_file(record_path) as tmp:
             tmp.write_text(json.dumps(complete, indent=1, sort_keys=True))
     return {f: complete[f] for f in files}
 
@@ -93,7 +94,7 @@ def filter_csv(src: Path, dst: Path, present: layout.ZipIndex) -> dict[str, int]
     id_column = header.index("id")
     counts = {"kept": 0, "image_missing": 0, "malformed_row": 0}
     # Streamed: the full train CSV is 2.9 GB.
-    with layout.atomic_file(dst) as tmp, tmp.open("w", newline="", encoding="utf-8") as f:
+    with atomic_file(dst) as tmp, tmp.open("w", newline="", encoding="utf-8") as f:
         writer = csv.writer(f, lineterminator="\n")
         writer.writerow(header)
         for _, _, fields in layout.iter_csv(src):

@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 from PIL import Image, ImageDraw
 
+from vlmgym.atomic import atomic_file
 from vlmgym.data import layout
 from vlmgym.params import DataParams
 
@@ -354,7 +355,7 @@ def write_raw_split(out_dir: str | Path, split: str, records: Iterable[RawRecord
     # Every file goes to a temp name and is renamed only when all of them are complete; the stack renames in
     # reverse order, so the CSV (entered first) appears last.
     with contextlib.ExitStack() as stack:
-        csv_file = stack.enter_context(stack.enter_context(layout.atomic_file(layout.csv_path(out_dir, split)))
+        csv_file = stack.enter_context(stack.enter_context(atomic_file(layout.csv_path(out_dir, split)))
                                        .open("w", newline="", encoding="utf-8"))
         writer = csv.writer(csv_file, lineterminator="\n")
         writer.writerow(CSV_COLUMNS)
@@ -364,7 +365,7 @@ def write_raw_split(out_dir: str | Path, split: str, records: Iterable[RawRecord
                 if archive is not None:
                     archive.close()
                 zip_paths.append(layout.zip_dir(out_dir, split) / layout.zip_name(len(zip_paths)))
-                archive = zipfile.ZipFile(stack.enter_context(layout.atomic_file(zip_paths[-1])), "w")
+                archive = zipfile.ZipFile(stack.enter_context(atomic_file(zip_paths[-1])), "w")
                 stack.callback(archive.close)
             left, right = f"{record.id}-left.jpg", f"{record.id}-right.jpg"
             for name, data in ((left, record.left_jpg), (right, record.right_jpg)):

@@ -1,0 +1,165 @@
+"""nlvr2: two images and a statement about them; the answer is True or False; reward 1 or 0.
+
+Data (data.py): synthetic scene pairs with statements true by construction (the default), or NLVR2 from the hub,
+both in the nlvr2 raw layout (CSV id, sentence, label, left, right + image zips).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from vlmgym.data.rows import Row, RowSchema, RowSkip
+from vlmgym.envs.base import Env, SampleLike, State
+from vlmgym.envs.nlvr2 import data as nlvr2_data
+from vlmgym.eval.bootstrap import Statistic
+from vlmgym.eval.metrics import record_field, record_where
+
+# Whole words only: "untrue" is not "true", "known" is not "no".
+ANSWER_PATTERN = re.compile(r"\b(true|false|yes|no)\b", re.IGNORECASE)
+ANSWER_VALUES = {"true": True, "yes": True, "false": False, "no": False}
+# A well-formatted answer is exactly the one word asked for, optionally followed by a full stop.
+FORMAT_PATTERN = re.compile(r"\s*(true|false)\s*\.?\s*", re.IGNORECASE)
+
+PROMPT = ("The first image is the left image and the second image is the right image.\n"
+          "Statement: {sentence}\n"
+          "Is the statement true or false? Answer with one word: True or False.")
+
+
+def parse_answer(text: str) -> bool | None:
+    """True / False from the answer words in `text`; None when it has none or both (never guess a side)."""
+    values = {ANSWER_VALUES[word.lower()] for word in ANSWER_PATTERN.findall(text or "")}
+    return values.pop() if len(values) == 1 else None
+
+
+def answer_word(value: bool) -> str:
+    """The canonical answer for a truth value."""
+    return "True" if value else "False"
+
+
+def parse_row(rec: dict[str, str]) -> Row:
+    """One raw row (id, sentence, label, left, right) as a sample; bad labels and ids are counted skips."""
+    pair_id = rec["id"].strip()
+    key = re.sub(r"[^A-Za-z0-9_-]", "_", pair_id)
+    if not pair_id:
+        raise RowSkip("bad_id", "empty id")
+    sentence = " ".join(rec["sentence"].split())
+    if not sentence:
+        raise RowSkip("missing_sentence", "empty sentence")
+    if rec["label"] not in ("True", "False"):
+        raise RowSkip("bad_label", f"label {rec['label']!r} is not True/False")
+    if not rec["left"] or not rec["right"]:
+        raise RowSkip("image_missing", "empty left/right image name")
+    return Row(key, (rec["left"], rec["right"]), {"id": pair_id, "sentence": sentence, "label": rec["label"] == "True"})
+
+
+class NLVR2Env(Env):
+    """Decide whether a statement about a left and a right image is true; samples come from webdataset shards."""
+
+    name = "nlvr2"
+    schema = RowSchema("nlvr2", ("id", "sentence", "label", "left", "right"), ("left.jpg", "right.jpg"), parse_row)
+    metric_rows = {"accuracy": ("accuracy", "rate")}
+
+    def __init__(self, samples: Sequence[SampleLike] | None = None, **kwargs: Any) -> None:
+        super().__init__(samples, **kwargs)
+        for sample in self.samples:
+            _check_sample(sample)
+
+    def prompt(self, sample: SampleLike) -> str:
+        """The statement and the one-word question."""
+        return PROMPT.format(sentence=sample.meta["sentence"])
+
+    def prepare_truth(self, sample: SampleLike) -> bool:
+        """The sample's truth value."""
+        return sample.meta["label"]
+
+    def score(self, state: State, text: str) -> tuple[float, dict]:
+        """1 when the answer names the right truth value unambiguously, else 0."""
+        answer = parse_answer(text)
+        correct = answer is not None and answer == state.truth
+        reward = 1.0 if correct else 0.0
+        info = {
+            "answer": None if answer is None else answer_word(answer),
+            "pred_label": answer,
+            "label": answer_word(state.truth),
+            "correct": correct,
+            "format_ok": FORMAT_PATTERN.fullmatch(text or "") is not None,
+            "parse_failed": answer is None,
+            "reward_components": {"correct": reward},
+        }
+        return reward, info
+
+    @staticmethod
+    def ideal_answer(meta: dict[str, Any]) -> str:
+        """The SFT target for a sample's meta: 'True' or 'False'."""
+        return answer_word(meta["label"])
+
+    @classmethod
+    def corpus(cls) -> list[str]:
+        """Prompt, answer words and example statements covering the synthetic vocabulary (tokenizer training)."""
+        vocabulary = " ".join([*nlvr2_data.NUMBER_WORDS, *nlvr2_data.COLOURS, *nlvr2_data.SIZES, *nlvr2_data.SIDES,
+                               *nlvr2_data.RELATIONS, *nlvr2_data.SHAPES, *(s + "s" for s in nlvr2_data.SHAPES)])
+        return [PROMPT.format(sentence=""), "True", "False", "true", "false", "yes", "no", "Yes", "No", vocabulary,
+                *nlvr2_data.statement_corpus()]
+
+    @classmethod
+    def write_synthetic(cls, data: Any, out_dir: Path) -> dict:
+        """Synthetic scene pairs; `data.train_images` / `data.test_images` count pairs (statements)."""
+        return nlvr2_data.write_synthetic_raw(data, out_dir)
+
+    @classmethod
+    def download_hub(cls, data: Any, out_dir: Path) -> dict:
+        """NLVR2 from the hub (its parquet conversion), the first train_images / test_images rows per split."""
+        return nlvr2_data.download_hub_raw(data, out_dir)
+
+    @classmethod
+    def record_fields(cls, info: Mapping[str, Any], meta: Mapping[str, Any]) -> dict[str, Any]:
+        """The answer word, the predicted truth value and the truth (label, sentence)."""
+        word = info.get("answer")
+        return {"parsed": {"answer": word},
+                "pred_label": {"True": True, "False": False}.get(word) if isinstance(word, str) else None,
+                "truth": {"label": meta.get("label"), "sentence": meta.get("sentence")}}
+
+    @classmethod
+    def usable_prediction(cls, record: Mapping[str, Any]) -> bool:
+        """A true/false answer."""
+        return isinstance(record.get("pred_label"), bool)
+
+    @classmethod
+    def task_statistics(cls, records: Sequence[Mapping[str, Any]], **options: Any) -> dict[str, Statistic]:
+        """Accuracy: the answer names the truth value (no answer is wrong, never a side)."""
+        correct = []
+        for i, record in enumerate(records):
+            where = record_where(record, i)
+            truth = record_field(record, "truth", where)
+            label = truth.get("label") if isinstance(truth, Mapping) else None
+            if not isinstance(label, bool):
+                raise ValueError(f"{where}: truth.label must be true or false, got {label!r}")
+            predicted = record.get("pred_label")
+            correct.append(isinstance(predicted, bool) and predicted is label)
+        return {"accuracy": Statistic("mean", np.asarray(correct, np.float64))}
+
+    @classmethod
+    def truth_text(cls, truth: Mapping[str, Any]) -> str:
+        """The statement and its truth value."""
+        sentence = truth.get("sentence")
+        return f"{sentence} -> {truth.get('label')}" if sentence else f"{truth.get('label')}"
+
+    @classmethod
+    def outcome_text(cls, record: Mapping[str, Any]) -> str:
+        """correct or wrong."""
+        return "correct" if record.get("pred_label") is record["truth"].get("label") else "wrong"
+
+
+def _check_sample(sample: SampleLike) -> None:
+    if len(sample.images) != 2:
+        raise ValueError(f"nlvr2: sample {sample.key} has {len(sample.images)} images, expected 2 (left, right)")
+    sentence, label = sample.meta.get("sentence"), sample.meta.get("label")
+    if not isinstance(sentence, str) or not sentence.strip():
+        raise ValueError(f"nlvr2: sample {sample.key} has no sentence (meta {sample.meta!r})")
+    if not isinstance(label, bool):
+        raise ValueError(f"nlvr2: sample {sample.key} has label {label!r}, expected true or false")

@@ -1,0 +1,90 @@
+"""The evaluate stage's library: read every policy's rollouts, run the HF baseline, draw the training reward
+curve from MLflow, and write metrics, plots and reports with the env's metrics and report section."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from vlmgym import envs
+from vlmgym.data.shards import read_split
+from vlmgym.eval.curve import train_reward_curve
+from vlmgym.eval.hf_baseline import run_hf_baseline
+from vlmgym.eval.outputs import EvaluationOutputs, write_evaluation
+from vlmgym.eval.records import read_jsonl
+from vlmgym.params import EnvParams, EvalParams, ModelParams, ParamsError, RolloutParams
+
+
+def read_rollouts(rollouts_dir: str | Path, policies: list[str]) -> dict[str, list[dict]]:
+    """{policy: greedy records}, each file checked to hold one record per sample of that policy."""
+    out = {}
+    for policy in policies:
+        path = Path(rollouts_dir) / f"{policy}.jsonl"
+        if not path.exists():
+            raise FileNotFoundError(f"{path}: no rollouts for policy {policy!r} (run the rollout stage)")
+        records = read_jsonl(path)
+        if not records:
+            raise ValueError(f"{path}: no records")
+        wrong = [i for i, r in enumerate(records, start=1) if r.get("policy") != policy]
+        if wrong:
+            raise ValueError(f"{path}:{wrong[0]}: record of policy {records[wrong[0] - 1].get('policy')!r}, "
+                             f"expected {policy!r}")
+        out[policy] = records
+    return out
+
+
+def hf_baseline(eval_params: EvalParams, rollout: RolloutParams, model: ModelParams, env_params: EnvParams,
+                records: list[dict]) -> dict[str, float]:
+    """The HF-baseline figures on the first eval.hf_samples test samples the hf_policy answered."""
+    from vlmgym.models.qwen3_vl.processor import Processor
+
+    chosen = records[: eval_params.hf_samples]
+    processor = Processor.from_pretrained(eval_params.hf_dir)
+    env = envs.from_params(env_params, shards_dir=rollout.shards_dir, split=rollout.split,
+                           tokenizer=processor.tokenizer, limit=rollout.limit, progress=rollout.progress)
+    index = {sample.key: i for i, sample in enumerate(env.samples)}
+    missing = [r["id"] for r in chosen if r["id"] not in index]
+    if missing:
+        raise ValueError(f"rollout ids {missing[:5]} are not in {rollout.shards_dir}/{rollout.split}")
+    observations = [env.reset(index[r["id"]])[1] for r in chosen]
+    figures = run_hf_baseline(eval_params.hf_dir, Path(rollout.models_dir) / eval_params.hf_policy, observations,
+                              [r["tokens"] for r in chosen], max_new_tokens=rollout.max_new_tokens,
+                              batch_size=rollout.batch_size, logit_samples=eval_params.logit_samples,
+                              dtype=model.dtype)
+    summary_path = Path(eval_params.rollouts_dir) / "summary.json"
+    if summary_path.exists():
+        summary = json.loads(summary_path.read_text()).get(eval_params.hf_policy, {})
+        if "tokens_per_s" in summary:
+            figures["jax_tokens_per_s"] = float(summary["tokens_per_s"])
+    return figures
+
+
+def evaluate_pipeline(eval_params: EvalParams, rollout: RolloutParams, model: ModelParams, env_params: EnvParams,
+                      train_out_dir: str, tracking_uri: str, experiment: str,
+                      out_root: str | Path = ".") -> tuple[EvaluationOutputs, str | None]:
+    """Everything the evaluate stage computes and writes; returns the outputs and the MLflow train run whose
+    reward curve was drawn (None when no run wrote train_out_dir as it is now)."""
+    records = read_rollouts(eval_params.rollouts_dir, rollout.policies)
+    extra = {}
+    if eval_params.hf_samples > 0:
+        if eval_params.hf_policy not in records:
+            raise ParamsError(f"eval.hf_policy {eval_params.hf_policy!r} is not among rollout.policies "
+                              f"{rollout.policies}")
+        extra["hf_baseline"] = hf_baseline(eval_params, rollout, model, env_params, records[eval_params.hf_policy])
+    curve, train_run = train_reward_curve(train_out_dir, eval_params.reward_curve_metric, tracking_uri=tracking_uri,
+                                          experiment=experiment)
+    if not curve:
+        print(f"evaluate: no MLflow train run wrote {train_out_dir} as it is now: no training reward curve",
+              file=sys.stderr)
+    env = envs.env_class(env_params.name)
+    ids = {r["id"] for recs in records.values() for r in recs}
+    image_exts = env.schema.image_exts if env.schema is not None else None
+    images = {s.key: s.images for s in read_split(rollout.shards_dir, rollout.split, rollout.limit or None,
+                                                  image_exts=image_exts) if s.key in ids}
+    outputs = write_evaluation(env, records, images=images, out_root=out_root, reward_curve=curve or None,
+                               comparisons=[tuple(pair) for pair in eval_params.comparisons],
+                               n_resamples=eval_params.n_resamples, seed=eval_params.seed,
+                               confidence=eval_params.confidence, max_samples=eval_params.gallery_samples or None,
+                               env_params=env_params.settings(), extra_metrics=extra)
+    return outputs, train_run

@@ -1,0 +1,66 @@
+"""The plug-in interface: where a task lives, how env names resolve, and what each env provides the pipeline."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from vlmgym import envs
+from vlmgym.envs import registry
+
+SRC = Path(__file__).resolve().parents[2] / "src" / "vlmgym"
+
+
+def test_no_module_outside_envs_names_an_env():
+    # The pipeline asks the env's plug-in; only envs/ (and bench/, whose benchmarks measure one named workload
+    # and which no stage imports: tests/test_dvc_deps.py) may name a task.
+    pattern = re.compile("|".join(registry.BUILTIN), re.IGNORECASE)
+    offenders = [f"{path.relative_to(SRC)}:{number}"
+                 for path in sorted(SRC.rglob("*.py")) if path.relative_to(SRC).parts[0] not in ("envs", "bench")
+                 for number, line in enumerate(path.read_text().splitlines(), start=1) if pattern.search(line)]
+    assert not offenders, f"env names outside envs/: {offenders}"
+
+
+@pytest.mark.parametrize("name", sorted(registry.BUILTIN))
+def test_builtin_envs_provide_the_whole_interface(name):
+    cls = envs.env_class(name)
+    assert cls.name == name and cls.schema is not None and cls.schema.name == name and cls.metric_rows
+    samples = cls.generate(3, seed=1, split="test")
+    assert len(samples) == 3 and all(len(s.images) == len(cls.schema.image_exts) for s in samples)
+    assert cls.generate(3, seed=1, split="test")[0].meta == samples[0].meta  # deterministic given the seed
+    env = cls(samples=samples)
+    state, _ = env.reset(0)
+    _, _, best, _, info = env.step_text(state, env.ideal_answer(state.meta))
+    _, _, garbage, _, garbage_info = env.step_text(state, "\x00 perhaps {{")
+    assert best > garbage and info["format_ok"] and not garbage_info["format_ok"]
+
+
+def test_module_class_names_resolve_and_register(monkeypatch):
+    monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
+    cls = envs.env_class("colour_env:ColourEnv")  # tests/envs is on sys.path here
+    assert cls.name == "colour" and envs.env_class("colour") is cls and "colour" in envs.names()
+    with pytest.raises(ImportError, match="cannot load 'no_such_module:Env'"):
+        envs.env_class("no_such_module:Env")
+    with pytest.raises(TypeError, match="not an Env subclass"):
+        envs.env_class("pathlib:Path")
+
+
+def test_entry_points_register_envs(tmp_path, monkeypatch):
+    monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
+    dist = tmp_path / "colour_plugin-1.0.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: colour-plugin\nVersion: 1.0\n")
+    (dist / "entry_points.txt").write_text("[vlmgym.envs]\npaint = colour_env:ColourEnv\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert "paint" in envs.names() and registry.is_known("paint")
+    assert envs.env_class("paint").name == "colour"
+
+
+def test_the_tokenizer_corpus_holds_the_builtins_and_the_active_env(monkeypatch):
+    monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
+    builtin = envs.corpus()
+    assert envs.corpus(active="geospot") == builtin  # a built-in env adds nothing twice
+    with_colour = envs.corpus(active="colour_env:ColourEnv")
+    assert with_colour[: len(builtin)] == builtin and "What colour is this image? Answer with one word." in with_colour

@@ -1,0 +1,37 @@
+"""What the end-to-end pipeline tests share: a fresh checkout of the repository and a checked subprocess."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+VENV_BIN = Path(sys.executable).parent
+# Top-level folders that only hold pipeline outputs (or local state): never copied into the fresh checkout.
+OUTPUT_DIRS = ("data", "models", "outputs", "metrics", "reports", "checkpoints", "mlartifacts")
+
+
+def run_checked(args: list[str], cwd: Path, env: dict[str, str], timeout: int = 600) -> subprocess.CompletedProcess:
+    result = subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    if result.returncode != 0:
+        raise AssertionError(f"{' '.join(args)} failed ({result.returncode}):\n{result.stdout[-4000:]}\n"
+                             f"{result.stderr[-6000:]}")
+    return result
+
+
+def stages_run(output: str) -> list[str]:
+    """Stage names in the order `dvc repro` ran them ("Running stage 'x':" lines; --dry prints the same)."""
+    return [line.split("'")[1] for line in output.splitlines() if line.startswith("Running stage '")]
+
+
+def fresh_checkout(dest: Path) -> None:
+    """The repository's files as a clone would have them (tracked plus not-yet-committed, not ignored)."""
+    listed = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"], cwd=REPO,
+                            capture_output=True, text=True, check=True).stdout.split("\0")
+    for name in filter(None, listed):
+        if name.split("/", 1)[0] in OUTPUT_DIRS or name == "dvc.lock" or not (REPO / name).is_file():
+            continue
+        (dest / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(REPO / name, dest / name)

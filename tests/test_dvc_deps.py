@@ -1,0 +1,83 @@
+"""dvc.yaml's deps stay true: every vlmgym module a stage can import is among its deps, and every dep exists.
+
+"Can import" is the static closure of the stage script's `vlmgym` imports, function-level ones included (a lazy
+import still runs the module), plus the built-in envs for stages that build an env by name (the registry imports
+them from strings). Imports under `if TYPE_CHECKING:` never run and are left out.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+SRC = REPO / "src"
+DVC = yaml.safe_load((REPO / "dvc.yaml").read_text())
+
+
+def module_file(name: str) -> Path | None:
+    """The source file of a vlmgym module or package (None when it does not exist, e.g. a name in a module)."""
+    base = SRC / Path(*name.split("."))
+    for path in (base.with_suffix(".py"), base / "__init__.py"):
+        if path.is_file():
+            return path
+    return None
+
+
+def _imports(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text(), str(path))
+    skipped: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            skipped.update(id(n) for child in node.body for n in ast.walk(child))
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if id(node) in skipped:
+            continue
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module)
+            names.update(f"{node.module}.{alias.name}" for alias in node.names)  # `from pkg import module`
+    return {n for n in names if n == "vlmgym" or n.startswith("vlmgym.")}
+
+
+def closure(script: Path) -> set[Path]:
+    """Every vlmgym source file `script` can import, with each module's parent packages."""
+    seen: set[Path] = set()
+    todo = [script]
+    while todo:
+        for name in _imports(todo.pop()):
+            parts = name.split(".")
+            for end in range(1, len(parts) + 1):  # importing a.b.c runs a/__init__ and a/b/__init__ too
+                path = module_file(".".join(parts[:end]))
+                if path is not None and path not in seen:
+                    seen.add(path)
+                    todo.append(path)
+                    if path.parent.name == "envs" and path.name == "registry.py":
+                        from vlmgym.envs.registry import BUILTIN
+
+                        todo.extend(module_file(t.split(":")[0]) for t in BUILTIN.values())
+    return seen
+
+
+@pytest.mark.parametrize("stage", sorted(DVC["stages"]))
+def test_stage_deps_cover_its_imports(stage):
+    deps = [REPO / d for d in DVC["stages"][stage]["deps"]]
+    code = [d for d in deps if d.is_relative_to(SRC) or d.is_relative_to(REPO / "stages")]  # the rest: outputs
+    assert all(d.exists() for d in code), f"{stage}: deps that do not exist: {[d for d in code if not d.exists()]}"
+    script = REPO / "stages" / f"{stage}.py"
+    assert script in deps, f"{stage}: its own script is not a dep"
+    missing = sorted(str(p.relative_to(REPO)) for p in closure(script)
+                     if not any(p == d or d in p.parents for d in deps))
+    assert not missing, f"dvc.yaml stage {stage!r} imports modules its deps do not list: {missing}"
+
+
+def test_no_stage_depends_on_the_benchmarks():
+    bench = SRC / "vlmgym" / "bench"
+    for stage, spec in DVC["stages"].items():
+        assert not any(bench == REPO / d or bench in (REPO / d).parents or REPO / d in bench.parents
+                       for d in spec["deps"] if (REPO / d).is_relative_to(SRC)), stage
