@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -35,3 +36,20 @@ def fresh_checkout(dest: Path) -> None:
             continue
         (dest / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(REPO / name, dest / name)
+
+
+def micro_checkout(root: Path) -> dict[str, str]:
+    """A fresh checkout in `root` (git and dvc initialised, the micro preset merged into params.yaml, nothing
+    committed yet) and the environment its commands run in: this venv, its own MLflow store, no outer DVC."""
+    from vlmgym.presets import apply_preset
+
+    fresh_checkout(root)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DVC_", "VLMGYM_", "MLFLOW_"))}
+    env.update(PATH=f"{VENV_BIN}{os.pathsep}{env.get('PATH', '')}", PYTHONPATH=str(root / "src"),
+               MLFLOW_TRACKING_URI=f"sqlite:///{root / 'mlflow.db'}", GIT_AUTHOR_NAME="e2e", GIT_AUTHOR_EMAIL="e2e@x",
+               GIT_COMMITTER_NAME="e2e", GIT_COMMITTER_EMAIL="e2e@x")
+    run_checked(["git", "init", "-q"], root, env)
+    if not (root / ".dvc").is_dir():
+        run_checked(["dvc", "init", "-q"], root, env)
+    apply_preset(root / "configs" / "micro.yaml", root / "params.yaml")
+    return env

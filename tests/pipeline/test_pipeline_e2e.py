@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import csv
 import json
-import os
 from pathlib import Path
 
 import pytest
 import yaml
-from pipeline_helpers import VENV_BIN, fresh_checkout, run_checked, stages_run
+from pipeline_helpers import micro_checkout, run_checked, stages_run
 
 STAGES = ["download", "shard", "base_model", "convert", "sft", "train", "rollout", "export", "evaluate"]
 POLICIES = ["base", "sft", "grpo"]
@@ -23,18 +22,8 @@ POLICIES = ["base", "sft", "grpo"]
 @pytest.fixture(scope="module")
 def pipeline(tmp_path_factory):
     """A fresh checkout with the micro preset after one full `dvc repro` (and its environment)."""
-    from vlmgym.presets import apply_preset
-
     root = tmp_path_factory.mktemp("pipeline")
-    fresh_checkout(root)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("DVC_", "VLMGYM_", "MLFLOW_"))}
-    env.update(PATH=f"{VENV_BIN}{os.pathsep}{env.get('PATH', '')}", PYTHONPATH=str(root / "src"),
-               MLFLOW_TRACKING_URI=f"sqlite:///{root / 'mlflow.db'}", GIT_AUTHOR_NAME="e2e", GIT_AUTHOR_EMAIL="e2e@x",
-               GIT_COMMITTER_NAME="e2e", GIT_COMMITTER_EMAIL="e2e@x")
-    run_checked(["git", "init", "-q"], root, env)
-    if not (root / ".dvc").is_dir():
-        run_checked(["dvc", "init", "-q"], root, env)
-    apply_preset(root / "configs" / "micro.yaml", root / "params.yaml")
+    env = micro_checkout(root)
     run_checked(["git", "add", "-A"], root, env)
     run_checked(["git", "commit", "-qm", "micro preset"], root, env)
     first = run_checked(["dvc", "repro"], root, env)
