@@ -13,15 +13,12 @@ of sample rollouts (image, answer, reward components) is logged as an artifact. 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
-import tempfile
-from pathlib import Path
 
 from vlmgym import envs, tracking
 from vlmgym.params import load_section
 from vlmgym.rl.loop import RECENT_METRICS
-from vlmgym.rl.run import load_policy, resume_dir, save_model, write_json_atomically
+from vlmgym.rl.run import history_summary, load_policy, resume_dir, save_model, write_json_atomically
 from vlmgym.rl.trainer import GRPOTrainer
 
 METRICS_FILE = "metrics/train.json"
@@ -29,24 +26,6 @@ METRICS_FILE = "metrics/train.json"
 # checkpoints keep, so a run restarted after its last step reports the same summary).
 SUMMARY = ("reward_mean", "reward_std", "zero_std_group_share", "completion_length", "approx_kl_behaviour", "entropy")
 SUMMARY_STEPS = RECENT_METRICS
-
-
-def log_samples(run: tracking.StageRun, step: int, rows: list[dict]) -> None:
-    """A sample-rollouts table (JSON + the images) as an MLflow artifact folder samples/step_NNNNNN/."""
-    with tempfile.TemporaryDirectory() as tmp:
-        folder = Path(tmp) / f"step_{step:06d}"
-        folder.mkdir()
-        table = []
-        for i, row in enumerate(rows):
-            images = []
-            for j, image in enumerate(row["images"]):
-                name = f"{i:02d}_{j}.jpg"
-                image.convert("RGB").save(folder / name, quality=85)
-                images.append(name)
-            table.append({"index": row["index"], "images": images, "answer": row["answer"], "reward": row["reward"],
-                          "reward_components": row["reward_components"]})
-        (folder / "table.json").write_text(json.dumps(table, indent=2) + "\n")
-        run.log_artifact(folder, artifact_path="samples")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -66,11 +45,10 @@ def main(argv: list[str] | None = None) -> int:
         checkpoints = resume_dir(train.checkpoint_dir, train, model, env_params, init_dir=train.init_dir)
         trainer = GRPOTrainer(policy, env, params, train, checkpoints,
                               metrics_callback=lambda step, metrics: run.log_metrics(metrics, step=step),
-                              samples_callback=lambda step, rows: log_samples(run, step, rows))
+                              samples_callback=run.log_sample_table)
         params = trainer.run()
         out = save_model(train.out_dir, policy, params, train.init_dir)
-        last = (trainer.restored_history + trainer.history)[-SUMMARY_STEPS:]
-        summary = {name: sum(m[name] for m in last) / len(last) for name in SUMMARY if last and name in last[0]}
+        summary = history_summary(trainer.restored_history + trainer.history, SUMMARY, SUMMARY_STEPS)
         write_json_atomically(METRICS_FILE, summary)
         run.log_dict({**summary, "resumed_from": trainer.resumed_from, "checkpoints": str(checkpoints)},
                      "train.json")

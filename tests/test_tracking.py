@@ -145,3 +145,25 @@ def test_dvc_hash_matches_dvc_for_files(tmp_path):
     path.write_text("hello\n")
     assert tracking.dvc_hash(path) == "b1946ac92492d2347c6235b4d2611184"
     assert tracking.dvc_hash(tmp_path / "missing") is None
+
+
+def test_sample_table_is_an_artifact_folder(tmp_path, monkeypatch):
+    import json as json_module
+
+    from PIL import Image
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    monkeypatch.setenv("DVC_ROOT", str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    rows = [{"index": 7, "images": [Image.new("RGB", (8, 8), "red"), Image.new("L", (8, 8))], "answer": "Red",
+             "reward": 0.5, "reward_components": {"correct": 1.0}}]
+    with tracking.stage_run("train", {"a": 1}, experiment="samples") as run:
+        run.log_sample_table(3, rows)
+    client = MlflowClient(uri)
+    (logged,) = client.search_runs([client.get_experiment_by_name("samples").experiment_id])
+    folder = Path(client.download_artifacts(logged.info.run_id, "samples/step_000003", str(tmp_path)))
+    assert sorted(p.name for p in folder.iterdir()) == ["00_0.jpg", "00_1.jpg", "table.json"]
+    assert json_module.loads((folder / "table.json").read_text()) == [
+        {"index": 7, "images": ["00_0.jpg", "00_1.jpg"], "answer": "Red", "reward": 0.5,
+         "reward_components": {"correct": 1.0}}]

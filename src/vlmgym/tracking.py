@@ -166,6 +166,24 @@ class StageRun:
 
         mlflow.log_text(text, name)
 
+    def log_sample_table(self, step: int, rows: list[dict]) -> None:
+        """A sample-rollouts table (table.json + each row's images as JPEGs) as the artifact folder
+        samples/step_NNNNNN/; rows have index, images (PIL), answer, reward, reward_components."""
+        with tempfile.TemporaryDirectory() as tmp:
+            folder = Path(tmp) / f"step_{step:06d}"
+            folder.mkdir()
+            table = []
+            for i, row in enumerate(rows):
+                images = []
+                for j, image in enumerate(row["images"]):
+                    name = f"{i:02d}_{j}.jpg"
+                    image.convert("RGB").save(folder / name, quality=85)
+                    images.append(name)
+                table.append({"index": row["index"], "images": images, "answer": row["answer"],
+                              "reward": row["reward"], "reward_components": row["reward_components"]})
+            (folder / "table.json").write_text(json.dumps(table, indent=2) + "\n")
+            self.log_artifact(folder, artifact_path="samples")
+
     def set_tags(self, tags: Mapping[str, str]) -> None:
         import mlflow
 

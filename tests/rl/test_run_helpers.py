@@ -38,3 +38,11 @@ def test_resume_dir_changes_with_the_source_code(tmp_path, monkeypatch):
     first = resume_dir(*args, init_dir=init)
     monkeypatch.setattr(run, "source_identity", lambda: "edited-code")
     assert first != resume_dir(*args, init_dir=init)
+
+
+def test_history_summary_means_the_last_steps():
+    from vlmgym.rl.run import history_summary
+
+    history = [{"reward_mean": float(i), "entropy": 1.0} for i in range(10)]
+    assert history_summary(history, ("reward_mean", "entropy", "absent"), 4) == {"reward_mean": 7.5, "entropy": 1.0}
+    assert history_summary([], ("reward_mean",), 4) == {}

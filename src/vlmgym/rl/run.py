@@ -78,3 +78,9 @@ def save_model(out_dir: str | Path, policy: Qwen3VLPolicy, params: Any, init_dir
 def write_json_atomically(path: str | Path, obj: Any) -> None:
     """Small metrics files (metrics/sft.json, metrics/train.json), through a temp file and a rename."""
     write_text_atomically(path, json.dumps(obj, indent=2, sort_keys=True) + "\n")
+
+
+def history_summary(history: list[dict], names: tuple[str, ...], steps: int) -> dict[str, float]:
+    """Mean of each named figure over the last `steps` steps of a training history (the DVC metrics file)."""
+    last = history[-steps:]
+    return {name: sum(m[name] for m in last) / len(last) for name in names if last and name in last[0]}
