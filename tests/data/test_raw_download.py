@@ -25,11 +25,17 @@ def load_stage(name: str):
     return module
 
 
-def test_dispatch():
-    assert download.raw_builder(DataParams()) is synthetic.write_synthetic_raw
-    assert download.raw_builder(DataParams(source="hub")) is osv5m.download_hub_raw
-    assert download.raw_builder(DataParams(dataset="nlvr2")) is nlvr2.write_synthetic_raw
-    assert download.raw_builder(DataParams(source="hub")) is nlvr2.download_hub_raw
+def test_dispatch(monkeypatch):
+    # each env's build_raw picks its generator or its hub loader by data.source
+    calls = []
+    for module, name in ((synthetic, "write_synthetic_raw"), (osv5m, "download_hub_raw"),
+                         (nlvr2, "write_synthetic_raw"), (nlvr2, "download_hub_raw")):
+        monkeypatch.setattr(module, name, lambda *a, _m=module, _n=name: calls.append((_m, _n)) or {})
+    for env in ("geospot", "nlvr2"):
+        for source in ("synthetic", "hub"):
+            envs.env_class(env).build_raw(DataParams(source=source), Path("unused"))
+    assert calls == [(synthetic, "write_synthetic_raw"), (osv5m, "download_hub_raw"),
+                     (nlvr2, "write_synthetic_raw"), (nlvr2, "download_hub_raw")]
 
 
 def test_failed_build_keeps_the_old_raw_dir(tmp_path):

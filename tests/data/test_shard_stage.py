@@ -11,11 +11,13 @@ import pytest
 import webdataset as wds
 from data_helpers import jpeg_bytes, make_raw, osv5m_row
 
+from vlmgym import envs
 from vlmgym.data import layout, sharding
 from vlmgym.data.shards import read_split
 from vlmgym.params import ShardParams
 
 PARAMS = ShardParams(max_pixels=96 * 72, shard_max_bytes=64 * 1024)
+GEOSPOT = envs.env_class("geospot").schema
 
 
 def digest(root):
@@ -26,7 +28,7 @@ def digest(root):
 @pytest.fixture(scope="module")
 def tiny_shards(tiny_raw, tmp_path_factory):
     out = tmp_path_factory.mktemp("shards") / "shards"
-    manifest = sharding.shard_raw(tiny_raw, out, "geospot", PARAMS)
+    manifest = sharding.shard_raw(tiny_raw, out, GEOSPOT, PARAMS)
     return out, manifest
 
 
@@ -65,10 +67,10 @@ def test_reader(tiny_shards):
 def test_deterministic_output_and_resize(tiny_raw, tiny_shards, tmp_path):
     out, _ = tiny_shards
     again = tmp_path / "again"
-    sharding.shard_raw(tiny_raw, again, "geospot", PARAMS)
+    sharding.shard_raw(tiny_raw, again, GEOSPOT, PARAMS)
     assert digest(again) == digest(out)
     small = tmp_path / "small"
-    sharding.shard_raw(tiny_raw, small, "geospot", ShardParams(max_pixels=32 * 32, max_train=5, max_test=2))
+    sharding.shard_raw(tiny_raw, small, GEOSPOT, ShardParams(max_pixels=32 * 32, max_train=5, max_test=2))
     samples = read_split(small, "train")
     assert len(samples) == 5
     width, height = samples[0].images[0].size
@@ -94,7 +96,7 @@ def test_bad_rows_are_counted_skips(tmp_path):
                ("1005.jpg", b"\xff\xd8 not really a jpeg"), ("1006.jpg", good[: len(good) // 2]),
                ("../1008.jpg", good), ("/abs/1008.jpg", good), ("1009.jpg", good), ("1010.jpg", good)]
     raw = make_raw(tmp_path / "raw", {"train": rows, "test": rows[:2]}, {"train": members, "test": members[:2]})
-    manifest = sharding.shard_raw(raw, tmp_path / "shards", "geospot", PARAMS)
+    manifest = sharding.shard_raw(raw, tmp_path / "shards", GEOSPOT, PARAMS)
     train = manifest["splits"]["train"]
     assert train["kept"] == 2
     assert train["skipped"] == {"bad_coordinates": 2, "duplicate_id": 1, "image_corrupt": 2, "image_missing": 2,
@@ -109,12 +111,12 @@ def test_truncated_zip_is_a_clear_error_and_leaves_old_output(tiny_raw, tmp_path
     raw = make_raw(tmp_path / "raw", {"train": [osv5m_row("1", "1", "1")], "test": [osv5m_row("2", "1", "1")]},
                    {"train": [("1.jpg", jpeg_bytes())], "test": [("2.jpg", jpeg_bytes())]})
     out = tmp_path / "shards"
-    sharding.shard_raw(raw, out, "geospot", PARAMS)
+    sharding.shard_raw(raw, out, GEOSPOT, PARAMS)
     before = digest(out)
     zip_path = layout.zip_dir(raw, "test") / "00.zip"
     zip_path.write_bytes(zip_path.read_bytes()[:-30])  # cut into the central directory
     with pytest.raises(layout.RawLayoutError, match="00.zip: not a readable zip"):
-        sharding.shard_raw(raw, out, "geospot", PARAMS)
+        sharding.shard_raw(raw, out, GEOSPOT, PARAMS)
     assert digest(out) == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["raw", "shards"]  # no partial folder left
 
@@ -122,16 +124,16 @@ def test_truncated_zip_is_a_clear_error_and_leaves_old_output(tiny_raw, tmp_path
 def test_missing_columns_and_all_invalid_are_errors(tmp_path):
     raw = make_raw(tmp_path / "raw", {"train": [["1", "2"]], "test": [["1", "2"]]}, {}, header=("id", "latitude"))
     with pytest.raises(sharding.ShardError, match=r"lacks column\(s\) \['longitude'"):
-        sharding.shard_raw(raw, tmp_path / "out", "geospot", PARAMS)
+        sharding.shard_raw(raw, tmp_path / "out", GEOSPOT, PARAMS)
     raw = make_raw(tmp_path / "raw2", {"train": [osv5m_row("1", "95", "0")], "test": []}, {})
     with pytest.raises(sharding.ShardError, match="no valid sample.*bad_coordinates"):
-        sharding.shard_raw(raw, tmp_path / "out", "geospot", PARAMS)
+        sharding.shard_raw(raw, tmp_path / "out", GEOSPOT, PARAMS)
     assert not (tmp_path / "out").exists()
     raw = make_raw(tmp_path / "raw3", {"train": [osv5m_row("1", "1", "1")], "test": []}, {})
     path = layout.csv_path(raw, "train")
     path.write_bytes(path.read_bytes() + b"2,\xff\xfe,3\n")  # not UTF-8
     with pytest.raises(layout.RawLayoutError, match="train.csv: unreadable CSV.*utf-8"):
-        sharding.shard_raw(raw, tmp_path / "out", "geospot", PARAMS)
+        sharding.shard_raw(raw, tmp_path / "out", GEOSPOT, PARAMS)
     assert not (tmp_path / "out").exists()
 
 
@@ -147,10 +149,10 @@ def test_interrupted_run_leaves_no_tar_and_rerun_completes(tiny_raw, tiny_shards
 
     monkeypatch.setattr(sharding, "prepare_image", dies_midway)
     with pytest.raises(KeyboardInterrupt):
-        sharding.shard_raw(tiny_raw, out, "geospot", PARAMS)
+        sharding.shard_raw(tiny_raw, out, GEOSPOT, PARAMS)
     assert list(tmp_path.rglob("*")) == []  # neither tars nor temp files
     monkeypatch.setattr(sharding, "prepare_image", real)
-    sharding.shard_raw(tiny_raw, out, "geospot", PARAMS)
+    sharding.shard_raw(tiny_raw, out, GEOSPOT, PARAMS)
     assert digest(out) == digest(tiny_shards[0])
 
 
@@ -164,7 +166,7 @@ def test_nlvr2_rows_share_the_code_path(tmp_path):
                enumerate(["p-1-left.jpg", "p-1-right.jpg", "p.2-left.jpg", "p.2-right.jpg"])]
     raw = make_raw(tmp_path / "raw", {"train": rows, "test": rows[:1]}, {"train": members, "test": members},
                    header=header)
-    manifest = sharding.shard_raw(raw, tmp_path / "shards", "nlvr2", PARAMS)
+    manifest = sharding.shard_raw(raw, tmp_path / "shards", envs.env_class("nlvr2").schema, PARAMS)
     assert manifest["splits"]["train"]["skipped"] == {"bad_label": 1, "image_missing": 1}
     names = []
     for path in sorted((tmp_path / "shards" / "train").glob("*.tar")):

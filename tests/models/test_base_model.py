@@ -233,14 +233,16 @@ def test_stage_script_builds_and_logs(tmp_path, monkeypatch):
             logged[name] = obj
 
     @contextlib.contextmanager
-    def fake_stage_run(name, params, params_file=None):
+    def fake_stage_run(name, params, params_file=None, extra_params=None):
         logged["stage"], logged["params"], logged["params_file"] = name, params, params_file
+        logged["extra_params"] = extra_params
         yield FakeRun()
 
     monkeypatch.setattr(stage.tracking, "stage_run", fake_stage_run)
     (tmp_path / "params.yaml").write_text(f"model:\n  seed: 3\n  hf_dir: {tmp_path / 'base'}\n")
     assert stage.main(["--params", str(tmp_path / "params.yaml")]) == 0
     assert logged["stage"] == "base_model" and logged["params"].seed == 3
+    assert logged["extra_params"] == {"env.name": "geospot"}  # the active env's texts join the corpus
     assert logged["params_file"] == str(tmp_path / "params.yaml")  # tracking settings come from the same file
     assert logged["metrics"]["params_total"] == logged["base_model.json"]["params_total"] > 1_000_000
     assert logged["metrics"]["image_tokens_256x192"] == 12
