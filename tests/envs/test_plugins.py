@@ -9,6 +9,7 @@ import pytest
 
 from vlmgym import envs
 from vlmgym.envs import registry
+from vlmgym.envs.base import MissingPart
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "vlmgym"
 
@@ -64,3 +65,23 @@ def test_the_tokenizer_corpus_holds_the_builtins_and_the_active_env(monkeypatch)
     assert envs.corpus(active="geospot") == builtin  # a built-in env adds nothing twice
     with_colour = envs.corpus(active="colour_env:ColourEnv")
     assert with_colour[: len(builtin)] == builtin and "What colour is this image? Answer with one word." in with_colour
+
+
+def test_a_minimal_env_says_which_part_a_stage_lacks():
+    class Minimal(envs.Env):
+        name = "minimal"
+
+        def prompt(self, sample):
+            return "?"
+
+        def score(self, state, text):
+            return 0.0, {}
+
+    with pytest.raises(MissingPart, match="'minimal' has no ideal_answer"):
+        Minimal(samples=envs.env_class("nlvr2").generate(1)).ideal_answer({})
+    with pytest.raises(ValueError, match="'minimal' declares no row schema"):
+        Minimal.generate(2)
+    with pytest.raises(MissingPart, match="no embedded generator"):
+        Minimal.write_synthetic(None, Path("unused"))
+    with pytest.raises(MissingPart, match="no public dataset loader"):
+        Minimal.download_hub(None, Path("unused"))

@@ -56,6 +56,10 @@ class State:
     extra: dict = field(default_factory=dict)
 
 
+class MissingPart(RuntimeError):
+    """A stage needs a part of the interface this env does not provide (e.g. SFT without an ideal answer)."""
+
+
 class Env(abc.ABC):
     """Base class: subclasses set `name` and implement `prompt` and `score`; the pipeline needs the rest of the
     interface below (see the module docstring), each part with a default where one makes sense."""
@@ -141,7 +145,7 @@ class Env(abc.ABC):
 
     def ideal_answer(self, meta: dict) -> str:
         """The perfect answer for a sample's meta: the SFT target (default: none, so SFT cannot run)."""
-        raise NotImplementedError(f"env {self.name!r} has no ideal_answer, so it cannot be the SFT target; "
+        raise MissingPart(f"env {self.name!r} has no ideal_answer, so it cannot be the SFT target; "
                                   "set sft.steps: 0 or implement ideal_answer(meta)")
 
     @classmethod
@@ -162,12 +166,12 @@ class Env(abc.ABC):
     @classmethod
     def write_synthetic(cls, data: DataParams, out_dir: Path) -> dict:
         """Write the embedded offline dataset in the raw layout (CSV + image zips per split); returns details."""
-        raise NotImplementedError(f"env {cls.name!r} has no embedded generator (data.source: synthetic)")
+        raise MissingPart(f"env {cls.name!r} has no embedded generator (data.source: synthetic)")
 
     @classmethod
     def download_hub(cls, data: DataParams, out_dir: Path) -> dict:
         """Download the env's public dataset into the raw layout; returns details."""
-        raise NotImplementedError(f"env {cls.name!r} has no public dataset loader (data.source: hub); "
+        raise MissingPart(f"env {cls.name!r} has no public dataset loader (data.source: hub); "
                                   "use data.source: synthetic")
 
     @classmethod
