@@ -8,7 +8,7 @@ Both write the nlvr2 raw layout that the shard stage reads:
 Preset: one command switches the whole pipeline from geospot to nlvr2 (synthetic scenes by default;
 add `-S data.source=hub` for the real NLVR2 on a machine that reaches the Hugging Face hub):
 
-    dvc exp run -S data.dataset=nlvr2 -S env.name=nlvr2
+    dvc exp run -S env.name=nlvr2
 
 For nlvr2, `data.train_images` / `data.test_images` count image *pairs* (statements) per split.
 
