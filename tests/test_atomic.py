@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import os
+import signal
 import socket
+import subprocess
+import sys
+import time
 
 import pytest
 
+from vlmgym import killpoint, temps
 from vlmgym.atomic import atomic_dir, atomic_file, write_text_atomically, writer_tag
 
 
@@ -56,10 +61,117 @@ def test_failed_folder_write_keeps_the_previous_folder(tmp_path):
     assert (out / "a.txt").read_text() == "one" and [p.name for p in tmp_path.iterdir()] == ["base"]
 
 
-def test_atomic_dir_removes_partial_folders_of_an_interrupted_run(tmp_path):
-    stale = tmp_path / ".base.otherhost-1.abcd1234.partial"
-    stale.mkdir()
-    (stale / "half.txt").write_text("half")
+def _dead_pid() -> int:
+    """The pid of a process that has exited (and been reaped)."""
+    process = subprocess.Popen(["true"])
+    process.wait()
+    return process.pid
+
+
+def test_a_write_removes_its_targets_temps_left_by_dead_writers_and_says_so(tmp_path, capsys):
+    host = writer_tag().rsplit("-", 1)[0]
+    dead = _dead_pid()
+    partial = tmp_path / f".base.{host}-{dead}.abcd1234.partial"
+    (partial / "sub").mkdir(parents=True)
+    (partial / "sub" / "half.bin").write_bytes(b"x" * 3000)
+    old = tmp_path / f".base.{host}-{dead}.abcd1234.old"
+    old.mkdir()
     with atomic_dir(tmp_path / "base") as folder:
         (folder / "a.txt").write_text("one")
-    assert [p.name for p in tmp_path.iterdir()] == ["base"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["base"]
+    err = capsys.readouterr().err
+    assert f"removed stale temp {partial} (3.0 KB), left by {host}-{dead}" in err and str(old) in err
+
+    stale_file = tmp_path / f".metrics.json.{host}-{dead}.zz_9abcd.tmp"
+    stale_file.write_text("half")
+    write_text_atomically(tmp_path / "metrics.json", "{}")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["base", "metrics.json"]
+
+
+def test_live_writers_other_hosts_and_other_targets_are_left_alone(tmp_path):
+    host = writer_tag().rsplit("-", 1)[0]
+    live = subprocess.Popen(["sleep", "30"])
+    try:
+        kept = [tmp_path / f".base.{host}-{live.pid}.abcd1234.partial",  # a live writer's
+                tmp_path / f".base.{host}-{os.getpid()}.efgh5678.partial",  # this process's own
+                tmp_path / f".base.otherhost-{_dead_pid()}.abcd1234.partial",  # its pid means nothing here
+                tmp_path / f".base.json.{host}-{_dead_pid()}.abcd1234.tmp",  # another target's (base.json)
+                tmp_path / ".base.abcd1234.partial"]  # not named by vlmgym: whose it is cannot be told
+        for path in kept:
+            path.mkdir()
+        with atomic_dir(tmp_path / "base") as folder:
+            (folder / "a.txt").write_text("one")
+        assert all(path.exists() for path in kept)
+    finally:
+        live.kill()
+        live.wait()
+
+
+def test_a_reused_pid_does_not_keep_a_dead_writers_temp(tmp_path):
+    # The pid of a temp written long before the process now holding that pid started belongs to a new process.
+    host = writer_tag().rsplit("-", 1)[0]
+    stale = tmp_path / f".base.{host}-{os.getpid()}.abcd1234.partial"
+    stale.mkdir()
+    os.utime(stale, (1e9, 1e9))  # 2001
+    with atomic_dir(tmp_path / "base") as folder:
+        (folder / "a.txt").write_text("one")
+    assert not stale.exists()
+
+
+KILLED_WRITE = """
+import sys, time
+from vlmgym.atomic import atomic_dir
+with atomic_dir(sys.argv[1]) as tmp:
+    (tmp / "data.bin").write_bytes(b"x" * 1000)
+    if len(sys.argv) > 2:
+        open(sys.argv[2], "w").close()
+        time.sleep(60)
+print("renamed")
+"""
+
+
+def _write(target, *extra, env=None, **kwargs):
+    return subprocess.Popen([sys.executable, "-c", KILLED_WRITE, str(target), *map(str, extra)], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kwargs)
+
+
+def test_a_write_killed_before_its_rename_is_cleaned_by_its_janitor_at_once(tmp_path):
+    target = tmp_path / "out" / "shards"
+    writer = _write(target, env={**os.environ, killpoint.ENV: "out/shards"})
+    out, err = writer.communicate(timeout=120)  # the janitor holds the pipes until it has finished
+    assert writer.returncode == -signal.SIGKILL and "renamed" not in out, err
+    assert "inside the write of" in err and "its writer died before finishing it" in err
+    assert list(target.parent.iterdir()) == []
+    out, err = _write(target).communicate(timeout=120)
+    assert "renamed" in out and "removed" not in err
+    assert [p.name for p in target.parent.iterdir()] == ["shards"] and (target / "data.bin").stat().st_size == 1000
+
+
+def test_killing_the_writers_whole_process_group_spares_the_janitor(tmp_path):
+    # What `kill -9 -- -PGID` of `dvc repro` does: the stage and everything in its group die at once.
+    target, ready = tmp_path / "out" / "base", tmp_path / "ready"
+    writer = _write(target, ready, start_new_session=True)
+    for _ in range(600):
+        if ready.exists():
+            break
+        time.sleep(0.1)
+    [temp] = list(target.parent.iterdir())
+    os.killpg(writer.pid, signal.SIGKILL)
+    out, err = writer.communicate(timeout=120)
+    assert f"removed {temp}" in err and not temp.exists() and not target.exists()
+
+
+def test_clean_temps_sweeps_output_roots_and_dry_run_only_lists(tmp_path, capsys):
+    host = writer_tag().rsplit("-", 1)[0]
+    nested = tmp_path / "models" / "jax" / f".sft.{host}-{_dead_pid()}.abcd1234.partial"
+    (nested / f".inner.{host}-{_dead_pid()}.abcd1234.tmp").mkdir(parents=True)  # inside a temp: goes with it
+    live = tmp_path / "data" / f".shards.{host}-{os.getpid()}.abcd1234.partial"
+    live.mkdir(parents=True)
+    roots = [str(tmp_path / "data"), str(tmp_path / "models"), str(tmp_path / "missing")]
+    assert temps.main(["--dry-run", *roots]) == 0
+    out = capsys.readouterr().out
+    assert f"would remove stale temp {nested}" in out and "would remove 1 stale temp(s)" in out
+    assert "1 of live writers or other hosts left alone" in out and nested.exists()
+    assert temps.main(roots) == 0
+    assert "removed 1 stale temp(s)" in capsys.readouterr().out
+    assert not nested.exists() and live.exists()

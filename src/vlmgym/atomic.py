@@ -9,24 +9,27 @@ say who wrote them, so a later cleanup can tell a live writer's temp from one a 
 
 `host` is this machine's host name with every character outside [A-Za-z0-9_-] replaced by `_` (no dots, so
 the name splits on `.`), `pid` the writing process, `random` tempfile's 8 characters of [a-z0-9_].
+
+A killed writer's temps are removed by its janitor process as soon as it dies (`vlmgym.janitor`), and, should
+that be lost too, by the next write of the same target, which first removes its temps left by writers that no
+longer run; live writers' temps are never touched (`vlmgym.temps`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-import re
 import shutil
-import socket
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
+from vlmgym import janitor, killpoint, temps
+
 
 def writer_tag() -> str:
     """`{host}-{pid}` of this process, as it appears in temp names."""
-    host = re.sub(r"[^A-Za-z0-9_-]", "_", socket.gethostname()) or "host"
-    return f"{host}-{os.getpid()}"
+    return f"{temps.host_tag()}-{os.getpid()}"
 
 
 def _temp_prefix(path: Path) -> str:
@@ -38,14 +41,18 @@ def atomic_file(path: str | Path) -> Iterator[Path]:
     """Yield a temp path beside `path` (an empty file); it is renamed onto `path` only if the block succeeds."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    temps.remove_stale(temps.sibling_temps(path))
     fd, tmp = tempfile.mkstemp(prefix=_temp_prefix(path), suffix=".tmp", dir=path.parent)
     os.close(fd)
     tmp = Path(tmp)
+    janitor.track(tmp)
     try:
         yield tmp
+        killpoint.kill_if_armed(path.absolute())
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
+        janitor.untrack(tmp)
 
 
 @contextlib.contextmanager
@@ -53,13 +60,15 @@ def atomic_dir(path: str | Path) -> Iterator[Path]:
     """Yield an empty temp folder beside `path`; it replaces `path` (old folder swapped out) only on success."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    for stale in path.parent.glob(f".{path.name}.*.partial"):
-        shutil.rmtree(stale, ignore_errors=True)  # left by an interrupted earlier run
+    temps.remove_stale(temps.sibling_temps(path))
     tmp = Path(tempfile.mkdtemp(prefix=_temp_prefix(path), suffix=".partial", dir=path.parent))
+    old = tmp.with_suffix(".old")
+    janitor.track(tmp)
     try:
         yield tmp
+        killpoint.kill_if_armed(path.absolute())
         if path.exists():
-            old = tmp.with_suffix(".old")
+            janitor.track(old)
             os.replace(path, old)
             os.replace(tmp, path)
             shutil.rmtree(old)
@@ -68,6 +77,8 @@ def atomic_dir(path: str | Path) -> Iterator[Path]:
     finally:
         if tmp.exists():
             shutil.rmtree(tmp)
+        janitor.untrack(tmp)
+        janitor.untrack(old)
 
 
 def write_text_atomically(path: str | Path, text: str) -> None:

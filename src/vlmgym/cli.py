@@ -12,6 +12,7 @@ COMMANDS: Table = {
     "params": ("vlmgym.params:main", "validate params.yaml (or another params file) and print it"),
     "preset": ("vlmgym.presets:main", "merge a partial params file (e.g. configs/micro.yaml) into params.yaml"),
     "parity": ("vlmgym.models.qwen3_vl.parity:main", "compare the JAX port with transformers on the same inputs"),
+    "clean-temps": ("vlmgym.temps:main", "remove temp outputs that killed runs left behind (live writers' kept)"),
     "bench": ("vlmgym.bench:main", "benchmarks: `vlmgym bench rollout ...`, `vlmgym bench reward ...`"),
 }
 

@@ -22,6 +22,8 @@ from typing import Any
 
 import yaml
 
+from vlmgym import temps
+
 PIPELINE_ID_ENV = "VLMGYM_PIPELINE_ID"
 
 
@@ -220,6 +222,9 @@ def stage_run(stage: str, params: Any = None, *, experiment: str | None = None,
     from vlmgym import params as params_mod
 
     root = repo_root()
+    # Any stage run clears what killed runs of any stage left (a stage DVC restores from its run-cache does
+    # not run, so its own next write cannot be relied on to do it).
+    temps.sweep([root / name for name in temps.OUTPUT_ROOTS])
     params_file = Path(params_file) if params_file is not None else root / "params.yaml"
     tracking_cfg = (params_mod.load_section("tracking", params_file) if params_file.exists()
                     else params_mod.TrackingParams())

@@ -1,11 +1,17 @@
 """Checkpoint manager: keep-K, exact round trip of every piece of state, atomic steps."""
 
+import os
+import signal
+import subprocess
+import sys
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from vlmgym.rl.checkpoint import CheckpointManager
+from vlmgym import killpoint
+from vlmgym.rl.checkpoint import ORBAX_TEMP_GLOB, CheckpointManager
 from vlmgym.rl.optim import Optimizer, OptimizerConfig, trainable_mask
 
 
@@ -56,6 +62,46 @@ def test_an_interrupted_save_is_never_restored_and_is_cleaned_up(tmp_path, state
         assert manager.latest_step() == 1
         assert manager.restore(params, opt_state).step == 1
     assert not partial.exists()
+
+
+KILLED_SAVE = """
+import sys
+import jax, jax.numpy as jnp
+from vlmgym import killpoint
+from vlmgym.rl.checkpoint import ORBAX_TEMP_GLOB, CheckpointManager
+params = {"w": jnp.arange(200_000.0)}
+with CheckpointManager(sys.argv[1], save_every=1, keep=3) as manager:
+    for step in (1, 2):
+        manager.save(step, params, {"m": params}, jax.random.key(0))
+print("saved")
+"""
+
+
+def test_a_process_killed_inside_a_save_leaves_no_orbax_temp_and_resumes_from_the_last_step(tmp_path):
+    # A real SIGKILL while orbax writes step 2 (VLMGYM_KILL_IN_WRITE armed for that step's folder): the
+    # writer's janitor removes orbax's temp step folder as soon as the process is gone.
+    env = {**os.environ, killpoint.ENV: f"*/{tmp_path.name}/2"}
+    killed = subprocess.run([sys.executable, "-c", KILLED_SAVE, str(tmp_path)], env=env, capture_output=True,
+                            text=True, timeout=300)
+    assert killed.returncode == -signal.SIGKILL and "saved" not in killed.stdout, killed.stderr[-2000:]
+    assert f"removed {tmp_path / '2.orbax-checkpoint-tmp'}" in killed.stderr, killed.stderr[-2000:]
+    assert not list(tmp_path.glob(ORBAX_TEMP_GLOB))
+    with CheckpointManager(tmp_path, save_every=1, keep=3) as manager:
+        assert manager.all_steps() == [1]
+
+
+def test_opening_a_folder_removes_unfinished_saves_and_says_so(tmp_path, state, capsys):
+    # What is left when the janitor is lost too (the machine went down inside a save).
+    params, opt_state = state
+    with CheckpointManager(tmp_path, save_every=1, keep=3) as manager:
+        manager.save(1, params, opt_state, jax.random.key(0))
+    partial = tmp_path / "2.orbax-checkpoint-tmp"
+    (partial / "params").mkdir(parents=True)
+    (partial / "params" / "half-written").write_bytes(b"\0" * 2000)
+    with CheckpointManager(tmp_path, save_every=1, keep=3) as manager:
+        assert manager.latest_step() == 1
+    assert not partial.exists()
+    assert f"removed {partial} (2.0 KB), a checkpoint save that never finished" in capsys.readouterr().err
 
 
 def test_restore_without_a_checkpoint_is_a_clear_error(tmp_path, state):
