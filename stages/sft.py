@@ -45,7 +45,10 @@ def main(argv: list[str] | None = None) -> int:
             summary.update({"final_loss": last.get("loss"), "resumed_from": trainer.resumed_from,
                             "checkpoints": str(checkpoints)})
         out = save_model(sft.out_dir, policy, params, sft.init_dir)
-        write_json_atomically(METRICS_FILE, {k: v for k, v in summary.items() if isinstance(v, int | float)})
+        # Results only: where a run resumed from is MLflow's to know, so a killed and resumed run writes the
+        # same bytes as an uninterrupted one.
+        write_json_atomically(METRICS_FILE, {k: v for k, v in summary.items()
+                                             if isinstance(v, int | float) and k != "resumed_from"})
         run.log_dict(summary, "sft.json")
     print(f"sft: {sft.init_dir} -> {out} ({sft.steps} steps"
           + (f", final loss {summary['final_loss']:.4f})" if summary.get("final_loss") is not None else ")"))

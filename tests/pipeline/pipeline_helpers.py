@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import subprocess
@@ -10,6 +11,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 VENV_BIN = Path(sys.executable).parent
+STAGES = ["download", "shard", "base_model", "convert", "sft", "train", "rollout", "export", "evaluate"]
 # Top-level folders that only hold pipeline outputs (or local state): never copied into the fresh checkout.
 OUTPUT_DIRS = ("data", "models", "outputs", "metrics", "reports", "checkpoints", "mlartifacts")
 
@@ -53,3 +55,17 @@ def micro_checkout(root: Path) -> dict[str, str]:
         run_checked(["dvc", "init", "-q"], root, env)
     apply_preset(root / "configs" / "micro.yaml", root / "params.yaml")
     return env
+
+
+def output_digests(root: Path) -> dict[str, str]:
+    """md5 of every file under every stage output of dvc.yaml (outs, metrics, plots), by path from `root`."""
+    import yaml
+
+    paths = set()
+    for stage in yaml.safe_load((root / "dvc.yaml").read_text())["stages"].values():
+        for entry in stage.get("outs", []) + stage.get("metrics", []) + stage.get("plots", []):
+            paths.add(entry if isinstance(entry, str) else next(iter(entry)))
+    files = []
+    for path in map(root.joinpath, sorted(paths)):
+        files += sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+    return {f.relative_to(root).as_posix(): hashlib.md5(f.read_bytes()).hexdigest() for f in files}

@@ -1,8 +1,9 @@
 """The whole pipeline end to end: `dvc repro` on the micro preset in a fresh copy of the repository.
 
-One module-scoped run (a few minutes on 2 cores) feeds every check: every stage ran once and wrote its outputs,
-one MLflow run per stage with lineage tags, a second `dvc repro` is a no-op, a training param that leaves the
-weights as they were reruns train only, and one that changes them reruns train and what follows, nothing upstream.
+One session-scoped run (a few minutes on 2 cores; the `pipeline` fixture in conftest.py) feeds every check:
+every stage ran once and wrote its outputs, one MLflow run per stage with lineage tags, a second `dvc repro` is
+a no-op, a training param that leaves the weights as they were reruns train only, and one that changes them
+reruns train and what follows, nothing upstream.
 """
 
 from __future__ import annotations
@@ -11,23 +12,10 @@ import csv
 import json
 from pathlib import Path
 
-import pytest
 import yaml
-from pipeline_helpers import micro_checkout, run_checked, stages_run
+from pipeline_helpers import STAGES, run_checked, stages_run
 
-STAGES = ["download", "shard", "base_model", "convert", "sft", "train", "rollout", "export", "evaluate"]
 POLICIES = ["base", "sft", "grpo"]
-
-
-@pytest.fixture(scope="module")
-def pipeline(tmp_path_factory):
-    """A fresh checkout with the micro preset after one full `dvc repro` (and its environment)."""
-    root = tmp_path_factory.mktemp("pipeline")
-    env = micro_checkout(root)
-    run_checked(["git", "add", "-A"], root, env)
-    run_checked(["git", "commit", "-qm", "micro preset"], root, env)
-    first = run_checked(["dvc", "repro"], root, env)
-    return {"root": root, "env": env, "first": first.stdout}
 
 
 def _mlflow_runs(root: Path) -> list:
