@@ -19,7 +19,9 @@ def test_writer_tag_is_host_and_pid_without_dots():
     host, pid = writer_tag().rsplit("-", 1)
     assert int(pid) == os.getpid() and "." not in host and host
     if all(c.isalnum() or c in "_-" for c in socket.gethostname()):
-        assert host == socket.gethostname()
+        # Inside a container the pid namespace is added: a pid is only meaningful within it.
+        namespace = os.readlink("/proc/self/ns/pid").strip("pid:[]") if os.path.exists("/proc/self/ns/pid") else ""
+        assert host in (socket.gethostname(), f"{socket.gethostname()}_ns{namespace}")
 
 
 def test_atomic_file_names_its_temp_after_the_writer_and_renames_it(tmp_path):

@@ -30,13 +30,23 @@ OUTPUT_ROOTS = ("data", "models", "outputs", "reports", "metrics", "checkpoints"
 SUFFIXES = ("tmp", "partial", "old")
 _TEMP_NAME = re.compile(r"^\.(?P<target>.+)\.(?P<host>[A-Za-z0-9_-]+)-(?P<pid>\d+)\.[a-z0-9_]+\."
                         r"(?P<kind>tmp|partial|old)$")
+# The kernel's initial pid namespace (PROC_PID_INIT_INO): a host's processes outside any container.
+_INITIAL_PID_NAMESPACE = "4026531836"
 # A live writer's temp is written after its process started; allow for /proc's whole-second boot time.
 _START_SLACK_S = 2.0
 
 
 def host_tag() -> str:
-    """This host's name as it appears in temp names (no dots, so names split on `.`)."""
-    return re.sub(r"[^A-Za-z0-9_-]", "_", socket.gethostname()) or "host"
+    """Where pids mean what they mean here, as it appears in temp names (no dots, so names split on `.`): the
+    host name, plus the pid namespace where it is not the host's first one (two containers may share a host
+    name, never a pid namespace)."""
+    host = re.sub(r"[^A-Za-z0-9_-]", "_", socket.gethostname()) or "host"
+    try:
+        namespace = os.readlink("/proc/self/ns/pid")  # "pid:[4026531836]"
+    except OSError:
+        return host
+    inode = re.sub(r"\D", "", namespace)
+    return host if inode == _INITIAL_PID_NAMESPACE else f"{host}_ns{inode}"
 
 
 @dataclass(frozen=True)
