@@ -30,13 +30,15 @@ def main(argv: list[str] | None = None) -> int:
     model = load_section("model", args.params)
     env_params = load_section("env", args.params)
     logged = {"model.dtype": model.dtype, "model.param_dtype": model.param_dtype, "env.name": env_params.name}
-    with tracking.stage_run("sft", sft, extra_params=logged, params_file=args.params) as run:
+    checkpoints = (resume_dir(sft.checkpoint_dir, sft, model, env_params, init_dir=sft.init_dir)
+                   if sft.steps > 0 else None)
+    with tracking.stage_run("sft", sft, extra_params=logged, params_file=args.params,
+                            resume_folder=checkpoints) as run:
         policy, params = load_policy(sft.init_dir, model, sft.max_target_tokens, mesh_shape=tuple(sft.mesh))
         summary = {"steps": sft.steps}
-        if sft.steps > 0:
+        if checkpoints is not None:
             env = envs.from_params(env_params, shards_dir=sft.shards_dir, split="train",
                                    tokenizer=policy.processor.tokenizer)
-            checkpoints = resume_dir(sft.checkpoint_dir, sft, model, env_params, init_dir=sft.init_dir)
             trainer = SFTTrainer(policy, env, params, sft, checkpoints,
                                  metrics_callback=lambda step, metrics: run.log_metrics(metrics, step=step))
             params = trainer.run()

@@ -37,12 +37,13 @@ def main(argv: list[str] | None = None) -> int:
     model = load_section("model", args.params)
     env_params = load_section("env", args.params)
     logged = {"model.dtype": model.dtype, "model.param_dtype": model.param_dtype, "env.name": env_params.name}
-    with tracking.stage_run("train", train, extra_params=logged, params_file=args.params) as run:
+    checkpoints = resume_dir(train.checkpoint_dir, train, model, env_params, init_dir=train.init_dir)
+    with tracking.stage_run("train", train, extra_params=logged, params_file=args.params,
+                            resume_folder=checkpoints) as run:
         policy, params = load_policy(train.init_dir, model, train.max_new_tokens, temperature=train.temperature,
                                      top_k=train.top_k, top_p=train.top_p, mesh_shape=tuple(train.mesh))
         env = envs.from_params(env_params, shards_dir=train.shards_dir, split="train",
                                tokenizer=policy.processor.tokenizer)
-        checkpoints = resume_dir(train.checkpoint_dir, train, model, env_params, init_dir=train.init_dir)
         trainer = GRPOTrainer(policy, env, params, train, checkpoints,
                               metrics_callback=lambda step, metrics: run.log_metrics(metrics, step=step),
                               samples_callback=run.log_sample_table)

@@ -79,24 +79,30 @@ def _process_start(pid: int) -> float | None:
     return boot + ticks / os.sysconf("SC_CLK_TCK")
 
 
-def writer_state(temp: Temp) -> str:
-    """'live', 'dead' or 'elsewhere' (another host: cannot be told from here)."""
-    if temp.host != host_tag():
+def process_state(host: str, pid: int, since: float) -> str:
+    """Whether the process `{host}-{pid}` that was running at time `since` (epoch seconds) still runs: 'live',
+    'dead', or 'elsewhere' (another host or container: its pid cannot be checked from here)."""
+    if host != host_tag():
         return "elsewhere"
     try:
-        os.kill(temp.pid, 0)
+        os.kill(pid, 0)
     except ProcessLookupError:
         return "dead"
     except PermissionError:
         pass  # another user's live process
-    started = _process_start(temp.pid)
+    started = _process_start(pid)
+    if started is not None and started > since + _START_SLACK_S:
+        return "dead"  # the pid now belongs to a younger process
+    return "live"
+
+
+def writer_state(temp: Temp) -> str:
+    """'live', 'dead' or 'elsewhere' for the writer named in a temp (its writer ran when it was last written)."""
     try:
         written = temp.path.lstat().st_mtime
     except FileNotFoundError:
         return "live"  # its writer just renamed or removed it
-    if started is not None and started > written + _START_SLACK_S:
-        return "dead"  # the pid now belongs to a process younger than the temp
-    return "live"
+    return process_state(temp.host, temp.pid, since=written)
 
 
 def disk_size(path: Path) -> int:

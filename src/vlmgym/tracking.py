@@ -14,6 +14,7 @@ import dataclasses
 import json
 import os
 import subprocess
+import sys
 import tempfile
 import uuid
 from collections.abc import Iterator, Mapping
@@ -22,7 +23,7 @@ from typing import Any
 
 import yaml
 
-from vlmgym import temps
+from vlmgym import atomic, run_recovery, temps
 
 PIPELINE_ID_ENV = "VLMGYM_PIPELINE_ID"
 
@@ -131,16 +132,21 @@ def _hash_tags(kind: str, paths: list[str], root: Path) -> dict[str, str]:
 class StageRun:
     """A thin handle on the active MLflow run of a stage."""
 
-    def __init__(self, run: Any, client: Any):
+    def __init__(self, run: Any, client: Any, logged_through: int = -1):
         self.run = run
         self.client = client
         self.run_id: str = run.info.run_id
+        # A continued run already holds the steps through this one: they are not logged twice.
+        self.logged_through = logged_through
 
     def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
         """Log finite numeric metrics; non-numbers are skipped rather than crashing a long run."""
         import math
 
         import mlflow
+
+        if step is not None and step <= self.logged_through:
+            return
 
         clean = {}
         for k, v in metrics.items():
@@ -171,6 +177,8 @@ class StageRun:
     def log_sample_table(self, step: int, rows: list[dict]) -> None:
         """A sample-rollouts table (table.json + each row's images as JPEGs) as the artifact folder
         samples/step_NNNNNN/; rows have index, images (PIL), answer, reward, reward_components."""
+        if step <= self.logged_through:
+            return
         with tempfile.TemporaryDirectory() as tmp:
             folder = Path(tmp) / f"step_{step:06d}"
             folder.mkdir()
@@ -209,13 +217,15 @@ def _flatten(prefix: str, value: Any) -> dict[str, str]:
 @contextlib.contextmanager
 def stage_run(stage: str, params: Any = None, *, experiment: str | None = None,
               extra_params: Mapping[str, Any] | None = None,
-              params_file: str | Path | None = None) -> Iterator[StageRun]:
+              params_file: str | Path | None = None, resume_folder: str | Path | None = None) -> Iterator[StageRun]:
     """Run a pipeline stage inside one MLflow run with its params and lineage tags.
 
     `params` is the stage's params section (a dataclass or a mapping). The
     experiment and tracking URI come from the `tracking` section of `params_file`
     (the stage's --params; default: params.yaml at the repo root) unless given.
-    Output hashes are tagged after the body succeeds.
+    Output hashes are tagged after the body succeeds. Runs left RUNNING by dead
+    processes are closed as KILLED first; with `resume_folder` (a training stage's
+    checkpoint folder) the unfinished run that trained into it is continued.
     """
     import mlflow
 
@@ -247,11 +257,23 @@ def stage_run(stage: str, params: Any = None, *, experiment: str | None = None,
     if exp_name:
         tags["dvc.exp_name"] = exp_name
     run_name = f"{exp_name}/{stage}" if exp_name else stage
-    with mlflow.start_run(run_name=run_name, tags=tags) as run:
+    client = mlflow.tracking.MlflowClient()
+    run_recovery.close_dead_runs(client, mlflow.get_experiment_by_name(experiment).experiment_id)
+    tags[run_recovery.WRITER_TAG] = atomic.writer_tag()
+    continued = run_recovery.run_to_continue(resume_folder, client, uri) if resume_folder else None
+    if continued:
+        previous = client.get_run(continued.run_id).data.tags.get(run_recovery.RESUMED_TAG, "0")
+        tags[run_recovery.RESUMED_TAG] = str(int(previous) + 1)
+        print(f"{stage}: continuing MLflow run {continued.run_id} (steps through {continued.logged_through} "
+              "already logged)", file=sys.stderr)
+    start = {"run_id": continued.run_id} if continued else {"run_name": run_name}
+    with mlflow.start_run(**start, tags=tags) as run:
         logged = _flatten("", params) if params is not None else {}
         logged.update(_flatten("", extra_params or {}))
-        if logged:
+        if logged and not continued:  # a continued run has them, and MLflow refuses to log a param twice
             mlflow.log_params(logged)
-        handle = StageRun(run, mlflow.tracking.MlflowClient())
+        if resume_folder:
+            run_recovery.remember_run(resume_folder, run.info.run_id, uri)
+        handle = StageRun(run, client, logged_through=continued.logged_through if continued else -1)
         yield handle
         mlflow.set_tags(_hash_tags("out", paths["outs"], root))
