@@ -29,7 +29,7 @@ import math
 import random
 import re
 import zipfile
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -39,7 +39,7 @@ from PIL import Image, ImageDraw
 
 from vlmgym.atomic import atomic_file
 from vlmgym.data import layout
-from vlmgym.params import DataParams
+from vlmgym.params import DataParams, spec
 
 SHAPES = ("circle", "square", "triangle")
 COLOURS = {"red": (214, 39, 40), "green": (44, 160, 44), "blue": (31, 90, 220), "yellow": (240, 200, 20)}
@@ -123,8 +123,9 @@ class SyntheticPair:
 # --- scenes --------------------------------------------------------------------
 
 
-def sample_scene(rng: random.Random, width: int, height: int, mentioned: Statement | None = None) -> Scene:
-    """1..MAX_OBJECTS shapes that neither overlap nor line up, so counts and relations are visible."""
+def sample_scene(rng: random.Random, width: int, height: int, mentioned: Statement | None = None,
+                 max_objects: int = MAX_OBJECTS) -> Scene:
+    """1..max_objects shapes that neither overlap nor line up, so counts and relations are visible."""
     base = min(width, height)
     radii = {"small": 0.065 * base, "large": 0.11 * base}
     gap = 0.04 * base  # also the minimum x and y offset between centres: no ambiguous left/right/above/below
@@ -136,7 +137,7 @@ def sample_scene(rng: random.Random, width: int, height: int, mentioned: Stateme
         # then come out true or false often enough that the wording never has to be redrawn to fit the label.
         colours = sorted(set(colours) | set(mentioned.colours))
         shapes = sorted(set(shapes) | set(mentioned.shapes))
-    count = rng.randint(1, MAX_OBJECTS)
+    count = rng.randint(1, max_objects)
     for _ in range(100):
         objects: list[SceneObject] = []
         for _ in range(count):
@@ -297,26 +298,33 @@ def balanced_labels(count: int, seed: int, split: str) -> list[bool]:
     return labels
 
 
-def generate_pair(seed: int, split: str, index: int, label: bool, width: int, height: int) -> SyntheticPair:
-    """One pair: a statement drawn without looking at `label`, then scenes drawn until its truth equals `label`."""
+def generate_pair(seed: int, split: str, index: int, label: bool, width: int, height: int,
+                  templates: Sequence[str] = (), max_objects: int = MAX_OBJECTS) -> SyntheticPair:
+    """One pair: a statement drawn without looking at `label`, then scenes drawn until its truth equals `label`.
+
+    `templates`: the templates drawn from, uniformly (empty: all); `max_objects`: shapes per image at most."""
     # The wording is fixed before the scenes, so the text alone says little about the label; it is redrawn only
     # when SCENE_TRIES scenes could not give the wanted truth value (rare statements).
     rng = random.Random(f"nlvr2-{seed}-{split}-{index}")
-    name = rng.choice(sorted(TEMPLATES))
+    name = rng.choice(sorted(templates or TEMPLATES))
     for _ in range(STATEMENT_TRIES):
         statement = TEMPLATES[name](rng)
         for _ in range(SCENE_TRIES):
-            scenes = (sample_scene(rng, width, height, statement), sample_scene(rng, width, height, statement))
+            scenes = tuple(sample_scene(rng, width, height, statement, max_objects) for _ in range(2))
             if statement.check(scenes) is label:
                 return SyntheticPair(f"{split}-{index:06d}", statement.text, label, name, scenes[0], scenes[1])
     raise RuntimeError(f"template {name!r} gave no {label} statement in {STATEMENT_TRIES} statements "
                        f"(seed {seed}, {split} pair {index})")
 
 
-def generate_split(seed: int, split: str, count: int, width: int, height: int) -> list[SyntheticPair]:
-    """`count` balanced, deterministic pairs (scene descriptions only, nothing rendered)."""
+def generate_split(seed: int, split: str, count: int, width: int, height: int, templates: Sequence[str] = (),
+                   max_objects: int = MAX_OBJECTS) -> list[SyntheticPair]:
+    """`count` balanced, deterministic pairs (scene descriptions only, nothing rendered); see generate_pair."""
+    unknown = sorted(set(templates) - set(TEMPLATES))
+    if unknown:
+        raise ValueError(f"nlvr2: unknown templates {unknown}; known: {sorted(TEMPLATES)}")
     labels = balanced_labels(count, seed, split)
-    return [generate_pair(seed, split, i, labels[i], width, height) for i in range(count)]
+    return [generate_pair(seed, split, i, labels[i], width, height, templates, max_objects) for i in range(count)]
 
 
 def statement_corpus(count: int = 400, seed: int = 0) -> list[str]:
@@ -388,11 +396,23 @@ def _synthetic_records(pairs: list[SyntheticPair], seed: int, split: str, width:
         yield RawRecord(pair.id, pair.sentence, pair.label, left, right)
 
 
-def write_synthetic_raw(params: DataParams, out_dir: str | Path) -> dict[str, int]:
+@dataclass(frozen=True)
+class NLVR2DataParams:
+    """nlvr2's synthetic generator: which statement templates, how crowded the scenes."""
+
+    templates: list[str] = spec(default_factory=list, choices=tuple(sorted(TEMPLATES)),
+                                doc="statement templates drawn, uniformly (empty: all nine)")
+    max_objects: int = spec(MAX_OBJECTS, ge=1, le=MAX_OBJECTS, doc="shapes per image at most (1 to this many)")
+
+
+def write_synthetic_raw(params: DataParams, out_dir: str | Path,
+                        settings: NLVR2DataParams | None = None) -> dict[str, int]:
     """Render train_images / test_images synthetic pairs into the raw layout; returns counts."""
+    settings = settings or NLVR2DataParams()
     counts: dict[str, int] = {}
     for split, count in (("train", params.train_images), ("test", params.test_images)):
-        pairs = generate_split(params.seed, split, count, params.image_width, params.image_height)
+        pairs = generate_split(params.seed, split, count, params.image_width, params.image_height,
+                               settings.templates, settings.max_objects)
         records = _synthetic_records(pairs, params.seed, split, params.image_width, params.image_height)
         counts[f"{split}_pairs"] = write_raw_split(out_dir, split, records)
         counts[f"{split}_true"] = sum(p.label for p in pairs)
