@@ -95,5 +95,8 @@ def test_generator_knobs_pick_templates_and_crowding():
     assert {p.template for p in chosen} == {"exists", "every_colour"}
     assert all(1 <= len(scene) <= 2 for p in chosen for scene in (p.left, p.right))
     assert sum(p.label for p in chosen) == 30
+    big = nlvr2.generate_split(6, "train", 20, 256, 192, (), nlvr2.MAX_OBJECTS, 1.5)
+    assert {round(o.radius, 6) for p in big for s in (p.left, p.right) for o in s} == {round(0.065 * 1.5 * 192, 6),
+                                                                                       round(0.11 * 1.5 * 192, 6)}
     with pytest.raises(ValueError, match="unknown templates"):
         nlvr2.generate_split(6, "train", 4, 256, 192, ["bogus"])

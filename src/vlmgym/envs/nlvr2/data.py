@@ -124,10 +124,11 @@ class SyntheticPair:
 
 
 def sample_scene(rng: random.Random, width: int, height: int, mentioned: Statement | None = None,
-                 max_objects: int = MAX_OBJECTS) -> Scene:
-    """1..max_objects shapes that neither overlap nor line up, so counts and relations are visible."""
+                 max_objects: int = MAX_OBJECTS, object_scale: float = 1.0) -> Scene:
+    """1..max_objects shapes that neither overlap nor line up, so counts and relations are visible; `object_scale`
+    multiplies the shapes' radii."""
     base = min(width, height)
-    radii = {"small": 0.065 * base, "large": 0.11 * base}
+    radii = {"small": 0.065 * object_scale * base, "large": 0.11 * object_scale * base}
     gap = 0.04 * base  # also the minimum x and y offset between centres: no ambiguous left/right/above/below
     # A restricted palette for some scenes makes "every ...", "same number" and "neither" statements come true.
     colours = rng.sample(sorted(COLOURS), rng.choice((1, 2, 4)))
@@ -299,10 +300,12 @@ def balanced_labels(count: int, seed: int, split: str) -> list[bool]:
 
 
 def generate_pair(seed: int, split: str, index: int, label: bool, width: int, height: int,
-                  templates: Sequence[str] = (), max_objects: int = MAX_OBJECTS) -> SyntheticPair:
+                  templates: Sequence[str] = (), max_objects: int = MAX_OBJECTS,
+                  object_scale: float = 1.0) -> SyntheticPair:
     """One pair: a statement drawn without looking at `label`, then scenes drawn until its truth equals `label`.
 
-    `templates`: the templates drawn from, uniformly (empty: all); `max_objects`: shapes per image at most."""
+    `templates`: the templates drawn from, uniformly (empty: all); `max_objects`: shapes per image at most;
+    `object_scale`: the shapes' size, relative to the default."""
     # The wording is fixed before the scenes, so the text alone says little about the label; it is redrawn only
     # when SCENE_TRIES scenes could not give the wanted truth value (rare statements).
     rng = random.Random(f"nlvr2-{seed}-{split}-{index}")
@@ -310,7 +313,7 @@ def generate_pair(seed: int, split: str, index: int, label: bool, width: int, he
     for _ in range(STATEMENT_TRIES):
         statement = TEMPLATES[name](rng)
         for _ in range(SCENE_TRIES):
-            scenes = tuple(sample_scene(rng, width, height, statement, max_objects) for _ in range(2))
+            scenes = tuple(sample_scene(rng, width, height, statement, max_objects, object_scale) for _ in range(2))
             if statement.check(scenes) is label:
                 return SyntheticPair(f"{split}-{index:06d}", statement.text, label, name, scenes[0], scenes[1])
     raise RuntimeError(f"template {name!r} gave no {label} statement in {STATEMENT_TRIES} statements "
@@ -318,13 +321,14 @@ def generate_pair(seed: int, split: str, index: int, label: bool, width: int, he
 
 
 def generate_split(seed: int, split: str, count: int, width: int, height: int, templates: Sequence[str] = (),
-                   max_objects: int = MAX_OBJECTS) -> list[SyntheticPair]:
+                   max_objects: int = MAX_OBJECTS, object_scale: float = 1.0) -> list[SyntheticPair]:
     """`count` balanced, deterministic pairs (scene descriptions only, nothing rendered); see generate_pair."""
     unknown = sorted(set(templates) - set(TEMPLATES))
     if unknown:
         raise ValueError(f"nlvr2: unknown templates {unknown}; known: {sorted(TEMPLATES)}")
     labels = balanced_labels(count, seed, split)
-    return [generate_pair(seed, split, i, labels[i], width, height, templates, max_objects) for i in range(count)]
+    return [generate_pair(seed, split, i, labels[i], width, height, templates, max_objects, object_scale)
+            for i in range(count)]
 
 
 def statement_corpus(count: int = 400, seed: int = 0) -> list[str]:
@@ -403,6 +407,8 @@ class NLVR2DataParams:
     templates: list[str] = spec(default_factory=list, choices=tuple(sorted(TEMPLATES)),
                                 doc="statement templates drawn, uniformly (empty: all nine)")
     max_objects: int = spec(MAX_OBJECTS, ge=1, le=MAX_OBJECTS, doc="shapes per image at most (1 to this many)")
+    object_scale: float = spec(1.0, gt=0, le=2, doc="the shapes' radii relative to 6.5% / 11% (small / large) of "
+                                                     "the image's shorter side")
 
 
 def write_synthetic_raw(params: DataParams, out_dir: str | Path,
@@ -412,7 +418,7 @@ def write_synthetic_raw(params: DataParams, out_dir: str | Path,
     counts: dict[str, int] = {}
     for split, count in (("train", params.train_images), ("test", params.test_images)):
         pairs = generate_split(params.seed, split, count, params.image_width, params.image_height,
-                               settings.templates, settings.max_objects)
+                               settings.templates, settings.max_objects, settings.object_scale)
         records = _synthetic_records(pairs, params.seed, split, params.image_width, params.image_height)
         counts[f"{split}_pairs"] = write_raw_split(out_dir, split, records)
         counts[f"{split}_true"] = sum(p.label for p in pairs)
