@@ -98,5 +98,10 @@ def test_generator_knobs_pick_templates_and_crowding():
     big = nlvr2.generate_split(6, "train", 20, 256, 192, (), nlvr2.MAX_OBJECTS, 1.5)
     assert {round(o.radius, 6) for p in big for s in (p.left, p.right) for o in s} == {round(0.065 * 1.5 * 192, 6),
                                                                                        round(0.11 * 1.5 * 192, 6)}
+    colour_only = nlvr2.generate_split(6, "train", 40, 256, 192, ["exists", "every_colour"], 4, 1.0, ["colour"])
+    assert all(not any(w in p.sentence for w in (*nlvr2.SHAPES, *nlvr2.SIZES)) for p in colour_only)
+    assert [statement_type(p.sentence) for p in colour_only] == [p.template for p in colour_only]
+    with pytest.raises(ValueError, match="must include colour"):
+        nlvr2.generate_split(6, "train", 4, 256, 192, (), 4, 1.0, ["shape"])
     with pytest.raises(ValueError, match="unknown templates"):
         nlvr2.generate_split(6, "train", 4, 256, 192, ["bogus"])
