@@ -143,7 +143,7 @@ def evaluate_policies(env: Any, records_by_policy: Mapping[str, Sequence[Mapping
 # --- answer collapse ------------------------------------------------------------------------------------------
 # A policy that gives (almost) one answer to every prompt has stopped looking at its input: a binary task then sits
 # at chance while every metric still looks like a number. The check is on answer texts, so it works for any env.
-# 0.95: a balanced binary task answered this one-sidedly is at most ~55% accurate, and an open-answer task (geospot's
+# 0.95: a balanced binary task answered this one-sidedly is at most ~55% accurate, and an open-answer task (free text,
 # coordinates) never repeats one answer on 95% of its samples unless it collapsed.
 COLLAPSE_TOP_SHARE = 0.95
 
