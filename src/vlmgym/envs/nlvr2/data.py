@@ -17,8 +17,7 @@ sizes on a tinted, noisy background; statements come from templates (counting, "
 relations, comparisons across the two images, existence) and their truth is computed from the scene descriptions.
 Exactly half of each split is true; the template is drawn before the label so it does not give the answer away.
 `data.nlvr2` (NLVR2DataParams) picks the templates, what descriptions name, how many and how large the shapes are;
-its defaults are the start the tiny default model can learn (existence of a colour, up to 4 larger shapes), the full
-generator is `templates: []`, `attributes: [size, colour, shape]`, `max_objects: 6`, `object_scale: 1.0`.
+its defaults are the full generator (all nine templates, full descriptions, 1-6 shapes at scale 1).
 Hub: the first N rows of the train and test splits of `data.hub_repo` (default HuggingFaceM4/NLVR2), images
 re-encoded as JPEG; its label is a ClassLabel with names ["True", "False"], so a stored 0 means True.
 """
@@ -432,19 +431,19 @@ def _synthetic_records(pairs: list[SyntheticPair], seed: int, split: str, width:
 
 @dataclass(frozen=True)
 class NLVR2DataParams:
-    """nlvr2's synthetic generator: which statements, how crowded and how large the shapes.
+    """nlvr2's synthetic generator: which statements, what descriptions name, how many and how large the shapes.
 
-    The defaults are the learnable start (issue 19): with all nine templates, full descriptions and up to six small
-    shapes, the tiny default model at 12 image tokens per image learns nothing from 2,000 pairs (SFT drives the
-    images' effect on the answer to ~1e-5 and says True everywhere). `templates: []`, `attributes: [size, colour,
-    shape]`, `max_objects: 6`, `object_scale: 1.0` give the full generator."""
+    The defaults are the full generator. Easier settings (e.g. templates [exists], attributes [colour], max_objects
+    4, object_scale 1.5) did not make the tiny default model learn within the default 600 SFT steps either (issue
+    19: SFT drives the images' effect on the answer to ~1e-5 and answers True everywhere); they are here to study
+    what a model learns, with the per-type accuracy of the evaluate stage."""
 
-    templates: list[str] = spec(default_factory=lambda: ["exists"], choices=tuple(sorted(TEMPLATES)),
+    templates: list[str] = spec(default_factory=list, choices=tuple(sorted(TEMPLATES)),
                                 doc="statement templates drawn, uniformly (empty: all nine)")
-    attributes: list[str] = spec(default_factory=lambda: ["colour"], choices=ATTRIBUTES,
+    attributes: list[str] = spec(default_factory=lambda: list(ATTRIBUTES), choices=ATTRIBUTES,
                                  doc="what descriptions may name: size, colour, shape (colour is required)")
-    max_objects: int = spec(4, ge=1, le=MAX_OBJECTS, doc="shapes per image at most (1 to this many)")
-    object_scale: float = spec(1.5, gt=0, le=2, doc="the shapes' radii relative to 6.5% / 11% (small / large) of "
+    max_objects: int = spec(MAX_OBJECTS, ge=1, le=MAX_OBJECTS, doc="shapes per image at most (1 to this many)")
+    object_scale: float = spec(1.0, gt=0, le=2, doc="the shapes' radii relative to 6.5% / 11% (small / large) of "
                                                      "the image's shorter side")
     train_pairs: int = spec(0, ge=0, doc="pairs in the train split (0: data.train_images)")
 
