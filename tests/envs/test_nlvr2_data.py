@@ -207,7 +207,7 @@ def test_synthetic_raw_layout(synthetic_raw):
     assert sorted(p.name for p in (raw / "images" / "train").iterdir()) == ["00.zip"]
     for split, count in (("train", 24), ("test", 9)):
         rows, members = read_raw(raw, split)
-        pairs = nlvr2.generate_split(params.seed, split, count, 128, 96)
+        pairs = nlvr2.generate_split(params.seed, split, count, 128, 96, **nlvr2.NLVR2DataParams().knobs())
         assert [r["id"] for r in rows] == [p.id for p in pairs]
         assert [r["sentence"] for r in rows] == [p.sentence for p in pairs]
         assert [r["label"] for r in rows] == [str(p.label) for p in pairs]
@@ -228,6 +228,18 @@ def test_synthetic_raw_is_byte_identical_on_rerun(synthetic_raw, tmp_path):
     nlvr2.write_synthetic_raw(params, tmp_path)
     for name in ("train.csv", "test.csv", "images/train/00.zip", "images/test/00.zip"):
         assert (tmp_path / name).read_bytes() == (raw / name).read_bytes(), name
+
+
+def test_generator_settings_reach_the_raw_layout(tmp_path):
+    params = DataParams(seed=3, train_images=4, test_images=2, image_width=128, image_height=96)
+    settings = nlvr2.NLVR2DataParams(templates=["spatial"], attributes=["size", "colour", "shape"], max_objects=2,
+                                     object_scale=1.2, train_pairs=6)
+    counts = nlvr2.write_synthetic_raw(params, tmp_path, settings)
+    assert counts["train_pairs"] == 6 and counts["test_pairs"] == 2  # train_pairs overrides data.train_images
+    rows, _ = read_raw(tmp_path, "train")
+    assert [r["sentence"] for r in rows] == [p.sentence for p in nlvr2.generate_split(3, "train", 6, 128, 96,
+                                                                                      ["spatial"], 2, 1.2)]
+    assert all(r["sentence"].startswith("In the ") for r in rows)
 
 
 def test_large_splits_roll_over_to_more_zips_and_stale_zips_go(tmp_path, monkeypatch):

@@ -26,7 +26,8 @@ def test_env_serves_the_generated_pairs_from_shards(shards):
     params, shards_dir, manifest = shards
     assert manifest["splits"]["test"]["kept"] == 10 and manifest["splits"]["train"]["kept"] == 6
     env = envs.make("nlvr2", shards_dir=str(shards_dir), split="test")
-    pairs = nlvr2.generate_split(params.seed, "test", 10, params.image_width, params.image_height)
+    pairs = nlvr2.generate_split(params.seed, "test", 10, params.image_width, params.image_height,
+                                 **nlvr2.NLVR2DataParams().knobs())  # what build_raw wrote: the env's defaults
     assert len(env) == len(pairs)
     for idx, pair in enumerate(pairs):
         state, obs = env.reset(idx)

@@ -138,3 +138,36 @@ def evaluate_policies(env: Any, records_by_policy: Mapping[str, Sequence[Mapping
                 env, records_by_policy[treatment], records_by_policy[control], n_resamples=n_resamples,
                 seed=seed, confidence=confidence, **options)
     return out
+
+
+# --- answer collapse ------------------------------------------------------------------------------------------
+# A policy that gives (almost) one answer to every prompt has stopped looking at its input: a binary task then sits
+# at chance while every metric still looks like a number. The check is on answer texts, so it works for any env.
+# 0.95: a balanced binary task answered this one-sidedly is at most ~55% accurate, and an open-answer task (free text,
+# coordinates) never repeats one answer on 95% of its samples unless it collapsed.
+COLLAPSE_TOP_SHARE = 0.95
+
+
+def answer_key(text: Any) -> str:
+    """An answer as the collapse check compares it: whitespace runs folded to one space, case folded (so 'True',
+    'true ' and 'TRUE' are one answer; '55.1, 37.6' and '55.2, 37.6' stay two)."""
+    return " ".join(str(text if text is not None else "").split()).casefold()
+
+
+def answer_spread(texts: Sequence[Any]) -> dict[str, Any]:
+    """How varied a set of answers is: `distinct_share` (distinct answers / answers), `top_share` (the most frequent
+    answer's share; ties go to the answer seen first) and `top_answer` (its normalised text)."""
+    if not texts:
+        raise ValueError("answer_spread needs at least one answer")
+    counts: dict[str, int] = {}
+    for text in texts:
+        key = answer_key(text)
+        counts[key] = counts.get(key, 0) + 1
+    top_answer = max(counts, key=counts.__getitem__)  # max keeps the first of equal counts (insertion order)
+    return {"distinct_share": len(counts) / len(texts), "top_share": counts[top_answer] / len(texts),
+            "top_answer": top_answer}
+
+
+def collapsed(spread: Mapping[str, Any], threshold: float = COLLAPSE_TOP_SHARE) -> bool:
+    """Whether one answer covers at least `threshold` of all answers."""
+    return spread["top_share"] >= threshold

@@ -9,7 +9,7 @@ from typing import Any
 
 from PIL import Image
 
-from vlmgym.eval.metrics import env_class, evaluate_policies
+from vlmgym.eval.metrics import COLLAPSE_TOP_SHARE, answer_spread, collapsed, env_class, evaluate_policies
 from vlmgym.eval.plots import plot_reward_curve_png, write_reward_curve_csv
 from vlmgym.eval.records import write_metrics_json
 from vlmgym.eval.report import write_html, write_markdown
@@ -21,6 +21,24 @@ class EvaluationOutputs:
 
     results: dict[str, dict[str, float]]
     files: dict[str, Path] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)  # e.g. a trained policy that collapsed to one answer
+
+
+def answer_collapse(records_by_policy: Mapping[str, Sequence[Mapping[str, Any]]],
+                    start_policies: Sequence[str] = (),
+                    threshold: float = COLLAPSE_TOP_SHARE) -> tuple[dict[str, dict[str, Any]], list[str]]:
+    """Per policy, how varied its greedy answers are (vlmgym.eval.metrics.answer_spread), and a warning for each
+    trained policy (not in `start_policies`, the untrained start model) whose top answer covers >= `threshold`."""
+    spreads, warnings = {}, []
+    for policy, records in records_by_policy.items():
+        spread = answer_spread([r.get("answer") for r in records])
+        spreads[policy] = spread
+        if policy not in start_policies and collapsed(spread, threshold):
+            warnings.append(f"policy {policy!r} gives the answer {spread['top_answer']!r} to "
+                            f"{100 * spread['top_share']:.1f}% of its {len(records)} samples (collapse threshold "
+                            f"{100 * threshold:.0f}%): it answers without looking at the input, so its metrics are "
+                            "those of a constant answer")
+    return spreads, warnings
 
 
 def mlflow_metrics(results: Mapping[str, Mapping[str, float]]) -> dict[str, float]:
@@ -35,7 +53,8 @@ def write_evaluation(env: Any, records_by_policy: Mapping[str, Sequence[Mapping[
                      seed: int = 0, confidence: float = 0.95, max_samples: int | None = 200,
                      env_params: Any = None, metric_options: Mapping[str, Any] | None = None,
                      title: str = "vlmgym evaluation",
-                     extra_metrics: Mapping[str, Mapping[str, float]] | None = None) -> EvaluationOutputs:
+                     extra_metrics: Mapping[str, Mapping[str, float]] | None = None,
+                     start_policies: Sequence[str] = ()) -> EvaluationOutputs:
     """Compute every metric and write the stage's outputs under `out_root` (each file atomically).
 
     `env` is an Env class or name; `env_params` its own params section (None: its defaults), `metric_options`
@@ -43,6 +62,9 @@ def write_evaluation(env: Any, records_by_policy: Mapping[str, Sequence[Mapping[
     the env's own plots (Env.write_report_files, e.g. a distance CDF), metrics/plots/train_reward.csv and
     reports/train_reward.png (when `reward_curve` is given). `extra_metrics` ({key: {figure: value}}, e.g. the HF
     baseline) go into metrics/eval.json under their keys and into both reports as their own tables.
+    Every policy also gets `answers_distinct_share` and `answers_top_share` (the answer collapse check, see
+    answer_collapse; `start_policies` are exempt from its warnings), and both reports an "Answer collapse check"
+    table; the warnings are returned in EvaluationOutputs.warnings.
     """
     env = env_class(env)
     if env_params is None and env.Params is not None:
@@ -55,12 +77,17 @@ def write_evaluation(env: Any, records_by_policy: Mapping[str, Sequence[Mapping[
     root = Path(out_root)
     results = evaluate_policies(env, records_by_policy, comparisons=comparisons, n_resamples=n_resamples, seed=seed,
                                 confidence=confidence, **(metric_options or {}))
+    spreads, warnings = answer_collapse(records_by_policy, start_policies)
+    for policy, spread in spreads.items():
+        results[policy]["answers_distinct_share"] = spread["distinct_share"]
+        results[policy]["answers_top_share"] = spread["top_share"]
     files = {"metrics": root / "metrics" / "eval.json", "table": root / "reports" / "eval.md",
              "html": root / "reports" / "eval.html"}
     sections = {key: dict(values) for key, values in (extra_metrics or {}).items()}
     write_metrics_json(files["metrics"], {**results, **sections})
+    collapse = collapse_section(spreads, warnings)
     write_markdown(files["table"], env, results, title=f"{title} ({env.name})", confidence=confidence,
-                   sections=sections)
+                   sections={**sections, **collapse})
     env_files, figures = env.write_report_files(root, records_by_policy, env_params)
     files.update(env_files)
     if reward_curve:
@@ -71,5 +98,17 @@ def write_evaluation(env: Any, records_by_policy: Mapping[str, Sequence[Mapping[
     if "train_reward_png" in files:
         figures = {**figures, "Training reward": files["train_reward_png"]}
     write_html(files["html"], env, results, records_by_policy, images, env_params=env_params, title=title,
-               confidence=confidence, max_samples=max_samples, sections=sections, figures=figures)
-    return EvaluationOutputs({**results, **sections}, files)
+               confidence=confidence, max_samples=max_samples, sections={**sections, **collapse}, figures=figures)
+    return EvaluationOutputs({**results, **sections}, files, warnings)
+
+
+def collapse_section(spreads: Mapping[str, Mapping[str, Any]], warnings: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """The reports' "Answer collapse check" table: each policy's top answer, its share, the distinct answers' share,
+    then the warnings (kept out of metrics/eval.json, whose values are numbers)."""
+    figures: dict[str, Any] = {}
+    for policy, spread in spreads.items():
+        figures[f"{policy}: top answer"] = repr(spread["top_answer"])
+        figures[f"{policy}: top answer share"] = f"{100 * spread['top_share']:.1f}%"
+        figures[f"{policy}: distinct answers share"] = f"{100 * spread['distinct_share']:.1f}%"
+    figures.update({f"warning {i}": text for i, text in enumerate(warnings, start=1)})
+    return {f"Answer collapse check (warning at top answer share >= {100 * COLLAPSE_TOP_SHARE:.0f}%)": figures}

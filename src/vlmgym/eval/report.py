@@ -26,7 +26,9 @@ ANSWER_CHARS = 400  # longer answers are cut in the gallery (the rollout JSONL k
 
 # The rows every env's table has: `n` first, the env's own rows (Env.metric_rows), then these two.
 FIRST_ROWS = {"n": ("samples", "count")}
-LAST_ROWS = {"format_valid_rate": ("format valid", "rate"), "mean_reward": ("mean reward", "reward")}
+LAST_ROWS = {"format_valid_rate": ("format valid", "rate"), "mean_reward": ("mean reward", "reward"),
+             # the answer collapse check (vlmgym.eval.outputs.answer_collapse): point figures, no interval
+             "answers_top_share": ("top answer share", "rate"), "answers_distinct_share": ("distinct answers", "rate")}
 
 
 def metric_rows(env: Any) -> dict[str, tuple[str, str]]:

@@ -86,5 +86,15 @@ def evaluate_pipeline(eval_params: EvalParams, rollout: RolloutParams, model: Mo
                                comparisons=[tuple(pair) for pair in eval_params.comparisons],
                                n_resamples=eval_params.n_resamples, seed=eval_params.seed,
                                confidence=eval_params.confidence, max_samples=eval_params.gallery_samples or None,
-                               env_params=env_params.settings(), extra_metrics=extra)
+                               env_params=env_params.settings(), extra_metrics=extra,
+                               start_policies=start_policies(rollout, model))
+    for warning in outputs.warnings:
+        print(f"evaluate: WARNING: {warning}", file=sys.stderr)
     return outputs, train_run
+
+
+def start_policies(rollout: RolloutParams, model: ModelParams) -> list[str]:
+    """The policies whose folder is the converted, untrained model (model.jax_dir): a random model answering one
+    thing everywhere is no news, so the collapse check does not warn about them."""
+    start = Path(model.jax_dir).resolve()
+    return [p for p in rollout.policies if (Path(rollout.models_dir) / p).resolve() == start]

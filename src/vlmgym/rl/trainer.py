@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from vlmgym.eval.metrics import answer_spread
 from vlmgym.rl import grpo
 from vlmgym.rl.loop import (
     CompileCounter,
@@ -206,7 +207,7 @@ class GRPOTrainer(TrainingLoop):
         c = self.config
         # The curriculum follows training progress, not env resets (which sampling rounds would skew).
         self.env.set_progress(step / self.total_steps)
-        kept, spare, sampled_rewards, sampled_infos = [], [], [], []
+        kept, spare, sampled_rewards, sampled_infos, sampled_texts = [], [], [], [], []
         sampled_groups = zero_std_groups = rounds = sampled_tokens = 0
         rollout_time = 0.0
         while len(kept) < c.batch_prompts and rounds < c.max_sample_rounds:
@@ -228,6 +229,7 @@ class GRPOTrainer(TrainingLoop):
                 sampled_groups += 1
                 sampled_rewards.extend(group["rewards"])
                 sampled_infos.extend(group["infos"])
+                sampled_texts.extend(group["texts"])
                 equal = grpo.filter_groups(group["rewards"], c.group_size).num_dropped == 1
                 zero_std_groups += equal
                 if c.filter_groups and equal:
@@ -243,7 +245,7 @@ class GRPOTrainer(TrainingLoop):
         return {"groups": kept + padding, "num_padding": len(padding), "sampled_groups": sampled_groups,
                 "zero_std_groups": zero_std_groups, "rounds": rounds, "rollout_time": rollout_time,
                 "sampled_tokens": sampled_tokens, "sampled_rewards": np.asarray(sampled_rewards, np.float64),
-                "sampled_infos": sampled_infos}
+                "sampled_infos": sampled_infos, "sampled_texts": sampled_texts}
 
     def step(self, step: int) -> dict[str, float]:
         c = self.config
@@ -303,7 +305,9 @@ class GRPOTrainer(TrainingLoop):
         out = {"reward_mean": float(rewards.mean()), "reward_std": float(rewards.std()),
                "zero_std_group_share": collected["zero_std_groups"] / collected["sampled_groups"],
                "groups_dropped": float(collected["zero_std_groups"] if self.config.filter_groups else 0),
-               "sample_rounds": float(collected["rounds"])}
+               "sample_rounds": float(collected["rounds"]),
+               # the evaluate stage's collapse check on the step's samples: near 1, every group answers alike
+               "answer_top_share": answer_spread(collected["sampled_texts"])["top_share"]}
         components: dict[str, list[float]] = {}
         for info in collected["sampled_infos"]:
             for name, value in (info.get("reward_components") or {}).items():

@@ -6,6 +6,7 @@ both in the nlvr2 raw layout (CSV id, sentence, label, left, right + image zips)
 
 from __future__ import annotations
 
+import html
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -16,6 +17,7 @@ import numpy as np
 from vlmgym.data.rows import Row, RowSchema, RowSkip
 from vlmgym.envs.base import Env, SampleLike, State
 from vlmgym.envs.nlvr2 import data as nlvr2_data
+from vlmgym.envs.nlvr2 import types as nlvr2_types
 from vlmgym.eval.bootstrap import Statistic
 from vlmgym.eval.metrics import record_field, record_where
 
@@ -61,8 +63,10 @@ class NLVR2Env(Env):
     """Decide whether a statement about a left and a right image is true; samples come from webdataset shards."""
 
     name = "nlvr2"
+    DataParams = nlvr2_data.NLVR2DataParams
     schema = RowSchema("nlvr2", ("id", "sentence", "label", "left", "right"), ("left.jpg", "right.jpg"), parse_row)
-    metric_rows = {"accuracy": ("accuracy", "rate")}
+    # the overall accuracy, then one per statement type (synthetic templates; the real NLVR2 has only the first)
+    metric_rows = {"accuracy": ("accuracy", "rate"), **nlvr2_types.metric_rows()}
 
     def __init__(self, samples: Sequence[SampleLike] | None = None, **kwargs: Any) -> None:
         super().__init__(samples, **kwargs)
@@ -109,7 +113,7 @@ class NLVR2Env(Env):
     @classmethod
     def write_synthetic(cls, data: Any, out_dir: Path) -> dict:
         """Synthetic scene pairs; `data.train_images` / `data.test_images` count pairs (statements)."""
-        return nlvr2_data.write_synthetic_raw(data, out_dir)
+        return nlvr2_data.write_synthetic_raw(data, out_dir, cls.data_settings(data))
 
     @classmethod
     def download_hub(cls, data: Any, out_dir: Path) -> dict:
@@ -131,7 +135,8 @@ class NLVR2Env(Env):
 
     @classmethod
     def task_statistics(cls, records: Sequence[Mapping[str, Any]], **options: Any) -> dict[str, Statistic]:
-        """Accuracy: the answer names the truth value (no answer is wrong, never a side)."""
+        """Accuracy: the answer names the truth value (no answer is wrong, never a side); overall and per
+        statement type (types.py)."""
         correct = []
         for i, record in enumerate(records):
             where = record_where(record, i)
@@ -141,7 +146,8 @@ class NLVR2Env(Env):
                 raise ValueError(f"{where}: truth.label must be true or false, got {label!r}")
             predicted = record.get("pred_label")
             correct.append(isinstance(predicted, bool) and predicted is label)
-        return {"accuracy": Statistic("mean", np.asarray(correct, np.float64))}
+        correct = np.asarray(correct, np.float64)
+        return {"accuracy": Statistic("mean", correct), **nlvr2_types.type_statistics(records, correct)}
 
     @classmethod
     def truth_text(cls, truth: Mapping[str, Any]) -> str:
@@ -153,6 +159,34 @@ class NLVR2Env(Env):
     def outcome_text(cls, record: Mapping[str, Any]) -> str:
         """correct or wrong."""
         return "correct" if record.get("pred_label") is record["truth"].get("label") else "wrong"
+
+    @classmethod
+    def report_html(cls, records_by_policy: Mapping[str, Sequence[Mapping[str, Any]]], params: Any) -> str:
+        """Per statement type: how many samples, how many are true, and per policy how often it answers True and
+        how often it is right (the shown samples; the summary table has every sample, with intervals)."""
+        rows = []
+        for template, (label, _) in [*nlvr2_types.TEMPLATE_TYPES.items(), (None, ("other (not a template)", None))]:
+            cells = []
+            for records in records_by_policy.values():
+                mine = [r for r in records if nlvr2_types.statement_type(r["truth"].get("sentence")) == template]
+                if not cells:
+                    if not mine:
+                        break
+                    true_share = np.mean([r["truth"].get("label") is True for r in mine])
+                    cells += [str(len(mine)), f"{100 * true_share:.0f}%"]
+                if not mine:  # a policy that answered other samples
+                    cells += ["n/a", "n/a"]
+                    continue
+                said_true = np.mean([r.get("pred_label") is True for r in mine])
+                right = np.mean([r.get("pred_label") is r["truth"].get("label") for r in mine])
+                cells += [f"{100 * said_true:.0f}%", f"{100 * right:.0f}%"]
+            if cells:
+                rows.append("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in [label, *cells]) + "</tr>")
+        heads = "".join(f"<th>{html.escape(p)}: says True</th><th>{html.escape(p)}: right</th>"
+                        for p in records_by_policy)
+        return ("<h2>Statement types</h2><p>A policy that says True (or False) on ~100% of a type has learned "
+                "nothing about it; right ~50% is chance.</p><table><tr><th>type</th><th>samples</th><th>true</th>"
+                f"{heads}</tr>{''.join(rows)}</table>")
 
 
 def _check_sample(sample: SampleLike) -> None:
