@@ -43,10 +43,11 @@ def close_dead_runs(client: Any, experiment_id: str) -> list[str]:
 
 @dataclass
 class Continued:
-    """A run to continue and the last step it logged (-1: none)."""
+    """A run to continue, the last step it logged (-1: none) and how often it was continued before."""
 
     run_id: str
     logged_through: int
+    resumed_times: int
 
 
 def run_to_continue(folder: str | Path, client: Any, tracking_uri: str) -> Continued | None:
@@ -65,7 +66,7 @@ def run_to_continue(folder: str | Path, client: Any, tracking_uri: str) -> Conti
             run.info.lifecycle_stage != "active":
         return None
     logged = [m.step for key in run.data.metrics for m in client.get_metric_history(run.info.run_id, key)]
-    return Continued(run.info.run_id, max(logged, default=-1))
+    return Continued(run.info.run_id, max(logged, default=-1), int(run.data.tags.get(RESUMED_TAG, "0")))
 
 
 def remember_run(folder: str | Path, run_id: str, tracking_uri: str) -> None:

@@ -244,7 +244,7 @@ def stage_run(stage: str, params: Any = None, *, experiment: str | None = None,
     if uri.startswith("sqlite:") and mlflow.get_experiment_by_name(experiment) is None:
         # Artifacts beside the SQLite file, not in whatever directory the stage happens to run from.
         mlflow.create_experiment(experiment, artifact_location=(root / "mlartifacts").as_uri())
-    mlflow.set_experiment(experiment)
+    experiment_id = mlflow.set_experiment(experiment).experiment_id
 
     exp_name = os.environ.get("DVC_EXP_NAME", "")
     paths = stage_paths(stage, root)
@@ -258,12 +258,11 @@ def stage_run(stage: str, params: Any = None, *, experiment: str | None = None,
         tags["dvc.exp_name"] = exp_name
     run_name = f"{exp_name}/{stage}" if exp_name else stage
     client = mlflow.tracking.MlflowClient()
-    run_recovery.close_dead_runs(client, mlflow.get_experiment_by_name(experiment).experiment_id)
+    run_recovery.close_dead_runs(client, experiment_id)
     tags[run_recovery.WRITER_TAG] = atomic.writer_tag()
     continued = run_recovery.run_to_continue(resume_folder, client, uri) if resume_folder else None
     if continued:
-        previous = client.get_run(continued.run_id).data.tags.get(run_recovery.RESUMED_TAG, "0")
-        tags[run_recovery.RESUMED_TAG] = str(int(previous) + 1)
+        tags[run_recovery.RESUMED_TAG] = str(continued.resumed_times + 1)
         print(f"{stage}: continuing MLflow run {continued.run_id} (steps through {continued.logged_through} "
               "already logged)", file=sys.stderr)
     start = {"run_id": continued.run_id} if continued else {"run_name": run_name}
