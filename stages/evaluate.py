@@ -2,7 +2,8 @@
 
 Reads the rollout JSONL of every policy (outputs/rollouts/<policy>.jsonl, greedy answers) and writes
 metrics/eval.json (each policy's metrics with `_ci_low`/`_ci_high`, the paired `grpo_minus_sft` differences and
-the `hf_baseline` figures), metrics/plots/*.csv (DVC plots: distance CDF per policy, training reward curve),
+the `hf_baseline` figures; the baseline's speed goes to the MLflow run only, as it differs on every run),
+metrics/plots/*.csv (DVC plots: distance CDF per policy, training reward curve),
 reports/eval.md, reports/eval.html and the PNGs. The HF baseline runs transformers on the exported folder
 (models/hf/grpo) over the first `eval.hf_samples` test prompts and compares with the JAX engine's greedy answers.
 The training reward curve comes from the MLflow train run that wrote the evaluated model (vlmgym.eval.curve).
@@ -35,10 +36,12 @@ def main(argv: list[str] | None = None) -> int:
     tracking_params = load_section("tracking", args.params)
     logged = {"env.name": env_params.name, "rollout.policies": rollout.policies}
     with tracking.stage_run("evaluate", eval_params, extra_params=logged, params_file=args.params) as run:
-        outputs, train_run = evaluate_pipeline(
+        outputs, train_run, hf_timing = evaluate_pipeline(
             eval_params, rollout, model, env_params, train.out_dir,
             tracking_uri=tracking.tracking_uri(tracking_params.tracking_uri), experiment=tracking_params.experiment)
         run.log_metrics(mlflow_metrics(outputs.results))
+        run.log_pipeline_results(mlflow_metrics(outputs.results))  # the headline results of the whole pipeline
+        run.log_metrics({f"hf_baseline/{name}": value for name, value in hf_timing.items()})
         if train_run:
             run.set_tags({"vlmgym.train_run_id": train_run})
         for path in outputs.files.values():

@@ -2,7 +2,8 @@
 
 Writes safetensors + config + tokenizer/preprocessor files with the model-core exporter, then checks the result:
 every exported tensor equals the JAX parameter it came from bit for bit, and transformers loads the folder
-offline with no missing or unexpected weights. A failed check removes the folder and exits 1.
+offline with no missing or unexpected weights. A failed check removes the folder and exits 1. Then (with
+`export.register`) the folder is logged as an MLflow model and registered as `vlmgym-<env>` (vlmgym.registry).
 
     python stages/export.py [--params params.yaml]
 """
@@ -12,7 +13,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from vlmgym import tracking
+from vlmgym import registry, tracking
 from vlmgym.models.qwen3_vl.convert import ExportCheckFailed, export_and_check
 from vlmgym.params import load_section
 
@@ -23,10 +24,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--params", default="params.yaml", help="params file (section export)")
     args = parser.parse_args(argv)
     export = load_section("export", args.params)
+    env_name = load_section("env", args.params).name
+    max_new_tokens = load_section("rollout", args.params).max_new_tokens
+    logged = {"env.name": env_name, "rollout.max_new_tokens": max_new_tokens}
     try:
-        with tracking.stage_run("export", export, params_file=args.params) as run:
+        with tracking.stage_run("export", export, extra_params=logged, params_file=args.params) as run:
             out, figures = export_and_check(export.jax_dir, export.hf_dir)
             run.log_metrics(figures)
+            if export.register:
+                version = registry.log_and_register(out, env_name, max_new_tokens=max_new_tokens,
+                                                    client=run.client, lineage=run.lineage(export.hf_dir))
+                print(f"export: registered {version.name} version {version.version} "
+                      f"(mlflow.pyfunc.load_model('models:/{version.name}/{version.version}'))")
     except ExportCheckFailed as err:
         print(f"export: check FAILED: {err}", file=sys.stderr)
         return 1

@@ -3,7 +3,8 @@
 Greedy answers (the headline numbers) with the rollout engine in batches of `rollout.batch_size`, scored by the
 env at curriculum progress `rollout.progress`; with `rollout.sampled_answers: k > 0` also k sampled answers per
 prompt in <policy>.sampled.jsonl. One record per answer (schema: vlmgym.eval.records and vlmgym.eval.rollouts);
-summary.json holds each policy's timing and mean reward. The folder is replaced as a whole, atomically.
+summary.json holds each policy's counts, mean reward and format rate; speeds (seconds, tokens/s) go to the MLflow
+run only, so the folder is the same bytes on every run. The folder is replaced as a whole, atomically.
 
     python stages/rollout.py [--params params.yaml]
 """
@@ -53,8 +54,9 @@ def main(argv: list[str] | None = None) -> int:
                                            progress=rollout.progress)
                 records, timing = answer_split(engine, params, env, policy=policy, batch_size=rollout.batch_size)
                 write_jsonl(tmp / f"{policy}.jsonl", records)
-                figures = {**timing.as_dict(), "mean_reward": float(np.mean([r["reward"] for r in records])),
+                figures = {**timing.counts(), "mean_reward": float(np.mean([r["reward"] for r in records])),
                            "format_ok_rate": float(np.mean([r["format_ok"] for r in records]))}
+                speed = timing.speed()
                 if rollout.sampled_answers > 0:
                     engine = RolloutEngine(engine.cfg, engine.processor,
                                            replace(engine.settings, greedy=False, temperature=rollout.temperature))
@@ -64,11 +66,11 @@ def main(argv: list[str] | None = None) -> int:
                                                            group_size=rollout.sampled_answers, key=key)
                     write_jsonl(tmp / f"{policy}.sampled.jsonl", sampled)
                     figures["sampled_mean_reward"] = float(np.mean([r["reward"] for r in sampled]))
-                    figures["sampled_tokens_per_s"] = sampled_timing.tokens_per_s
+                    speed["sampled_tokens_per_s"] = sampled_timing.tokens_per_s
                 summary[policy] = figures
-                run.log_metrics({f"{policy}/{k}": v for k, v in figures.items()})
+                run.log_metrics({f"{policy}/{k}": v for k, v in {**figures, **speed}.items()})
                 print(f"rollout: {policy}: {timing.samples} samples, mean reward {figures['mean_reward']:.4f}, "
-                      f"format ok {figures['format_ok_rate']:.1%}, {timing.tokens_per_s:.0f} tokens/s")
+                      f"format ok {figures['format_ok_rate']:.1%}, {speed['tokens_per_s']:.0f} tokens/s")
             (tmp / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
         run.log_dict(summary, "rollout_summary.json")
     return 0

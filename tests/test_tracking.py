@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from vlmgym import tracking
+from vlmgym import pipeline_run, tracking
 
 BIN = Path(sys.executable).parent
 
@@ -34,13 +34,15 @@ def make_repo(tmp_path: Path) -> Path:
     repo = tmp_path / "repo"
     repo.mkdir()
     (repo / "stage.py").write_text(STAGE_SCRIPT)
-    (repo / "params.yaml").write_text("data:\n  seed: 3\ntracking:\n  experiment: unit\n")
+    (repo / "params.yaml").write_text("data:\n  seed: 3\ntracking:\n  experiment: unit\nother:\n  lr: [1, 2]\n")
+    (repo / "data").mkdir()
+    (repo / "data" / "words.txt").write_text("hello\n")
     (repo / "dvc.yaml").write_text(textwrap.dedent(
         """
         stages:
           first:
             cmd: python stage.py first
-            deps: [stage.py]
+            deps: [stage.py, data/words.txt]
             params: [data.seed]
             outs: [first.out]
           second:
@@ -72,11 +74,16 @@ def repro(tmp_path_factory):
     client = MlflowClient(uri)
     experiment = client.get_experiment_by_name("unit")
     runs = client.search_runs([experiment.experiment_id])
-    return repo, runs, second.stdout
+    return repo, runs, second.stdout, client
+
+
+def _stage_runs(runs):
+    return [r for r in runs if r.data.tags.get(pipeline_run.ROLE_TAG) != pipeline_run.PIPELINE_ROLE]
 
 
 def test_each_stage_is_one_run_with_params_and_metrics(repro):
-    _, runs, _ = repro
+    _, runs, _, _ = repro
+    runs = _stage_runs(runs)
     assert sorted(r.data.tags["vlmgym.stage"] for r in runs) == ["first", "second"]
     for r in runs:
         assert r.data.params["seed"] == "3"
@@ -85,9 +92,39 @@ def test_each_stage_is_one_run_with_params_and_metrics(repro):
         assert r.info.status == "FINISHED"
 
 
+def test_one_parent_run_holds_the_pipeline(repro):
+    """Both stage runs nest under one parent run, which has every params section and finished."""
+    _, runs, _, client = repro
+    (parent,) = [r for r in runs if r.data.tags.get(pipeline_run.ROLE_TAG) == pipeline_run.PIPELINE_ROLE]
+    stages = _stage_runs(runs)
+    assert {r.data.tags[pipeline_run.PARENT_TAG] for r in stages} == {parent.info.run_id}
+    assert parent.data.tags["vlmgym.pipeline_id"] == stages[0].data.tags["vlmgym.pipeline_id"]
+    assert parent.data.params == {"data.seed": "3", "tracking.experiment": "unit", "other.lr": "[1, 2]"}
+    assert parent.info.status == "FINISHED" and parent.info.run_name.startswith("pipeline-")
+    # The parent's writer is the dvc process, which has exited, so a later stage would close it if it had
+    # been left RUNNING; the stage runs' writers are the stage processes.
+    assert parent.data.tags["vlmgym.writer"] not in {r.data.tags["vlmgym.writer"] for r in stages}
+    # The pipeline's parents, as the README queries them.
+    import mlflow
+
+    mlflow.set_tracking_uri(client.tracking_uri)
+    table = mlflow.search_runs(experiment_names=["unit"], filter_string="tags.`vlmgym.role` = 'pipeline'")
+    assert list(table["run_id"]) == [parent.info.run_id]
+
+
+def test_data_dependencies_are_run_inputs_with_the_dvc_hash(repro):
+    repo, runs, _, client = repro
+    (first,) = [r for r in _stage_runs(runs) if r.data.tags["vlmgym.stage"] == "first"]
+    (logged,) = client.get_run(first.info.run_id).inputs.dataset_inputs
+    assert logged.dataset.name == "data/words.txt"
+    assert logged.dataset.digest == first.data.tags["dvc.dep.data/words.txt"] == tracking.dvc_hash(
+        repo / "data/words.txt")
+    assert [t.value for t in logged.tags if t.key == "mlflow.data.context"] == ["first"]
+
+
 def test_lineage_tags(repro):
-    repo, runs, _ = repro
-    by_stage = {r.data.tags["vlmgym.stage"]: r.data.tags for r in runs}
+    repo, runs, _, _ = repro
+    by_stage = {r.data.tags["vlmgym.stage"]: r.data.tags for r in _stage_runs(runs)}
     commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True).stdout.strip()
     assert by_stage["first"]["git.commit"] == commit
     assert by_stage["first"]["git.dirty"] in ("true", "false")
@@ -103,8 +140,8 @@ def test_lineage_tags(repro):
 
 
 def test_second_repro_runs_nothing(repro):
-    _, runs, stdout = repro
-    assert len(runs) == 2
+    _, runs, stdout, _ = repro
+    assert len(runs) == 3  # two stages and their parent
     assert "didn't change, skipping" in stdout or "Data and pipelines are up to date" in stdout
 
 
@@ -117,8 +154,11 @@ def test_failed_stage_is_marked_failed_and_env_overrides(tmp_path, monkeypatch):
     with pytest.raises(RuntimeError), tracking.stage_run("boom", {"a": 1}, experiment="failing"):
         raise RuntimeError("stage failed")
     client = MlflowClient(uri)
-    (run,) = client.search_runs([client.get_experiment_by_name("failing").experiment_id])
+    (run,) = _stage_runs(client.search_runs([client.get_experiment_by_name("failing").experiment_id]))
     assert run.info.status == "FAILED"
+    parent = client.get_run(run.data.tags[pipeline_run.PARENT_TAG])  # the pipeline failed with its stage
+    assert parent.info.status == "FAILED" and parent.info.run_name == "brisk-lamb"
+    assert parent.data.tags["dvc.exp_name"] == "brisk-lamb" and "vlmgym.writer" not in parent.data.tags
     assert run.data.tags["vlmgym.pipeline_id"] == "pipe-42"
     assert run.data.tags["dvc.exp_name"] == "brisk-lamb"
     assert run.info.run_name == "brisk-lamb/boom"
@@ -167,3 +207,16 @@ def test_sample_table_is_an_artifact_folder(tmp_path, monkeypatch):
     assert json_module.loads((folder / "table.json").read_text()) == [
         {"index": 7, "images": ["00_0.jpg", "00_1.jpg"], "answer": "Red", "reward": 0.5,
          "reward_components": {"correct": 1.0}}]
+
+
+def test_queued_experiments_log_to_the_repository_store(tmp_path, monkeypatch):
+    """`dvc exp run --queue` runs stages in <repo>/.dvc/tmp/exps/<tmp>, deleted afterwards: the default store is
+    the repository's, not one in that workspace."""
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    workspace = tmp_path / "repo" / ".dvc" / "tmp" / "exps" / "tmpab12"
+    monkeypatch.setenv("DVC_ROOT", str(workspace))
+    assert tracking.repo_root() == workspace
+    assert tracking.store_root() == tmp_path / "repo"
+    assert tracking.tracking_uri() == f"sqlite:///{tmp_path / 'repo' / 'mlflow.db'}"
+    monkeypatch.setenv("DVC_ROOT", str(tmp_path / "repo"))
+    assert tracking.store_root() == tmp_path / "repo"

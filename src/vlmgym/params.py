@@ -219,6 +219,7 @@ class ExportParams:
 
     jax_dir: str = spec("models/jax/grpo", doc="JAX model folder exported")
     hf_dir: str = spec("models/hf/grpo", doc="transformers folder written")
+    register: bool = spec(True, doc="log it as an MLflow model, registered as vlmgym-<env>")
 
 
 @dataclass(frozen=True)

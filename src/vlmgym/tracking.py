@@ -10,22 +10,21 @@ experiment name when there is one).
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import os
 import subprocess
 import sys
 import tempfile
-import uuid
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from vlmgym import atomic, run_recovery, temps
+from vlmgym import atomic, pipeline_run, run_recovery, temps
 
-PIPELINE_ID_ENV = "VLMGYM_PIPELINE_ID"
+PIPELINE_ID_ENV = pipeline_run.PIPELINE_ID_ENV
+pipeline_id = pipeline_run.pipeline_id
 
 
 def repo_root() -> Path:
@@ -39,13 +38,25 @@ def repo_root() -> Path:
         return Path.cwd()
 
 
+def store_root() -> Path:
+    """Where the default MLflow store lives: the repo root, or, for a DVC experiment that runs in a temporary
+    workspace (`dvc exp run --queue` / `--temp` run in <repo>/.dvc/tmp/exps/<tmp>, deleted afterwards), the
+    repository it came from, so that queued experiments log beside the others."""
+    root = repo_root()
+    parts = root.parts
+    for i in range(len(parts) - 2):
+        if parts[i:i + 3] == (".dvc", "tmp", "exps"):
+            return Path(*parts[:i])
+    return root
+
+
 def tracking_uri(configured: str = "") -> str:
-    """MLFLOW_TRACKING_URI wins, then the params value, then a SQLite file at the repo root."""
+    """MLFLOW_TRACKING_URI wins, then the params value, then a SQLite file at the repo root (store_root)."""
     if os.environ.get("MLFLOW_TRACKING_URI"):
         return os.environ["MLFLOW_TRACKING_URI"]
     if configured:
         return configured
-    return f"sqlite:///{repo_root() / 'mlflow.db'}"
+    return f"sqlite:///{store_root() / 'mlflow.db'}"
 
 
 def git_state(root: Path | None = None) -> dict[str, str]:
@@ -61,35 +72,6 @@ def git_state(root: Path | None = None) -> dict[str, str]:
     except (subprocess.CalledProcessError, FileNotFoundError):
         return {"git.commit": "unknown", "git.dirty": "unknown"}
     return {"git.commit": commit, "git.dirty": str(dirty).lower()}
-
-
-def _process_ancestors(pid: int) -> Iterator[tuple[int, str, str]]:
-    """(pid, cmdline, start time) of each ancestor, from the nearest up (Linux /proc)."""
-    while pid > 1:
-        try:
-            stat = Path(f"/proc/{pid}/stat").read_text()
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            return
-        # The command name in field 2 may hold spaces and parentheses: split after the last ')'.
-        fields = stat[stat.rindex(")") + 2:].split()
-        yield pid, cmdline, fields[19]
-        pid = int(fields[1])
-
-
-def pipeline_id() -> str:
-    """An id shared by all stage runs of one `dvc repro` / `dvc exp run`.
-
-    VLMGYM_PIPELINE_ID overrides; otherwise the id of the dvc process that runs
-    the stages (pid + start time, unique on this host); outside DVC a fresh id.
-    """
-    if os.environ.get(PIPELINE_ID_ENV):
-        return os.environ[PIPELINE_ID_ENV]
-    for pid, cmdline, start in _process_ancestors(os.getppid()):
-        words = cmdline.split()
-        if any(Path(w).name == "dvc" or w.endswith("/dvc") for w in words[:2]) or "dvc.cli" in cmdline:
-            return f"dvc-{os.uname().nodename}-{pid}-{start}"
-    return f"standalone-{uuid.uuid4().hex[:12]}"
 
 
 def dvc_hash(path: str | Path) -> str | None:
@@ -129,35 +111,71 @@ def _hash_tags(kind: str, paths: list[str], root: Path) -> dict[str, str]:
     return tags
 
 
+def _finite_metrics(metrics: Mapping[str, Any]) -> dict[str, float]:
+    """Finite numbers only (non-numbers are skipped rather than crashing a long run), under MLflow-safe names."""
+    import math
+
+    clean = {}
+    for k, v in metrics.items():
+        try:
+            v = float(v)
+        except (TypeError, ValueError):
+            continue
+        if math.isfinite(v):
+            clean[k.replace("@", "_at_")] = v
+    return clean
+
+
+# Stage dependencies under this folder are datasets: logged as the run's inputs, with DVC's hash as the digest.
+DATA_ROOT = "data/"
+
+
+def log_inputs(dep_tags: Mapping[str, str], root: Path, stage: str) -> None:
+    """Log each data dependency (`dvc.dep.data/...` tags) as an MLflow dataset input of the active run."""
+    import mlflow
+    from mlflow.data.dataset_source_registry import resolve_dataset_source
+    from mlflow.data.meta_dataset import MetaDataset
+
+    for tag, digest in dep_tags.items():
+        path = tag.removeprefix("dvc.dep.")
+        if path.startswith(DATA_ROOT):
+            source = resolve_dataset_source((root / path).resolve().as_uri())
+            mlflow.log_input(MetaDataset(source, name=path, digest=digest), context=stage)
+
+
 class StageRun:
     """A thin handle on the active MLflow run of a stage."""
 
-    def __init__(self, run: Any, client: Any, logged_through: int = -1):
+    def __init__(self, run: Any, client: Any, logged_through: int = -1, parent_id: str | None = None,
+                 tags: Mapping[str, str] | None = None):
         self.run = run
+        self.tags = dict(tags or {})  # the lineage tags the run started with
         self.client = client
         self.run_id: str = run.info.run_id
         # A continued run already holds the steps through this one: they are not logged twice.
         self.logged_through = logged_through
+        self.parent_id = parent_id  # the pipeline's parent run (None outside DVC)
 
     def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
         """Log finite numeric metrics; non-numbers are skipped rather than crashing a long run."""
-        import math
-
         import mlflow
 
         if step is not None and step <= self.logged_through:
             return
-
-        clean = {}
-        for k, v in metrics.items():
-            try:
-                v = float(v)
-            except (TypeError, ValueError):
-                continue
-            if math.isfinite(v):
-                clean[k.replace("@", "_at_")] = v
+        clean = _finite_metrics(metrics)
         if clean:
             mlflow.log_metrics(clean, step=step)
+
+    def lineage(self, path: str | Path) -> dict[str, str]:
+        """Tags tracing an output back to this run: its DVC hash, the git state, the pipeline and the run."""
+        keep = ("git.commit", "git.dirty", "vlmgym.pipeline_id", "dvc.exp_name", "vlmgym.stage")
+        tags = {key: self.tags[key] for key in keep if key in self.tags}
+        return {**tags, "vlmgym.path": str(path), "dvc.hash": dvc_hash(path) or "missing",
+                "vlmgym.run_id": self.run_id}
+
+    def log_pipeline_results(self, metrics: Mapping[str, float]) -> None:
+        """Also put these figures on the pipeline's parent run, so its row in the experiment table has them."""
+        pipeline_run.log_results(self.client, self.parent_id, _finite_metrics(metrics))
 
     def log_artifact(self, path: str | Path, artifact_path: str | None = None) -> None:
         import mlflow
@@ -200,20 +218,6 @@ class StageRun:
         mlflow.set_tags(dict(tags))
 
 
-def _flatten(prefix: str, value: Any) -> dict[str, str]:
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        from vlmgym.params import to_dict
-
-        value = to_dict(value)  # envs' own sections under their names, as in params.yaml
-    if isinstance(value, Mapping):
-        out: dict[str, str] = {}
-        for k, v in value.items():
-            out.update(_flatten(f"{prefix}.{k}" if prefix else str(k), v))
-        return out
-    text = json.dumps(value) if isinstance(value, list | tuple) else str(value)
-    return {prefix: text[:6000]}
-
-
 @contextlib.contextmanager
 def stage_run(stage: str, params: Any = None, *, experiment: str | None = None,
               extra_params: Mapping[str, Any] | None = None,
@@ -225,7 +229,9 @@ def stage_run(stage: str, params: Any = None, *, experiment: str | None = None,
     (the stage's --params; default: params.yaml at the repo root) unless given.
     Output hashes are tagged after the body succeeds. Runs left RUNNING by dead
     processes are closed as KILLED first; with `resume_folder` (a training stage's
-    checkpoint folder) the unfinished run that trained into it is continued.
+    checkpoint folder) the unfinished run that trained into it is continued. Under
+    DVC the run is nested in its pipeline's parent run (vlmgym.pipeline_run), which
+    gets the whole params file and follows the stage's status.
     """
     import mlflow
 
@@ -243,22 +249,28 @@ def stage_run(stage: str, params: Any = None, *, experiment: str | None = None,
     experiment = experiment or tracking_cfg.experiment
     if uri.startswith("sqlite:") and mlflow.get_experiment_by_name(experiment) is None:
         # Artifacts beside the SQLite file, not in whatever directory the stage happens to run from.
-        mlflow.create_experiment(experiment, artifact_location=(root / "mlartifacts").as_uri())
+        mlflow.create_experiment(experiment, artifact_location=(store_root() / "mlartifacts").as_uri())
     experiment_id = mlflow.set_experiment(experiment).experiment_id
 
     exp_name = os.environ.get("DVC_EXP_NAME", "")
     paths = stage_paths(stage, root)
+    pipeline, git = pipeline_id(), git_state(root)
     tags = {
         "vlmgym.stage": stage,
-        "vlmgym.pipeline_id": pipeline_id(),
-        **git_state(root),
-        **_hash_tags("dep", paths["deps"], root),
+        "vlmgym.pipeline_id": pipeline,
+        **git,
+        **(dep_tags := _hash_tags("dep", paths["deps"], root)),
     }
     if exp_name:
         tags["dvc.exp_name"] = exp_name
     run_name = f"{exp_name}/{stage}" if exp_name else stage
     client = mlflow.tracking.MlflowClient()
     run_recovery.close_dead_runs(client, experiment_id)
+    all_params = (yaml.safe_load(params_file.read_text()) or {}) if params_file.exists() else {}
+    parent = pipeline_run.parent_run(client, experiment_id, pipeline, params=all_params, tags=git,
+                                     exp_name=exp_name)
+    if parent:
+        tags[pipeline_run.PARENT_TAG] = parent  # a continued training run moves to the pipeline finishing it
     tags[run_recovery.WRITER_TAG] = atomic.writer_tag()
     continued = run_recovery.run_to_continue(resume_folder, client, uri) if resume_folder else None
     if continued:
@@ -266,13 +278,22 @@ def stage_run(stage: str, params: Any = None, *, experiment: str | None = None,
         print(f"{stage}: continuing MLflow run {continued.run_id} (steps through {continued.logged_through} "
               "already logged)", file=sys.stderr)
     start = {"run_id": continued.run_id} if continued else {"run_name": run_name}
-    with mlflow.start_run(**start, tags=tags) as run:
-        logged = _flatten("", params) if params is not None else {}
-        logged.update(_flatten("", extra_params or {}))
-        if logged and not continued:  # a continued run has them, and MLflow refuses to log a param twice
-            mlflow.log_params(logged)
-        if resume_folder:
-            run_recovery.remember_run(resume_folder, run.info.run_id, uri)
-        handle = StageRun(run, client, logged_through=continued.logged_through if continued else -1)
-        yield handle
-        mlflow.set_tags(_hash_tags("out", paths["outs"], root))
+    try:
+        with mlflow.start_run(**start, tags=tags) as run:
+            logged = pipeline_run.flat_params(params) if params is not None else {}
+            logged.update(pipeline_run.flat_params(extra_params or {}))
+            if logged and not continued:  # a continued run has them, and MLflow refuses to log a param twice
+                mlflow.log_params(logged)
+            if resume_folder:
+                run_recovery.remember_run(resume_folder, run.info.run_id, uri)
+            log_inputs(dep_tags, root, stage)
+            handle = StageRun(run, client, logged_through=continued.logged_through if continued else -1,
+                              parent_id=parent, tags=tags)
+            yield handle
+            mlflow.set_tags(_hash_tags("out", paths["outs"], root))
+    except BaseException:
+        if parent:
+            client.set_terminated(parent, status="FAILED")
+        raise
+    if parent:
+        client.set_terminated(parent, status="FINISHED")

@@ -10,15 +10,13 @@ continues the same MLflow run (each other killed stage's run is closed as KILLED
 
 from __future__ import annotations
 
-import json
-import re
 import signal
 import subprocess
 import time
 
 from pipeline_helpers import STAGES, micro_checkout, output_digests, run_checked, stages_run
 
-from vlmgym import killpoint, temps
+from vlmgym import killpoint, pipeline_run, temps
 from vlmgym.rl.checkpoint import ORBAX_TEMP_GLOB
 
 # Where each stage is killed (a part of its target path, or a pattern for a checkpoint save's `<folder>/<step>`;
@@ -34,30 +32,9 @@ KILL_AT = {
     "export": ("models/hf/grpo", "models/hf/.grpo."),
     "evaluate": ("metrics/eval.json", "metrics/.eval.json."),
 }
-# What differs between any two runs, killed or not (issue 17 moves it out of DVC outs): measured speeds. They
-# are masked; every other byte of every output must be equal (the training-reward curve, read back from MLflow,
-# included: a resumed training continues its MLflow run).
-TIMING = re.compile(r"(seconds|_s)$")
-TIMING_IN_TEXT = re.compile(r"((?:hf_|jax_)?(?:tokens_per_s|seconds))([^0-9]{0,40}?)[-+.0-9e]+")
-
-
 def _leftovers(root):
     found = [t.path for t in temps.temps_under(root / name for name in temps.OUTPUT_ROOTS)]
     return found + list((root / "checkpoints").rglob(ORBAX_TEMP_GLOB))
-
-
-def _without_timing(obj):
-    if isinstance(obj, dict):
-        return {k: _without_timing(v) for k, v in obj.items() if not TIMING.search(k)}
-    if isinstance(obj, list):
-        return [_without_timing(v) for v in obj]
-    return obj
-
-
-def _comparable(path, text):
-    if path.endswith(".json"):
-        return _without_timing(json.loads(text))
-    return TIMING_IN_TEXT.sub(r"\1\2#", text)
 
 
 def test_each_stage_killed_inside_its_write_reruns_to_the_same_outputs_without_leftovers(pipeline, tmp_path):
@@ -71,7 +48,10 @@ def test_each_stage_killed_inside_its_write_reruns_to_the_same_outputs_without_l
                                 capture_output=True, text=True, timeout=900)
         output = result.stdout + result.stderr
         assert result.returncode != 0, f"{stage} was not killed:\n{output[-3000:]}"
-        assert f"{killpoint.ENV}: killing pid" in output and str(-signal.SIGKILL) in output, output[-3000:]
+        # DVC reports the signal itself (-9) when it ran the stage directly, or 128+9 when a shell that did not exec
+        # the command sat in between (CI's /bin/sh does that; this machine's does not)
+        killed = {f"exited with {-signal.SIGKILL}", f"exited with {128 + signal.SIGKILL}"}
+        assert f"{killpoint.ENV}: killing pid" in output and any(code in output for code in killed), output[-3000:]
         assert stages_run(result.stdout) == STAGES[max(0, index - 1):index + 1], output[-3000:]
         janitor = [line for line in output.splitlines() if "its writer died before finishing it" in line]
         assert any(removed in line and str(root) in line for line in janitor), (stage, janitor, output[-3000:])
@@ -86,12 +66,11 @@ def test_each_stage_killed_inside_its_write_reruns_to_the_same_outputs_without_l
     assert _leftovers(root) == []
     _check_mlflow_runs(root)
 
+    # Every byte of every output equals the uninterrupted run's (the training-reward curve, read back from
+    # MLflow, included: a resumed training continues its MLflow run).
     expected, got = pipeline["digests"], output_digests(root)
     assert sorted(got) == sorted(expected), "the rerun's outputs are not the same files"
-    differ = sorted(path for path in got if got[path] != expected[path])
-    for path in differ:
-        assert path.endswith((".json", ".md", ".html")), f"{path} differs from the uninterrupted run's"
-        assert _comparable(path, (root / path).read_text()) == _comparable(path, pipeline["text"][path]), path
+    assert sorted(path for path in got if got[path] != expected[path]) == []
 
 
 def _check_mlflow_runs(root):
@@ -101,6 +80,16 @@ def _check_mlflow_runs(root):
     client = MlflowClient(f"sqlite:///{root / 'mlflow.db'}")
     experiment = client.get_experiment_by_name("vlmgym")
     runs = client.search_runs([experiment.experiment_id], order_by=["attributes.start_time ASC"])
+    # One parent per `dvc repro`: the nine killed ones closed as KILLED (their dvc process is gone), the last one
+    # finished; each stage run is nested in the pipeline that ran it (a continued training run in the one that
+    # finished it).
+    parents = [r for r in runs if r.data.tags.get(pipeline_run.ROLE_TAG) == pipeline_run.PIPELINE_ROLE]
+    assert [p.info.status for p in parents] == ["KILLED"] * len(STAGES) + ["FINISHED"]
+    runs = [r for r in runs if r not in parents]
+    assert {r.data.tags[pipeline_run.PARENT_TAG] for r in runs} <= {p.info.run_id for p in parents}
+    for run in runs:
+        assert run.data.tags[pipeline_run.PARENT_TAG] == next(
+            p.info.run_id for p in parents if p.data.tags["vlmgym.pipeline_id"] == run.data.tags["vlmgym.pipeline_id"])
     by_stage = {}
     for run in runs:
         by_stage.setdefault(run.data.tags["vlmgym.stage"], []).append(run.info.status)

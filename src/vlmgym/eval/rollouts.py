@@ -41,9 +41,14 @@ class RolloutTiming:
             return self.steady_tokens / self.steady_seconds
         return self.generated_tokens / max(self.seconds, 1e-9)
 
-    def as_dict(self) -> dict[str, float]:
-        return {"samples": self.samples, "answers": self.answers, "generated_tokens": self.generated_tokens,
-                "seconds": self.seconds, "tokens_per_s": self.tokens_per_s}
+    def counts(self) -> dict[str, float]:
+        """What was answered: the same on every run, so it may go into DVC outputs."""
+        return {"samples": self.samples, "answers": self.answers, "generated_tokens": self.generated_tokens}
+
+    def speed(self) -> dict[str, float]:
+        """How fast: different on every run, so it goes to MLflow only (a DVC output holding it would change its
+        hash on every run and leave dvc.lock modified after a rerun that changed nothing)."""
+        return {"seconds": self.seconds, "tokens_per_s": self.tokens_per_s}
 
 
 def load_engine(model_dir: str | Path, *, max_new_tokens: int, dtype: str = "fp32", param_dtype: str = "fp32",

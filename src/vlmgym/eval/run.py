@@ -3,7 +3,6 @@ curve from MLflow, and write metrics, plots and reports with the env's metrics a
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
@@ -34,9 +33,15 @@ def read_rollouts(rollouts_dir: str | Path, policies: list[str]) -> dict[str, li
     return out
 
 
+# Measured speeds differ on every run: they go to the evaluate stage's MLflow run, not into metrics/eval.json (a
+# DVC output, whose hash must only change when a result does).
+HF_TIMING = ("hf_seconds", "hf_tokens_per_s")
+
+
 def hf_baseline(eval_params: EvalParams, rollout: RolloutParams, model: ModelParams, env_params: EnvParams,
-                records: list[dict]) -> dict[str, float]:
-    """The HF-baseline figures on the first eval.hf_samples test samples the hf_policy answered."""
+                records: list[dict]) -> tuple[dict[str, float], dict[str, float]]:
+    """The HF-baseline figures on the first eval.hf_samples test samples the hf_policy answered, and the timing
+    of transformers' generate on them (HF_TIMING)."""
     from vlmgym.models.qwen3_vl.processor import Processor
 
     chosen = records[: eval_params.hf_samples]
@@ -52,26 +57,24 @@ def hf_baseline(eval_params: EvalParams, rollout: RolloutParams, model: ModelPar
                               [r["tokens"] for r in chosen], max_new_tokens=rollout.max_new_tokens,
                               batch_size=rollout.batch_size, logit_samples=eval_params.logit_samples,
                               dtype=model.dtype)
-    summary_path = Path(eval_params.rollouts_dir) / "summary.json"
-    if summary_path.exists():
-        summary = json.loads(summary_path.read_text()).get(eval_params.hf_policy, {})
-        if "tokens_per_s" in summary:
-            figures["jax_tokens_per_s"] = float(summary["tokens_per_s"])
-    return figures
+    timing = {key: figures.pop(key) for key in HF_TIMING if key in figures}
+    return figures, timing
 
 
 def evaluate_pipeline(eval_params: EvalParams, rollout: RolloutParams, model: ModelParams, env_params: EnvParams,
                       train_out_dir: str, tracking_uri: str, experiment: str,
-                      out_root: str | Path = ".") -> tuple[EvaluationOutputs, str | None]:
-    """Everything the evaluate stage computes and writes; returns the outputs and the MLflow train run whose
-    reward curve was drawn (None when no run wrote train_out_dir as it is now)."""
+                      out_root: str | Path = ".") -> tuple[EvaluationOutputs, str | None, dict[str, float]]:
+    """Everything the evaluate stage computes and writes; returns the outputs, the MLflow train run whose
+    reward curve was drawn (None when no run wrote train_out_dir as it is now) and the HF baseline's timing
+    (HF_TIMING; empty without the baseline), which is for MLflow only."""
     records = read_rollouts(eval_params.rollouts_dir, rollout.policies)
-    extra = {}
+    extra, timing = {}, {}
     if eval_params.hf_samples > 0:
         if eval_params.hf_policy not in records:
             raise ParamsError(f"eval.hf_policy {eval_params.hf_policy!r} is not among rollout.policies "
                               f"{rollout.policies}")
-        extra["hf_baseline"] = hf_baseline(eval_params, rollout, model, env_params, records[eval_params.hf_policy])
+        extra["hf_baseline"], timing = hf_baseline(eval_params, rollout, model, env_params,
+                                                   records[eval_params.hf_policy])
     curve, train_run = train_reward_curve(train_out_dir, eval_params.reward_curve_metric, tracking_uri=tracking_uri,
                                           experiment=experiment)
     if not curve:
@@ -90,7 +93,7 @@ def evaluate_pipeline(eval_params: EvalParams, rollout: RolloutParams, model: Mo
                                start_policies=start_policies(rollout, model))
     for warning in outputs.warnings:
         print(f"evaluate: WARNING: {warning}", file=sys.stderr)
-    return outputs, train_run
+    return outputs, train_run, timing
 
 
 def start_policies(rollout: RolloutParams, model: ModelParams) -> list[str]:
