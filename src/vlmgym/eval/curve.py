@@ -1,15 +1,17 @@
-"""The training reward curve of the model being evaluated, found in MLflow through the train run's lineage tags.
+"""The training reward curves of the model being evaluated, found in MLflow through the train run's lineage tags.
 
 The train stage logs its per-step metrics to one MLflow run and, once it succeeds, tags the run with the DVC hash
 of each output (`dvc.out.<path>`, see vlmgym.tracking). The run that produced the model folder on disk is the one
-whose tag equals that folder's hash now, so the curve always belongs to the evaluated weights, even when
+whose tag equals that folder's hash now, so the curves always belong to the evaluated weights, even when
 `dvc repro` skipped train this time. A run resumed from a checkpoint holds the steps after its resume point.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
+from vlmgym.eval.plots import RewardCurves
 from vlmgym.tracking import dvc_hash
 
 
@@ -32,14 +34,50 @@ def train_run_id(model_dir: str, *, tracking_uri: str, experiment: str, stage: s
     return runs[0].info.run_id if runs else None
 
 
-def train_reward_curve(model_dir: str, metric: str, *, tracking_uri: str,
-                       experiment: str) -> tuple[list[tuple[int, float]], str | None]:
-    """((step, value) pairs of `metric`, run id) of the train run that wrote `model_dir`; ([], None) if none."""
+def component_metric(component: str) -> str:
+    """The MLflow metric the GRPO trainer logs a reward component under: each step's mean over its samples
+    (vlmgym.rl.trainer.GRPOTrainer._metrics)."""
+    return f"reward/{component}"
+
+
+def train_curves(model_dir: str, metrics: list[str], *, tracking_uri: str,
+                 experiment: str) -> tuple[dict[str, list[tuple[int, float]]], str | None]:
+    """({metric: (step, value) pairs}, run id) of the train run that wrote `model_dir`; ({}, None) if none.
+
+    A metric the run never logged is left out (an older run, or an env whose reward has no such component)."""
     from mlflow.tracking import MlflowClient
 
     run_id = train_run_id(model_dir, tracking_uri=tracking_uri, experiment=experiment)
     if run_id is None:
-        return [], None
-    history = MlflowClient(tracking_uri=tracking_uri).get_metric_history(run_id, metric)
-    by_step = {int(m.step): float(m.value) for m in history}  # one value per step (a re-log keeps the last)
-    return sorted(by_step.items()), run_id
+        return {}, None
+    client = MlflowClient(tracking_uri=tracking_uri)
+    curves = {}
+    for metric in metrics:
+        by_step = {int(m.step): float(m.value) for m in client.get_metric_history(run_id, metric)}  # a re-log: last
+        if by_step:
+            curves[metric] = sorted(by_step.items())
+    return curves, run_id
+
+
+def train_reward_curve(model_dir: str, metric: str, *, tracking_uri: str,
+                       experiment: str) -> tuple[list[tuple[int, float]], str | None]:
+    """((step, value) pairs of `metric`, run id) of the train run that wrote `model_dir`; ([], None) if none."""
+    curves, run_id = train_curves(model_dir, [metric], tracking_uri=tracking_uri, experiment=experiment)
+    return curves.get(metric, []), run_id
+
+
+def reward_curves(env: Any, model_dir: str, total_metric: str, *, tracking_uri: str,
+                  experiment: str) -> tuple[RewardCurves, str | None]:
+    """The training reward (`total_metric`) and, for an env with reward levels (Env.reward_levels), each level's
+    unweighted score and weight per step, from the train run that wrote `model_dir`; (empty, None) if none."""
+    wanted = {("total", ""): total_metric}
+    for level, (score, weight) in env.reward_levels.items():
+        wanted[("levels", level)] = component_metric(score)
+        if weight is not None:
+            wanted[("weights", level)] = component_metric(weight)
+    curves, run_id = train_curves(model_dir, list(dict.fromkeys(wanted.values())), tracking_uri=tracking_uri,
+                                  experiment=experiment)
+    found = {key: curves[metric] for key, metric in wanted.items() if metric in curves}
+    return RewardCurves(total=found.get(("total", ""), []),
+                        levels={level: c for (kind, level), c in found.items() if kind == "levels"},
+                        weights={level: c for (kind, level), c in found.items() if kind == "weights"}), run_id
