@@ -52,8 +52,12 @@ def test_the_pipeline_report_renders_cleanly_in_chromium(pipeline, tmp_path):
     self-contained, so its saved text opens anywhere)."""
     params = yaml.safe_load((pipeline["root"] / "params.yaml").read_text())
     policies = params["rollout"]["policies"]
+    text = pipeline["text"]["reports/eval.html"]
+    # geospot's levels came from the train run in MLflow to the page and to DVC's plot data
+    assert "each level&#x27;s own score, unweighted" in text
+    assert "metrics/plots/train_reward_levels.csv" in pipeline["digests"]
     page = tmp_path / "eval.html"
-    page.write_text(pipeline["text"]["reports/eval.html"], encoding="utf-8")
+    page.write_text(text, encoding="utf-8")
     # The screenshot lands in this test's tmp_path (pytest keeps the last few runs' under
     # /tmp/pytest-of-<user>/), e.g. .../test_the_pipeline_report_rend0/eval.png: look at it after a change.
     screenshot = tmp_path / "eval.png"
