@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 # Stage commands in dvc.yaml call `python`: run them with the venv first on PATH.
 export PATH := $(abspath $(BIN)):$(PATH)
 
-.PHONY: demo test install install-dev lint clean-outputs
+.PHONY: demo test install install-dev lint browser clean-outputs
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -32,7 +32,18 @@ demo: install
 lint: install-dev
 	$(BIN)/ruff check src stages tests
 
-test: install-dev lint
+# tests/pipeline/test_report_browser.py opens reports/eval.html in Debian's chromium (headless). A fresh CI machine
+# runs as root, so the package installs here; a non-root user without chromium is told what to install.
+browser:
+	@command -v chromium >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" != 0 ]; then echo "make test: chromium is missing; as root: apt-get install chromium" >&2; exit 1; fi; \
+	  command -v apt-get >/dev/null || { echo "make test: chromium is missing and there is no apt-get" >&2; exit 1; }; \
+	  export DEBIAN_FRONTEND=noninteractive; \
+	  apt-get -qq -o DPkg::Lock::Timeout=600 update && \
+	  apt-get -qq -o DPkg::Lock::Timeout=600 install -y --no-install-recommends chromium >/dev/null; \
+	  command -v chromium >/dev/null || { echo "make test: apt-get did not install chromium" >&2; exit 1; }; }
+
+test: install-dev lint browser
 	$(BIN)/python -m pytest
 
 clean-outputs:

@@ -36,6 +36,9 @@ def test_builtin_envs_provide_the_whole_interface(name):
     _, _, best, _, info = env.step_text(state, env.ideal_answer(state.meta))
     _, _, garbage, _, garbage_info = env.step_text(state, "\x00 perhaps {{")
     assert best > garbage and info["format_ok"] and not garbage_info["format_ok"]
+    # the report draws each reward level from the components the trainer logs
+    declared = {c for pair in cls.reward_levels.values() for c in pair if c is not None}
+    assert declared <= set(info["reward_components"]) and declared <= set(garbage_info["reward_components"])
 
 
 def test_module_class_names_resolve_and_register(monkeypatch):

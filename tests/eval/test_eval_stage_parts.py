@@ -137,6 +137,9 @@ def test_train_curve_comes_from_the_run_that_wrote_the_model(tmp_path, monkeypat
             if weights == b"weights v1":
                 wanted = run.info.run_id
     mlflow.end_run()
+    # A later run that restored the last checkpoint and trained nothing (`dvc repro -f`) saved the same weights.
+    with mlflow.start_run(tags={"vlmgym.stage": "train"}):
+        mlflow.set_tag("dvc.out.models/jax/grpo", dvc_hash("models/jax/grpo"))
     curve, run_id = train_reward_curve("models/jax/grpo", "reward_mean", tracking_uri=uri, experiment="exp")
     assert run_id == wanted and curve == [(1, 0.1), (2, 0.2), (3, 0.4)]
     (model / "params.bin").write_bytes(b"retrained elsewhere")

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 from toy import ToyEnv, ToyPolicy
 
+from vlmgym.eval.curve import component_metric
 from vlmgym.params import SFTParams, TrainParams
 from vlmgym.rl.trainer import GRPOTrainer, SFTTrainer
 
@@ -52,6 +53,8 @@ def test_grpo_raises_the_reward_and_logs_every_figure(uninterrupted):
                  "grad_norm", "learning_rate", "tokens_per_s", "step_time_s", "compile_count"):
         assert np.isfinite(first[name]), name
     assert "kl_to_reference" not in first  # beta = 0: no reference policy, no figure pretending otherwise
+    # the evaluate stage finds a reward component's curve under this name (the report's per-level curves)
+    assert component_metric("match") in first and component_metric("stops") in first
     assert first["learning_rate"] == pytest.approx(0.02)
     # Two compiles for the whole run (gradients, optimizer step), never one per step.
     assert trainer.history[0]["compile_count"] == trainer.history[-1]["compile_count"] == 2.0

@@ -17,7 +17,8 @@ samples need no instance):
 - sft / train / rollout: `prompt`, `score`, `ideal_answer`, `corpus` (the tokenizer's texts).
 - evaluate: `record_fields` / `finish_record` (the per-sample record), `task_statistics` (metrics as
   bootstrap-able arrays), `metric_rows` (their table labels), `truth_text` / `outcome_text` (gallery rows),
-  `report_html` and `write_report_files` (task plots and page sections).
+  `report_html` and `write_report_files` (task plots and page sections), `reward_levels` (the training reward's
+  per-level curves).
 """
 
 from __future__ import annotations
@@ -70,6 +71,11 @@ class Env(abc.ABC):
     schema: ClassVar[RowSchema | None] = None  # how the raw layout's CSV rows become shard samples
     # metric -> (table label, kind: rate | km | score | reward | count), in table order; kinds pick the format
     metric_rows: ClassVar[dict[str, tuple[str, str]]] = {}
+    # Reward levels, coarse to fine: label -> (the reward component holding the level's unweighted score, the one
+    # holding its weight in the total, or None). The report draws each level's training curve beside the weighted
+    # total, because a curriculum that shifts weight to harder levels makes the total fall while every level
+    # holds or improves. Empty: the env's reward has no levels and the report shows the total alone.
+    reward_levels: ClassVar[dict[str, tuple[str, str | None]]] = {}
 
     def __init__(self, samples: Sequence[SampleLike] | None = None, *, shards_dir: str = "data/shards",
                  split: str = "train", limit: int | None = None, tokenizer: Any = None, params: Any = None):

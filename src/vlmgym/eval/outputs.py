@@ -10,7 +10,7 @@ from typing import Any
 from PIL import Image
 
 from vlmgym.eval.metrics import COLLAPSE_TOP_SHARE, answer_spread, collapsed, env_class, evaluate_policies
-from vlmgym.eval.plots import plot_reward_curve_png, write_reward_curve_csv
+from vlmgym.eval.plots import RewardCurves, plot_reward_curve_png, write_level_curves_csv, write_reward_curve_csv
 from vlmgym.eval.records import write_metrics_json
 from vlmgym.eval.report import write_html, write_markdown
 
@@ -48,7 +48,7 @@ def mlflow_metrics(results: Mapping[str, Mapping[str, float]]) -> dict[str, floa
 
 def write_evaluation(env: Any, records_by_policy: Mapping[str, Sequence[Mapping[str, Any]]],
                      images: Mapping[str, Sequence[Image.Image]], *, out_root: str | Path = ".",
-                     reward_curve: Sequence[tuple[int, float]] | None = None,
+                     reward_curve: RewardCurves | Sequence[tuple[int, float]] | None = None,
                      comparisons: Sequence[tuple[str, str]] = (("grpo", "sft"),), n_resamples: int = 1000,
                      seed: int = 0, confidence: float = 0.95, max_samples: int | None = 200,
                      env_params: Any = None, metric_options: Mapping[str, Any] | None = None,
@@ -60,8 +60,10 @@ def write_evaluation(env: Any, records_by_policy: Mapping[str, Sequence[Mapping[
     `env` is an Env class or name; `env_params` its own params section (None: its defaults), `metric_options`
     keyword arguments of its Env.task_statistics. Files: metrics/eval.json, reports/eval.md, reports/eval.html,
     the env's own plots (Env.write_report_files, e.g. a distance CDF), metrics/plots/train_reward.csv and
-    reports/train_reward.png (when `reward_curve` is given). `extra_metrics` ({key: {figure: value}}, e.g. the HF
-    baseline) go into metrics/eval.json under their keys and into both reports as their own tables.
+    reports/train_reward.png (when `reward_curve` is given: the total alone, or RewardCurves whose per-level
+    curves also go to metrics/plots/train_reward_levels.csv and beside the total in the PNG). `extra_metrics`
+    ({key: {figure: value}}, e.g. the HF baseline) go into metrics/eval.json under their keys and into both
+    reports as their own tables.
     Every policy also gets `answers_distinct_share` and `answers_top_share` (the answer collapse check, see
     answer_collapse; `start_policies` are exempt from its warnings), and both reports an "Answer collapse check"
     table; the warnings are returned in EvaluationOutputs.warnings.
@@ -90,15 +92,21 @@ def write_evaluation(env: Any, records_by_policy: Mapping[str, Sequence[Mapping[
                    sections={**sections, **collapse})
     env_files, figures = env.write_report_files(root, records_by_policy, env_params)
     files.update(env_files)
-    if reward_curve:
+    curves = reward_curve if isinstance(reward_curve, RewardCurves) else RewardCurves(total=reward_curve or ())
+    notes = {}
+    if curves.total:
         files["train_reward"] = root / "metrics" / "plots" / "train_reward.csv"
         files["train_reward_png"] = root / "reports" / "train_reward.png"
-        write_reward_curve_csv(files["train_reward"], reward_curve)
-        plot_reward_curve_png(files["train_reward_png"], reward_curve)
-    if "train_reward_png" in files:
+        write_reward_curve_csv(files["train_reward"], curves.total)
+        if curves.levels or curves.weights:
+            files["train_reward_levels"] = root / "metrics" / "plots" / "train_reward_levels.csv"
+            write_level_curves_csv(files["train_reward_levels"], curves)
+        plot_reward_curve_png(files["train_reward_png"], curves)
         figures = {**figures, "Training reward": files["train_reward_png"]}
+        notes["Training reward"] = reward_curve_note(curves)
     write_html(files["html"], env, results, records_by_policy, images, env_params=env_params, title=title,
-               confidence=confidence, max_samples=max_samples, sections={**sections, **collapse}, figures=figures)
+               confidence=confidence, max_samples=max_samples, sections={**sections, **collapse}, figures=figures,
+               figure_notes=notes)
     return EvaluationOutputs({**results, **sections}, files, warnings)
 
 
@@ -112,3 +120,14 @@ def collapse_section(spreads: Mapping[str, Mapping[str, Any]], warnings: Sequenc
         figures[f"{policy}: distinct answers share"] = f"{100 * spread['distinct_share']:.1f}%"
     figures.update({f"warning {i}": text for i, text in enumerate(warnings, start=1)})
     return {f"Answer collapse check (warning at top answer share >= {100 * COLLAPSE_TOP_SHARE:.0f}%)": figures}
+
+
+def reward_curve_note(curves: RewardCurves) -> str:
+    """What the training reward figure shows, under its heading in reports/eval.html."""
+    note = "The mean reward of each training step's sampled answers: what the policy is trained on."
+    if curves.levels:
+        note += " It is a weighted total of the reward's levels; beside it, each level's own score, unweighted."
+    if curves.weights:
+        note += (" Then the levels' weights in the total: when a curriculum moves weight to harder levels, the total "
+                 "falls while each level holds or improves, so read learning from the levels.")
+    return note

@@ -23,6 +23,8 @@ from vlmgym.eval.metrics import env_class, format_valid
 
 THUMBNAIL_PX = 192
 ANSWER_CHARS = 400  # longer answers are cut in the gallery (the rollout JSONL keeps them whole)
+# Answers show in a box of at most ~6 lines that scrolls (.card pre in _STYLE): a garbage answer of many newlines
+# would otherwise stretch its card, and with it the gallery's row, over a page of whitespace.
 
 # The rows every env's table has: `n` first, the env's own rows (Env.metric_rows), then these two.
 FIRST_ROWS = {"n": ("samples", "count")}
@@ -132,10 +134,13 @@ td:first-child,th:first-child{text-align:left}
 .link{stroke-width:0.25;opacity:0.6}
 .truth{fill:#111}
 .pred{opacity:0.85}
-.gallery{display:flex;flex-wrap:wrap;gap:0.8rem}
+.figure{max-width:100%}
+.gallery{display:flex;flex-wrap:wrap;gap:0.8rem;align-items:flex-start}
 .card{border:1px solid #ccc;padding:0.5rem;width:260px;font-size:0.8rem}
 .card img{max-width:100%;display:block;margin-bottom:0.3rem}
-.card pre{white-space:pre-wrap;word-break:break-word;background:#f6f6f6;margin:0.2rem 0;padding:0.2rem}
+.card pre{white-space:pre-wrap;word-break:break-word;background:#f6f6f6;margin:0.2rem 0;padding:0.2rem;
+ max-height:7.5em;overflow:auto}
+.note{color:#666}
 .ok{color:#2ca02c}.bad{color:#d62728}
 """
 
@@ -146,6 +151,17 @@ def shown_ids(records_by_policy: Mapping[str, Sequence[Mapping[str, Any]]], max_
     if max_samples is None or len(ids) <= max_samples:
         return set(ids)
     return {ids[i] for i in (np.arange(max(max_samples, 0)) * len(ids)) // max(max_samples, 1)}
+
+
+def answer_note(answer: str) -> str:
+    """A line under a gallery answer that the box alone would misrepresent: blank, or cut (empty otherwise)."""
+    if not answer.strip():
+        # a run of newlines draws as an empty box: say what is in it
+        return f'<div class="note">{len(answer)} characters, whitespace only</div>' if answer else (
+            '<div class="note">empty answer</div>')
+    if len(answer) > ANSWER_CHARS:
+        return f'<div class="note">first {ANSWER_CHARS} of {len(answer)} characters</div>'
+    return ""
 
 
 def _gallery(env: type, records_by_policy: Mapping[str, Sequence[Mapping[str, Any]]],
@@ -165,13 +181,14 @@ def _gallery(env: type, records_by_policy: Mapping[str, Sequence[Mapping[str, An
             if record is None:
                 continue
             answer = str(record.get("answer", ""))
+            note = answer_note(answer)
             answer = answer if len(answer) <= ANSWER_CHARS else answer[:ANSWER_CHARS] + " ..."
             outcome = env.outcome_text(record)
             status = "ok" if format_valid(env, record) else "bad"
             card.append(f'<div><b>{html.escape(policy)}</b>: {html.escape(outcome)}, '
                         f'reward {float(record["reward"]):.3f} '
                         f'<span class="{status}">format {"ok" if status == "ok" else "invalid"}</span>'
-                        f"<pre>{html.escape(answer)}</pre></div>")
+                        f"<pre>{html.escape(answer)}</pre>{note}</div>")
         card.append("</div>")
         cards.append("".join(card))
     return '<div class="gallery">' + "".join(cards) + "</div>"
@@ -181,10 +198,12 @@ def render_html(env: Any, results: Mapping[str, Mapping[str, float]],
                 records_by_policy: Mapping[str, Sequence[Mapping[str, Any]]],
                 images: Mapping[str, Sequence[Image.Image]], *, env_params: Any = None,
                 title: str = "vlmgym evaluation", confidence: float = 0.95, max_samples: int | None = None,
-                sections: Sections | None = None, figures: Mapping[str, str | Path] | None = None) -> str:
+                sections: Sections | None = None, figures: Mapping[str, str | Path] | None = None,
+                figure_notes: Mapping[str, str] | None = None) -> str:
     """The whole self-contained page as a string; maps and gallery show at most `max_samples` samples (None: all).
 
-    `sections` adds two-column tables after the summary; `figures` ({caption: PNG path}) embeds images; the env
+    `sections` adds two-column tables after the summary; `figures` ({caption: PNG path}) embeds images, each
+    with its paragraph from `figure_notes` ({caption: text}) when there is one; the env
     (an Env class or name) adds its own part before the gallery (Env.report_html, with its params `env_params`).
     """
     env = env_class(env)
@@ -202,8 +221,9 @@ def render_html(env: Any, results: Mapping[str, Mapping[str, float]],
         body.append(f"<h2>{html.escape(heading)}</h2><table><tr><th>figure</th><th>value</th></tr>{rows_html}</table>")
     for caption, png in (figures or {}).items():
         encoded = base64.b64encode(Path(png).read_bytes()).decode("ascii")
-        body.append(f"<h2>{html.escape(caption)}</h2><img alt=\"{html.escape(caption)}\" "
-                    f"src=\"data:image/png;base64,{encoded}\">")
+        note = (figure_notes or {}).get(caption)
+        body.append(f"<h2>{html.escape(caption)}</h2>" + (f"<p>{html.escape(note)}</p>" if note else "")
+                    + f"<img class=\"figure\" alt=\"{html.escape(caption)}\" src=\"data:image/png;base64,{encoded}\">")
     shown = shown_ids(records_by_policy, max_samples)
     total = len({str(r["id"]) for records in records_by_policy.values() for r in records})
     if len(shown) < total:
@@ -221,9 +241,11 @@ def write_html(path: str | Path, env: Any, results: Mapping[str, Mapping[str, fl
                records_by_policy: Mapping[str, Sequence[Mapping[str, Any]]],
                images: Mapping[str, Sequence[Image.Image]], *, env_params: Any = None,
                title: str = "vlmgym evaluation", confidence: float = 0.95, max_samples: int | None = None,
-               sections: Sections | None = None, figures: Mapping[str, str | Path] | None = None) -> None:
+               sections: Sections | None = None, figures: Mapping[str, str | Path] | None = None,
+               figure_notes: Mapping[str, str] | None = None) -> None:
     """Write reports/eval.html atomically (see render_html)."""
     page = render_html(env, results, records_by_policy, images, env_params=env_params, title=title,
-                       confidence=confidence, max_samples=max_samples, sections=sections, figures=figures)
+                       confidence=confidence, max_samples=max_samples, sections=sections, figures=figures,
+                       figure_notes=figure_notes)
     with atomic_file(Path(path)) as tmp:
         tmp.write_text(page, encoding="utf-8")

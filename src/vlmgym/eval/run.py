@@ -1,5 +1,5 @@
 """The evaluate stage's library: read every policy's rollouts, run the HF baseline, draw the training reward
-curve from MLflow, and write metrics, plots and reports with the env's metrics and report section."""
+curves from MLflow, and write metrics, plots and reports with the env's metrics and report section."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 from vlmgym import envs
 from vlmgym.data.shards import read_split
-from vlmgym.eval.curve import train_reward_curve
+from vlmgym.eval.curve import reward_curves
 from vlmgym.eval.hf_baseline import run_hf_baseline
 from vlmgym.eval.outputs import EvaluationOutputs, write_evaluation
 from vlmgym.eval.records import read_jsonl
@@ -75,17 +75,17 @@ def evaluate_pipeline(eval_params: EvalParams, rollout: RolloutParams, model: Mo
                               f"{rollout.policies}")
         extra["hf_baseline"], timing = hf_baseline(eval_params, rollout, model, env_params,
                                                    records[eval_params.hf_policy])
-    curve, train_run = train_reward_curve(train_out_dir, eval_params.reward_curve_metric, tracking_uri=tracking_uri,
-                                          experiment=experiment)
-    if not curve:
+    env = envs.env_class(env_params.name)
+    curves, train_run = reward_curves(env, train_out_dir, eval_params.reward_curve_metric, tracking_uri=tracking_uri,
+                                      experiment=experiment)
+    if not curves.total:
         print(f"evaluate: no MLflow train run wrote {train_out_dir} as it is now: no training reward curve",
               file=sys.stderr)
-    env = envs.env_class(env_params.name)
     ids = {r["id"] for recs in records.values() for r in recs}
     image_exts = env.schema.image_exts if env.schema is not None else None
     images = {s.key: s.images for s in read_split(rollout.shards_dir, rollout.split, rollout.limit or None,
                                                   image_exts=image_exts) if s.key in ids}
-    outputs = write_evaluation(env, records, images=images, out_root=out_root, reward_curve=curve or None,
+    outputs = write_evaluation(env, records, images=images, out_root=out_root, reward_curve=curves,
                                comparisons=[tuple(pair) for pair in eval_params.comparisons],
                                n_resamples=eval_params.n_resamples, seed=eval_params.seed,
                                confidence=eval_params.confidence, max_samples=eval_params.gallery_samples or None,

@@ -19,7 +19,7 @@ from vlmgym.envs.base import Env, SampleLike, State
 from vlmgym.envs.geospot import metrics, report
 from vlmgym.envs.geospot.params import GeospotDataParams, GeospotParams
 from vlmgym.envs.geospot.parse import parse_answer
-from vlmgym.envs.geospot.reward import GeospotTruth, resolve_truth, score
+from vlmgym.envs.geospot.reward import LEVELS, GeospotTruth, resolve_truth, score
 from vlmgym.geo.gazetteer import gazetteer
 from vlmgym.geo.names import country_display_name
 
@@ -68,6 +68,8 @@ class GeospotEnv(Env):
         "acc_sub_region": ("sub-region", "rate"),
         "acc_city": ("city", "rate"),
     }
+    # k_<level> is exp(-d / tau) before the curriculum's weight w_<level> (reward.score's reward_components)
+    reward_levels = {level: (f"k_{level}", f"w_{level}") for level in LEVELS}
 
     def __init__(self, samples: Sequence[SampleLike] | None = None, *, shards_dir: str = "data/shards",
                  split: str = "train", limit: int | None = None, tokenizer: Any = None,

@@ -1,0 +1,121 @@
+"""The report's training reward: each reward level's unweighted curve and weight beside the weighted total, read
+from the train run in MLflow; and gallery answers that cannot stretch their card."""
+
+from __future__ import annotations
+
+import csv
+import re
+
+import pytest
+
+from vlmgym.envs.geospot.env import GeospotEnv
+from vlmgym.envs.nlvr2 import NLVR2Env
+from vlmgym.eval.curve import component_metric, reward_curves
+from vlmgym.eval.outputs import reward_curve_note, write_evaluation
+from vlmgym.eval.plots import RewardCurves, plot_reward_curve_png, trailing_mean, write_level_curves_csv
+from vlmgym.eval.report import _STYLE, ANSWER_CHARS, answer_note
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def test_geospot_declares_its_levels_coarse_to_fine_and_nlvr2_none():
+    assert list(GeospotEnv.reward_levels) == ["country", "region", "city", "coords"]
+    assert GeospotEnv.reward_levels["city"] == ("k_city", "w_city")
+    assert NLVR2Env.reward_levels == {}
+
+
+@pytest.fixture()
+def train_run(tmp_path, monkeypatch):
+    """An MLflow store holding the train run that wrote models/jax/grpo: a total falling while the country level
+    rises, as a curriculum shifting weight to finer levels makes it; coords never logged."""
+    import mlflow
+
+    from vlmgym.tracking import dvc_hash
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "models/jax/grpo").mkdir(parents=True)
+    (tmp_path / "models/jax/grpo/params.bin").write_bytes(b"weights")
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    mlflow.set_tracking_uri(uri)
+    mlflow.create_experiment("exp", artifact_location=(tmp_path / "art").as_uri())
+    mlflow.set_experiment("exp")
+    with mlflow.start_run(tags={"vlmgym.stage": "train"}) as run:
+        for step in (1, 2, 3):
+            mlflow.log_metrics({"reward_mean": 0.6 - 0.1 * step, component_metric("k_country"): 0.5 + 0.1 * step,
+                                component_metric("k_region"): 0.2, component_metric("k_city"): 0.1,
+                                component_metric("w_country"): 1.0 - 0.2 * step,
+                                component_metric("w_city"): 0.1 * step}, step=step)
+        mlflow.set_tag("dvc.out.models/jax/grpo", dvc_hash("models/jax/grpo"))
+    mlflow.end_run()
+    return uri, run.info.run_id
+
+
+def test_reward_curves_hold_each_logged_level_and_weight(train_run):
+    uri, run_id = train_run
+    curves, found = reward_curves(GeospotEnv, "models/jax/grpo", "reward_mean", tracking_uri=uri, experiment="exp")
+    assert found == run_id
+    assert [step for step, _ in curves.total] == [1, 2, 3] and curves.total[0][1] == pytest.approx(0.5)
+    assert list(curves.levels) == ["country", "region", "city"]  # in the env's order; coords was never logged
+    assert curves.levels["country"][-1] == (3, pytest.approx(0.8))
+    assert list(curves.weights) == ["country", "city"]
+    # an env without levels: the total alone, from the same run
+    alone, found = reward_curves(NLVR2Env, "models/jax/grpo", "reward_mean", tracking_uri=uri, experiment="exp")
+    assert found == run_id and alone.total == curves.total and alone.levels == {} and alone.weights == {}
+    assert "level" not in reward_curve_note(alone) and "unweighted" in reward_curve_note(curves)
+
+
+def test_level_curves_csv_lines_up_steps(tmp_path):
+    curves = RewardCurves(total=[(1, 0.5), (2, 0.4)], levels={"country": [(2, 0.7), (1, 0.6)], "city": [(2, 0.1)]},
+                          weights={"country": [(1, 0.9), (2, 0.8)]})
+    write_level_curves_csv(tmp_path / "levels.csv", curves)
+    with open(tmp_path / "levels.csv") as handle:
+        rows = list(csv.DictReader(handle))
+    assert rows == [{"step": "1", "country": "0.6", "city": "", "country_weight": "0.9"},
+                    {"step": "2", "country": "0.7", "city": "0.1", "country_weight": "0.8"}]
+    with pytest.raises(ValueError, match="non-finite"):
+        write_level_curves_csv(tmp_path / "bad.csv", RewardCurves(levels={"city": [(1, float("inf"))]}))
+
+
+def test_trailing_mean():
+    assert trailing_mean([1.0, 3.0, 5.0, 7.0], 2) == [1.0, 2.0, 4.0, 6.0]
+    assert trailing_mean([1.0, 3.0], 1) == [1.0, 3.0]
+
+
+@pytest.mark.parametrize("steps", [2, 60])  # drawn point by point, and smoothed
+def test_reward_png_with_levels_is_wider_than_the_total_alone(tmp_path, steps):
+    from PIL import Image
+
+    total = [(s, 0.5 - s / 1000) for s in range(1, steps + 1)]
+    plot_reward_curve_png(tmp_path / "total.png", total)
+    plot_reward_curve_png(tmp_path / "levels.png", RewardCurves(
+        total=total, levels={"country": [(s, 0.6) for s, _ in total], "city": [(s, 0.1) for s, _ in total]},
+        weights={"country": [(s, 0.8) for s, _ in total], "city": [(s, 0.2) for s, _ in total]}))
+    with Image.open(tmp_path / "total.png") as alone, Image.open(tmp_path / "levels.png") as beside:
+        assert alone.format == beside.format == "PNG"
+        assert beside.width > 2.5 * alone.width  # three panels: total, levels, weights
+
+
+def test_evaluation_writes_the_level_curves_and_explains_them(tmp_path):
+    records = [{"id": f"pair{i}", "answer": "True" if i % 2 else "\n" * 64, "pred_label": True if i % 2 else None,
+                "truth": {"label": True, "sentence": "Two dogs."}, "reward": float(i % 2), "format_ok": bool(i % 2)}
+               for i in range(4)]
+    curves = RewardCurves(total=[(1, 0.5), (2, 0.4)], levels={"correct": [(1, 0.5), (2, 0.6)]})
+    outputs = write_evaluation("nlvr2", {"grpo": records}, {}, out_root=tmp_path, reward_curve=curves,
+                               comparisons=(), n_resamples=20)
+    assert outputs.files["train_reward_levels"].read_text() == "step,correct\n1,0.5\n2,0.6\n"
+    assert outputs.files["train_reward_png"].read_bytes()[:8] == PNG_MAGIC
+    page = outputs.files["html"].read_text()
+    assert "<h2>Training reward</h2><p>" in page and "each level&#x27;s own score, unweighted" in page
+    assert page.count('<div class="note">64 characters, whitespace only</div>') == 2
+
+
+def test_gallery_answer_boxes_are_bounded():
+    box = re.search(r"\.card pre\{([^}]*)\}", _STYLE).group(1)
+    assert "max-height" in box and "overflow:auto" in box
+    # a card may not stretch to the tallest in its row
+    assert "align-items:flex-start" in re.search(r"\.gallery\{([^}]*)\}", _STYLE).group(1)
+    assert answer_note("Country: France") == ""
+    assert answer_note("") == '<div class="note">empty answer</div>'
+    assert answer_note(" \n\n") == '<div class="note">3 characters, whitespace only</div>'
+    assert answer_note("x" * (ANSWER_CHARS + 5)) == (
+        f'<div class="note">first {ANSWER_CHARS} of {ANSWER_CHARS + 5} characters</div>')
