@@ -220,3 +220,34 @@ def test_queued_experiments_log_to_the_repository_store(tmp_path, monkeypatch):
     assert tracking.tracking_uri() == f"sqlite:///{tmp_path / 'repo' / 'mlflow.db'}"
     monkeypatch.setenv("DVC_ROOT", str(tmp_path / "repo"))
     assert tracking.store_root() == tmp_path / "repo"
+
+
+def test_a_queued_experiment_is_one_parent_run_in_the_repository_store(tmp_path):
+    """`dvc exp run --queue` + `dvc queue start`: the stages run in a temporary copy with the queued params, and
+    log to the repository's store, nested under a parent named after the experiment."""
+    import time
+
+    repo = make_repo(tmp_path)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "DVC_", "VLMGYM_"))}
+    env["PATH"] = f"{BIN}:{env['PATH']}"
+    dvc = lambda *a: subprocess.run([str(BIN / "dvc"), *a], cwd=repo, env=env, capture_output=True, text=True,
+                                    check=True, timeout=300).stdout
+    dvc("exp", "run", "--queue", "-S", "data.seed=5", "-n", "queued5")
+    dvc("queue", "start")
+    deadline = time.monotonic() + 240
+    while "queued5" not in dvc("exp", "show", "--no-pager", "--csv") or "Running" in dvc("queue", "status") \
+            or "Queued" in dvc("queue", "status"):
+        assert time.monotonic() < deadline, dvc("queue", "status")
+        time.sleep(2)
+    assert "Success" in dvc("queue", "status"), dvc("queue", "logs", "queued5")
+    client = MlflowClient(f"sqlite:///{repo / 'mlflow.db'}")
+    runs = client.search_runs([client.get_experiment_by_name("unit").experiment_id])
+    (parent,) = [r for r in runs if r.data.tags.get(pipeline_run.ROLE_TAG) == pipeline_run.PIPELINE_ROLE]
+    assert parent.info.run_name == "queued5" and parent.info.status == "FINISHED"
+    assert parent.data.params["data.seed"] == "5"  # the copy's params, not the repository's
+    stages = _stage_runs(runs)
+    assert sorted(r.info.run_name for r in stages) == ["queued5/first", "queued5/second"]
+    for run in stages:
+        assert run.data.tags[pipeline_run.PARENT_TAG] == parent.info.run_id and run.data.params["seed"] == "5"
+        assert f"dvc.out.{run.data.tags['vlmgym.stage']}.out" in run.data.tags
+    assert not list((repo / ".dvc" / "tmp").rglob("mlflow.db"))

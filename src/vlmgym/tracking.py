@@ -25,13 +25,20 @@ from vlmgym import atomic, pipeline_run, run_recovery, temps
 
 PIPELINE_ID_ENV = pipeline_run.PIPELINE_ID_ENV
 pipeline_id = pipeline_run.pipeline_id
+EXPS_DIR = Path(".dvc", "tmp", "exps")  # where DVC runs queued and --temp experiments, each in a temporary copy
 
 
 def repo_root() -> Path:
-    """The repository root: DVC's DVC_ROOT during a stage, else the git top level, else the cwd."""
+    """The workspace the stage runs in: DVC's DVC_ROOT during a stage, else the git top level, else the cwd.
+
+    A queued experiment (`dvc exp run --queue`) runs in a temporary copy, <repo>/.dvc/tmp/exps/<tmp>, while DVC
+    points DVC_ROOT at <repo> (so that trackers log there): its stages' params, deps and outs are the copy's.
+    """
     if os.environ.get("DVC_ROOT"):
-        return Path(os.environ["DVC_ROOT"])
-    try:
+        root = Path(os.environ["DVC_ROOT"])
+        if not Path.cwd().is_relative_to(root / EXPS_DIR):
+            return root
+    try:  # the copy is a git checkout of its own
         out = subprocess.run(["git", "rev-parse", "--show-toplevel"], capture_output=True, text=True, check=True)
         return Path(out.stdout.strip())
     except (subprocess.CalledProcessError, FileNotFoundError):
@@ -45,7 +52,7 @@ def store_root() -> Path:
     root = repo_root()
     parts = root.parts
     for i in range(len(parts) - 2):
-        if parts[i:i + 3] == (".dvc", "tmp", "exps"):
+        if parts[i:i + 3] == EXPS_DIR.parts:
             return Path(*parts[:i])
     return root
 
