@@ -16,11 +16,11 @@ Area accuracy, OSV-5M's rule (`acc_country`, `acc_region`, `acc_sub_region`, `ac
 the predicted label is the reverse geocoder's fields joined with "_" (`cc`; `admin1_cc`; `admin2_admin1_cc`;
 `name_admin2_admin1_cc`, an empty admin2 staying empty, e.g. `_Khomas_NA`) and must equal the truth's
 `unique_country` / `unique_region` / `unique_sub-region` / `unique_city` label exactly. OSV-5M's CSVs write a
-missing name inside those labels as `NaN` (`NaN_Khomas_NA`), and its loader fills missing labels with "NaN",
-so a truth without an admin2 never matches at sub-region or city level, whatever is predicted; it still counts
-in the denominator (utils.reverse masks only labels equal to "nan", which the "NaN" fill never produces). The
-truth label is built here from the truth's fields: an empty field, or one that is literally `NaN` / `nan`,
-becomes `NaN`.
+missing name inside those labels as `NaN` (`NaN_Khomas_NA`; its `data/data.py` splits the labels on "_" and
+tests each part against "NaN"), and its loader fills missing labels with "NaN", so a truth without an admin2
+never matches at sub-region or city level, whatever is predicted; it still counts in the denominator
+(utils.reverse masks only labels equal to "nan", which the "NaN" fill never produces). The truth label is built
+here from the truth's fields: an empty field, or one that is literally `NaN` / `nan`, becomes `NaN`.
 
 Extras, not OSV-5M's: `acc_sub_region_lenient` and `acc_city_lenient` read a missing truth admin2 as empty, so
 it matches the reverse geocoder's empty admin2: a prediction in the right admin1 at a place without an admin2
