@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
-from vlmgym.envs.geospot.metrics import MISSING_DISTANCE_KM, coordinate, sample_distances_km, statistics
+from vlmgym.data.layout import OSV5M_COLUMNS
+from vlmgym.envs.geospot.env import parse_row
+from vlmgym.envs.geospot.metrics import MISSING_DISTANCE_KM, coordinate, sample_distances_km, statistics, truth_label
+from vlmgym.envs.geospot.synthetic import osv5m_row
 from vlmgym.eval.metrics import align_by_id, compare, evaluate, evaluate_policies, statistics_for
+from vlmgym.eval.report import markdown_table
 
 KM_PER_DEGREE = 2 * math.pi * 6371.0 / 360  # along a meridian of the 6371 km sphere
 PARIS = {"latitude": 48.8566, "longitude": 2.3522, "country": "FR", "region": "Ile-de-France",
@@ -91,17 +96,110 @@ def test_area_accuracy_reverse_geocodes_the_prediction():
         record("versailles", 48.8049, 2.1204),     # same region, other departement (admin2) and city
         record("lyon", 45.7640, 4.8357),           # same country only
         record("berlin", 52.52, 13.405),           # nothing right
-        record("windhoek", -22.5609, 17.0658, namibia),  # 'NA' stays Namibia; OSV-5M's 'NaN' admin2 is empty
+        record("windhoek", -22.5609, 17.0658, namibia),  # 'NA' stays Namibia; Khomas has no admin2
     ]
     stats = statistics(records)
     hits = {level: stats[f"acc_{level}"].values.tolist() for level in ("country", "region", "sub_region", "city")}
     assert hits["country"] == [1, 1, 1, 0, 1]
     assert hits["region"] == [1, 1, 0, 0, 1]
-    assert hits["sub_region"] == [1, 0, 0, 0, 1]
-    assert hits["city"] == [1, 0, 0, 0, 1]
+    assert hits["sub_region"] == [1, 0, 0, 0, 0]  # OSV-5M: 'NaN_Khomas_NA' is never '_Khomas_NA'
+    assert hits["city"] == [1, 0, 0, 0, 0]
+    assert stats["acc_sub_region_lenient"].values.tolist() == [1, 0, 0, 0, 1]
+    assert stats["acc_city_lenient"].values.tolist() == [1, 0, 0, 0, 1]
     metrics = evaluate("geospot", records, n_resamples=20)
     assert metrics["acc_country"] == pytest.approx(4 / 5)
-    assert metrics["acc_city"] == pytest.approx(2 / 5)
+    assert metrics["acc_city"] == pytest.approx(1 / 5)
+    assert metrics["acc_city_lenient"] == pytest.approx(2 / 5)
+
+
+def geocoder_at(*places):
+    """A reverse geocoder answering the given (cc, admin1, admin2, name) places, one per point, in order."""
+    def geocode(coords):
+        assert len(coords) == len(places)
+        return [SimpleNamespace(cc=cc, admin1=admin1, admin2=admin2, name=name) for cc, admin1, admin2, name in places]
+    return geocode
+
+
+def truth_at(region, sub_region, city, country="NA"):
+    return {"latitude": -22.57, "longitude": 17.08, "country": country, "region": region, "sub_region": sub_region,
+            "city": city}
+
+
+# (truth sub_region, predicted admin2, official hit, lenient hit) for a prediction in the truth's city and admin1:
+# OSV-5M's truth label spells a missing admin2 'NaN' (whether the CSV field reads '', 'NaN' or 'nan'), the
+# reverse geocoder leaves it empty, so only the lenient rule can match a truth without an admin2.
+ADMIN2_CASES = [
+    ("Windhoek Rural", "Windhoek Rural", 1, 1),
+    ("NaN", "", 0, 1),
+    ("", "", 0, 1),
+    ("nan", "", 0, 1),
+    ("NaN", "Windhoek Rural", 0, 0),    # an admin2 the truth does not have is wrong under both rules
+    ("Windhoek Rural", "", 0, 0),       # and so is a missing one where the truth has one
+    ("Windhoek Rural", "Windhoek East", 0, 0),
+]
+
+
+@pytest.mark.parametrize(("truth_admin2", "pred_admin2", "official", "lenient"), ADMIN2_CASES)
+def test_both_area_rules_on_a_truth_with_and_without_admin2(truth_admin2, pred_admin2, official, lenient):
+    records = [record("w", -22.56, 17.07, truth_at("Khomas", truth_admin2, "Windhoek"))]
+    stats = statistics(records, geocoder_at(("NA", "Khomas", pred_admin2, "Windhoek")))
+    assert stats["acc_region"].point() == 1.0  # both rules leave the coarser levels alone
+    assert (stats["acc_sub_region"].point(), stats["acc_city"].point()) == (official, official)
+    assert (stats["acc_sub_region_lenient"].point(), stats["acc_city_lenient"].point()) == (lenient, lenient)
+
+
+def test_area_rules_keep_a_truth_without_admin2_in_the_denominator():
+    truths = [truth_at("Khomas", "Windhoek Rural", "Windhoek"), truth_at("Khomas", "NaN", "Windhoek"),
+              truth_at("Khomas", "", "Windhoek"),
+              {k: v for k, v in truth_at("Khomas", "X", "Windhoek").items() if k != "sub_region"}]  # unknown
+    records = [record(str(i), -22.56, 17.07, t) for i, t in enumerate(truths)]
+    places = [("NA", "Khomas", "Windhoek Rural", "Windhoek"), ("NA", "Khomas", "", "Windhoek"),
+              ("NA", "Khomas", "", "Windhoek"), ("NA", "Khomas", "", "Windhoek")]
+    metrics = evaluate("geospot", records, n_resamples=20, reverse_geocoder=geocoder_at(*places))
+    # 1 of the 3 records that have a sub-region label (the fourth's is unknown and scored at neither rule)
+    assert metrics["acc_sub_region"] == pytest.approx(1 / 3)
+    assert metrics["acc_city"] == pytest.approx(1 / 3)
+    assert metrics["acc_sub_region_lenient"] == metrics["acc_city_lenient"] == 1.0
+    assert metrics["acc_country"] == metrics["acc_region"] == 1.0
+
+
+def test_city_needs_the_place_name_under_both_rules():
+    records = [record("w", -22.56, 17.07, truth_at("Khomas", "", "Windhoek"))]
+    stats = statistics(records, geocoder_at(("NA", "Khomas", "", "Klein Windhoek")))
+    assert stats["acc_sub_region_lenient"].point() == 1.0
+    assert stats["acc_city_lenient"].point() == stats["acc_city"].point() == stats["acc_sub_region"].point() == 0.0
+
+
+def test_official_rule_applies_to_a_missing_admin1_too():
+    records = [record("a", 10.0, 20.0, truth_at("", "", "Somewhere", country="XX"))]
+    stats = statistics(records, geocoder_at(("XX", "", "", "Somewhere")))
+    assert stats["acc_country"].point() == 1.0
+    assert stats["acc_region"].point() == 0.0  # OSV-5M's 'NaN_XX' against the reverse geocoder's '_XX'
+    assert stats["acc_sub_region_lenient"].point() == stats["acc_city_lenient"].point() == 1.0
+
+
+@pytest.mark.parametrize("admin2", ["Windhoek Rural", ""])
+def test_truth_label_is_the_unique_column_of_the_osv5m_row(admin2):
+    # The raw CSV carries OSV-5M's unique_* labels; records keep only the plain fields, so the label rebuilt from
+    # them must be the CSV's (a missing admin2 spelled 'NaN' in both).
+    place = {"cc": "NA", "admin1": "Khomas", "admin2": admin2, "name": "Windhoek"}
+    row = dict(zip(OSV5M_COLUMNS, osv5m_row("1000000000000001", -22.56, 17.07, place)))
+    truth = parse_row(row).meta  # the fields a rollout record's truth carries
+    for level in ("country", "region", "sub_region", "city"):
+        assert truth_label(truth, level) == row[f"unique_{level.replace('_', '-')}"]
+    assert ("NaN" in truth_label(truth, "city")) == (admin2 == "")
+
+
+def test_report_tables_show_the_lenient_rows_under_their_own_labels():
+    records = [record("w", -22.56, 17.07, truth_at("Khomas", "NaN", "Windhoek"))]
+    results = evaluate_policies("geospot", {"sft": records}, n_resamples=10,
+                                reverse_geocoder=geocoder_at(("NA", "Khomas", "", "Windhoek")))
+    rows = {line.split(" | ")[0].lstrip("| "): line for line in markdown_table("geospot", results).splitlines()}
+    assert rows["sub-region"].startswith("| sub-region | 0.0%")
+    assert rows["city"].startswith("| city | 0.0%")
+    lenient = [label for label in rows if "lenient" in label]
+    assert len(lenient) == 2 and all("not OSV-5M" in label for label in lenient)
+    assert all("| 100.0%" in rows[label] for label in lenient)
 
 
 def test_unknown_truth_levels_leave_the_denominator_but_missing_predictions_stay():
