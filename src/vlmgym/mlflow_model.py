@@ -2,7 +2,7 @@
 
 This file is the model's code, logged with MLflow's models-from-code (so nothing is pickled): vlmgym.registry
 logs it with the exported transformers folder as the artifact `hf_model` and vlmgym's source as code, so
-`mlflow.pyfunc.load_model("models:/vlmgym-geospot/1")` works where vlmgym is not installed (transformers,
+`mlflow.pyfunc.load_model("models:/vlmgym-<env>/1")` works where vlmgym is not installed (transformers,
 torch and Pillow are its requirements). Prompts are formatted as the envs format them (one user message: the
 images, then the text) and answered through the first end-of-turn token, as the evaluate stage's HF baseline
 does, so the answers equal the JAX engine's greedy answers.

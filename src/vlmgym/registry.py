@@ -4,7 +4,7 @@ The export stage logs the transformers folder as a pyfunc model (vlmgym.mlflow_m
 pickle) in its run and registers it as `vlmgym-<env>`. Each version carries lineage tags: the DVC hash of the
 folder (as dvc.lock records it), the git commit, the pipeline, the DVC experiment and the run that logged it.
 
-    model = mlflow.pyfunc.load_model("models:/vlmgym-geospot/latest")
+    model = mlflow.pyfunc.load_model("models:/vlmgym-<env>/latest")
     model.predict([{"image": open("photo.jpg", "rb").read(), "prompt": "Where was this photo taken? ..."}])
 """
 
