@@ -77,7 +77,7 @@ class GreedyAnswers(PythonModel):
         observations = [observation(row) for row in _rows(model_input)]
         max_new_tokens = int((params or {}).get("max_new_tokens", self.max_new_tokens))
         answers, _, _ = hf_greedy(self.model, self.processor, observations, max_new_tokens=max_new_tokens,
-                                  batch_size=max(1, len(observations)))
+                                  batch_size=max(1, len(observations)), warm_up=False)
         return [self.processor.decode(answer) for answer in answers]
 
 

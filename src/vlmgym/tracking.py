@@ -109,10 +109,10 @@ def stage_paths(stage: str, root: Path) -> dict[str, list[str]]:
     return {"deps": names(spec.get("deps")), "outs": names(spec.get("outs")) + names(spec.get("metrics"))}
 
 
-def _hash_tags(kind: str, paths: list[str], root: Path) -> dict[str, str]:
+def _hash_tags(kind: str, paths: list[str], root: Path, hasher: Any = dvc_hash) -> dict[str, str]:
     tags = {}
     for p in paths:
-        value = dvc_hash(root / p)
+        value = hasher(root / p)
         if value is not None:
             tags[f"dvc.{kind}.{p}"] = value
     return tags
@@ -157,6 +157,7 @@ class StageRun:
                  tags: Mapping[str, str] | None = None):
         self.run = run
         self.tags = dict(tags or {})  # the lineage tags the run started with
+        self._output_hashes: dict[Path, str | None] = {}
         self.client = client
         self.run_id: str = run.info.run_id
         # A continued run already holds the steps through this one: they are not logged twice.
@@ -173,11 +174,19 @@ class StageRun:
         if clean:
             mlflow.log_metrics(clean, step=step)
 
+    def output_hash(self, path: str | Path) -> str | None:
+        """dvc_hash of a finished output, computed once per stage (the lineage of a registered model and the run's
+        `dvc.out.*` tags need the same hash of what may be a multi-GB folder)."""
+        key = Path(path).resolve()
+        if key not in self._output_hashes:
+            self._output_hashes[key] = dvc_hash(key)
+        return self._output_hashes[key]
+
     def lineage(self, path: str | Path) -> dict[str, str]:
         """Tags tracing an output back to this run: its DVC hash, the git state, the pipeline and the run."""
         keep = ("git.commit", "git.dirty", "vlmgym.pipeline_id", "dvc.exp_name", "vlmgym.stage")
         tags = {key: self.tags[key] for key in keep if key in self.tags}
-        return {**tags, "vlmgym.path": str(path), "dvc.hash": dvc_hash(path) or "missing",
+        return {**tags, "vlmgym.path": str(path), "dvc.hash": self.output_hash(path) or "missing",
                 "vlmgym.run_id": self.run_id}
 
     def log_pipeline_results(self, metrics: Mapping[str, float]) -> None:
@@ -297,7 +306,7 @@ def stage_run(stage: str, params: Any = None, *, experiment: str | None = None,
             handle = StageRun(run, client, logged_through=continued.logged_through if continued else -1,
                               parent_id=parent, tags=tags)
             yield handle
-            mlflow.set_tags(_hash_tags("out", paths["outs"], root))
+            mlflow.set_tags(_hash_tags("out", paths["outs"], root, hasher=handle.output_hash))
     except BaseException:
         if parent:
             client.set_terminated(parent, status="FAILED")

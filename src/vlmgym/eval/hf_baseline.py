@@ -56,8 +56,9 @@ def token_agreement(reference: Sequence[Sequence[int]], other: Sequence[Sequence
 
 
 def hf_greedy(model: Any, processor: Any, observations: Sequence[dict], *, max_new_tokens: int,
-              batch_size: int) -> tuple[list[list[int]], int, float]:
-    """transformers' greedy answers (through the first end token), generated tokens and seconds spent."""
+              batch_size: int, warm_up: bool = True) -> tuple[list[list[int]], int, float]:
+    """transformers' greedy answers (through the first end token), generated tokens and seconds spent; `warm_up`
+    first generates one token untimed, which only matters when the seconds are reported."""
     eos_ids = list(processor.eos_token_ids)
     answers: list[list[int]] = []
     tokens = 0
@@ -67,7 +68,7 @@ def hf_greedy(model: Any, processor: Any, observations: Sequence[dict], *, max_n
         inputs = processor([o["messages"] for o in chunk], [list(o.get("images") or []) for o in chunk],
                            padding_side="left")
         kwargs = torch_inputs(model, inputs)
-        if start == 0:  # warm-up (allocator, kernels), so the timing is of generation, not first-call setup
+        if start == 0 and warm_up:  # warm-up (allocator, kernels), so the timing is of generation, not first-call setup
             hf_generate(model, kwargs, max_new_tokens=1, pad_token_id=int(processor.pad_token_id), **GREEDY)
         started = time.perf_counter()
         out = hf_generate(model, kwargs, max_new_tokens=max_new_tokens, eos_token_id=eos_ids,
@@ -111,8 +112,9 @@ def max_logit_difference(model: Any, cfg: Any, params: Any, processor: Any, obse
 
 def run_hf_baseline(hf_dir: str | Path, jax_dir: str | Path, observations: Sequence[dict],
                     jax_answers: Sequence[Sequence[int]], *, max_new_tokens: int, batch_size: int,
-                    logit_samples: int, dtype: str = "fp32") -> dict[str, float]:
-    """All HF-baseline figures for these observations and the JAX engine's greedy answers to them."""
+                    logit_samples: int, dtype: str = "fp32") -> tuple[dict[str, float], dict[str, float]]:
+    """All HF-baseline figures for these observations and the JAX engine's greedy answers to them, and the timing
+    of transformers' generate (`hf_seconds`, `hf_tokens_per_s`: different on every run, so kept apart)."""
     from vlmgym.models.qwen3_vl.convert import load_checkpoint
     from vlmgym.models.qwen3_vl.processor import Processor
 
@@ -125,12 +127,12 @@ def run_hf_baseline(hf_dir: str | Path, jax_dir: str | Path, observations: Seque
     eos_ids = list(processor.eos_token_ids)
     jax_answers = [answer_through_eos(a, eos_ids) for a in jax_answers]
     figures = token_agreement(jax_answers, hf_answers)
-    figures.update({"hf_tokens_per_s": hf_tokens / max(hf_seconds, 1e-9), "hf_generated_tokens": float(hf_tokens),
-                    "hf_seconds": hf_seconds})
+    figures["hf_generated_tokens"] = float(hf_tokens)
+    timing = {"hf_seconds": hf_seconds, "hf_tokens_per_s": hf_tokens / max(hf_seconds, 1e-9)}
     if logit_samples > 0:
         cfg, params = load_checkpoint(jax_dir, dtype=dtype, param_dtype=dtype)
         diffs = [max_logit_difference(model, cfg, params, processor, obs, answer)
                  for obs, answer in list(zip(observations, jax_answers))[:logit_samples]]
         figures["max_abs_logit_diff"] = max(diffs)
         figures["logit_samples"] = float(len(diffs))
-    return figures
+    return figures, timing

@@ -33,15 +33,11 @@ def read_rollouts(rollouts_dir: str | Path, policies: list[str]) -> dict[str, li
     return out
 
 
-# Measured speeds differ on every run: they go to the evaluate stage's MLflow run, not into metrics/eval.json (a
-# DVC output, whose hash must only change when a result does).
-HF_TIMING = ("hf_seconds", "hf_tokens_per_s")
-
-
 def hf_baseline(eval_params: EvalParams, rollout: RolloutParams, model: ModelParams, env_params: EnvParams,
                 records: list[dict]) -> tuple[dict[str, float], dict[str, float]]:
     """The HF-baseline figures on the first eval.hf_samples test samples the hf_policy answered, and the timing
-    of transformers' generate on them (HF_TIMING)."""
+    of transformers' generate on them, which differs on every run: it goes to the evaluate stage's MLflow run,
+    not into metrics/eval.json (a DVC output, whose hash must only change when a result does)."""
     from vlmgym.models.qwen3_vl.processor import Processor
 
     chosen = records[: eval_params.hf_samples]
@@ -53,12 +49,10 @@ def hf_baseline(eval_params: EvalParams, rollout: RolloutParams, model: ModelPar
     if missing:
         raise ValueError(f"rollout ids {missing[:5]} are not in {rollout.shards_dir}/{rollout.split}")
     observations = [env.reset(index[r["id"]])[1] for r in chosen]
-    figures = run_hf_baseline(eval_params.hf_dir, Path(rollout.models_dir) / eval_params.hf_policy, observations,
-                              [r["tokens"] for r in chosen], max_new_tokens=rollout.max_new_tokens,
-                              batch_size=rollout.batch_size, logit_samples=eval_params.logit_samples,
-                              dtype=model.dtype)
-    timing = {key: figures.pop(key) for key in HF_TIMING if key in figures}
-    return figures, timing
+    return run_hf_baseline(eval_params.hf_dir, Path(rollout.models_dir) / eval_params.hf_policy, observations,
+                           [r["tokens"] for r in chosen], max_new_tokens=rollout.max_new_tokens,
+                           batch_size=rollout.batch_size, logit_samples=eval_params.logit_samples,
+                           dtype=model.dtype)
 
 
 def evaluate_pipeline(eval_params: EvalParams, rollout: RolloutParams, model: ModelParams, env_params: EnvParams,
@@ -66,7 +60,7 @@ def evaluate_pipeline(eval_params: EvalParams, rollout: RolloutParams, model: Mo
                       out_root: str | Path = ".") -> tuple[EvaluationOutputs, str | None, dict[str, float]]:
     """Everything the evaluate stage computes and writes; returns the outputs, the MLflow train run whose
     reward curve was drawn (None when no run wrote train_out_dir as it is now) and the HF baseline's timing
-    (HF_TIMING; empty without the baseline), which is for MLflow only."""
+    (empty without the baseline), which is for MLflow only."""
     records = read_rollouts(eval_params.rollouts_dir, rollout.policies)
     extra, timing = {}, {}
     if eval_params.hf_samples > 0:
