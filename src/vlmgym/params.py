@@ -162,7 +162,7 @@ class TrainParams:
     num_iterations: int = spec(1, ge=1, doc="optimizer updates per sampled batch (>1: off-policy, clipped)")
     micro_batches: int = spec(1, ge=1, doc="gradient accumulation: micro-batches per update (divides the batch)")
     lr: float = spec(1e-4, gt=0, doc="peak learning rate")
-    warmup_steps: int = spec(5, ge=0, doc="linear warmup steps")
+    warmup_steps: int = spec(5, ge=0, doc="linear warmup steps (the schedule spans steps x num_iterations updates)")
     end_lr_ratio: float = spec(0.1, ge=0, le=1, doc="final lr of the cosine decay, as a fraction of the peak")
     weight_decay: float = spec(0.0, ge=0, doc="AdamW weight decay (matrices only)")
     max_grad_norm: float = spec(1.0, ge=0, doc="global-norm gradient clipping (0: off)")
@@ -176,7 +176,7 @@ class TrainParams:
     filter_groups: bool = spec(False, doc="drop groups whose rewards are all equal and sample more prompts")
     max_sample_rounds: int = spec(4, ge=1, doc="sampling rounds per step when filtering groups")
     old_logprobs: str = spec("sampler", choices=("sampler", "learner"),
-                             doc="behaviour log-probs: the sampler's plain softmax, or the learner's recomputation")
+                             doc="behaviour log-probs: the sampler's (tempered softmax) or the learner's recomputation")
     temperature: float = spec(1.0, ge=0, doc="sampling temperature")
     top_k: int = spec(0, ge=0, doc="sampling top-k (0: off)")
     top_p: float = spec(1.0, gt=0, le=1, doc="sampling nucleus (1: off)")
@@ -237,7 +237,8 @@ class EvalParams:
     hf_dir: str = spec("models/hf/grpo", doc="the exported transformers folder of hf_policy")
     hf_samples: int = spec(16, ge=0, doc="test prompts transformers answers greedily (0: no HF baseline)")
     logit_samples: int = spec(4, ge=0, doc="of those, samples whose prompt + answer logits are compared")
-    reward_curve_metric: str = spec("reward_mean", doc="train-run metric drawn as the training reward curve")
+    reward_curve_metric: str = spec("final_reward_mean", doc="train-run metric drawn as the training reward curve "
+                                    "(final_reward_mean: at the final curriculum weights; reward_mean: as trained)")
 
     def __post_init__(self):
         bad = [pair for pair in self.comparisons if len(pair) != 2]

@@ -11,9 +11,9 @@ from vlmgym.rl.trainer import GRPOTrainer, SFTTrainer
 from vlmgym.rollout.sampling import SamplingSettings
 
 
-def _policy(tiny_vlm, max_new_tokens):
+def _policy(tiny_vlm, max_new_tokens, temperature=1.0):
     settings = SamplingSettings(max_new_tokens=max_new_tokens, eos_ids=tuple(tiny_vlm.processor.eos_token_ids),
-                                pad_id=int(tiny_vlm.processor.pad_token_id))
+                                pad_id=int(tiny_vlm.processor.pad_token_id), temperature=temperature)
     return Qwen3VLPolicy(tiny_vlm.cfg, tiny_vlm.processor, settings)
 
 
@@ -35,8 +35,10 @@ class AnswerLengthEnv(GeospotEnv):
         return reward + length, {**info, "reward_components": {**info["reward_components"], "length": length}}
 
 
-def test_learner_recomputes_the_sampler_logprobs(tiny_vlm):
-    policy = _policy(tiny_vlm, 8)
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_learner_recomputes_the_sampler_logprobs(tiny_vlm, temperature):
+    # At any temperature both sides score the tempered policy that sampled: the on-policy ratio is 1.
+    policy = _policy(tiny_vlm, 8, temperature)
     env = _env(tiny_vlm)
     observations = [env.reset(i)[1] for i in range(2)]
     samples = policy.sample(tiny_vlm.params, observations, 3, jax.random.key(0))
@@ -80,3 +82,33 @@ def test_sft_lowers_the_loss_on_ideal_answers(tiny_vlm, tmp_path):
     assert losses[-1] < losses[0], losses
     with pytest.raises(ValueError, match="max_new_tokens"):
         _policy(tiny_vlm, 4).encode_targets(["Country: France\nRegion: Ile-de-France"])
+
+
+@pytest.mark.parametrize("sign", [1.0, -1.0], ids=["positive", "negative"])
+def test_one_update_moves_a_rollouts_logprob_in_its_advantages_direction(tiny_vlm, sign):
+    # The real Qwen policy, a fixed sampled rollout, one GRPO update: a positive advantage must raise the rollout's
+    # log-prob and a negative one lower it (a sign, masking or alignment bug anywhere would break one of the two).
+    from vlmgym.rl.loop import CompileCounter
+    from vlmgym.rl.optim import Optimizer, OptimizerConfig, trainable_mask
+    from vlmgym.rl.trainer import LossSettings, apply_update, grpo_gradients
+
+    policy = _policy(tiny_vlm, 8)
+    env = _env(tiny_vlm)
+    observations = [env.reset(0)[1]]
+    samples = policy.sample(tiny_vlm.params, observations, 1, jax.random.key(1))
+    batch = policy.build_batch(observations, samples.tokens, samples.mask)
+    before = float(np.asarray(jax.jit(policy.logprobs)(tiny_vlm.params, batch)).sum())
+    optimizer = Optimizer(OptimizerConfig(learning_rate=1e-3, warmup_steps=0, total_steps=10, end_lr_ratio=1.0),
+                          trainable_mask(tiny_vlm.params))
+    params = _copy(tiny_vlm.params)
+    micro = {"batch": batch, "behaviour": samples.logprobs, "advantages": np.array([sign], np.float32),
+             "mask": samples.mask}
+    settings = LossSettings(epsilon=0.2, epsilon_high=0.28, aggregation="token_mean", beta=0.0, current_as_old=False)
+    compiles = CompileCounter()
+    _, grads, _ = grpo_gradients(params, micro, jax.numpy.float32(samples.mask.sum()), policy=policy,
+                                 optimizer=optimizer, settings=settings, compiles=compiles)
+    params, _, _ = apply_update(params, jax.jit(optimizer.init)(params), grads, optimizer=optimizer,
+                                compiles=compiles)
+    after = float(np.asarray(jax.jit(policy.logprobs)(params, batch)).sum())
+    assert samples.mask.sum() > 1
+    assert (after - before) * sign > 1e-3, (before, after)

@@ -164,3 +164,37 @@ def test_sft_skips_and_counts_targets_over_the_token_budget(tmp_path):
     with pytest.raises(ValueError, match="max_new_tokens"):
         SFTTrainer(dataclasses.replace(POLICY, max_new_tokens=3), ToyEnv(), _params(), config, tmp_path / "short",
                    progress_bar=False).run()
+
+
+def test_the_lr_schedule_spans_every_update_of_every_iteration(tmp_path):
+    # A GRPO step makes num_iterations updates; the cosine must end at the last step, not a third of the way in.
+    trainer = _run(tmp_path, "schedule", steps=4, num_iterations=3, warmup_steps=1, end_lr_ratio=0.1, lr=0.02)
+    assert (trainer.optimizer.config.total_steps, trainer.optimizer.config.warmup_steps) == (12, 3)
+    rates = [m["learning_rate"] for m in trainer.history]  # each step's mean over its three updates
+    schedule = trainer.optimizer.schedule
+    expected = [np.mean([float(schedule(3 * step + i)) for i in range(3)]) for step in range(4)]
+    np.testing.assert_allclose(rates, expected, rtol=1e-6)
+    # The old schedule (length 4) sat at the end lr from the second step on; this one is still decaying.
+    assert rates[2] > 2 * 0.02 * 0.1 and rates[1] > rates[2] > rates[3]
+
+
+class CurriculumToyEnv(ToyEnv):
+    """The toy reward with a curriculum: the stop bonus only counts from progress 0.5 on."""
+
+    def score(self, state, text):
+        reward, info = super().score(state, text)
+        stops = info["reward_components"]["stops"]
+        return (reward if self.progress >= 0.5 else reward - 0.25 * stops), info
+
+
+def test_final_weights_reward_is_logged_beside_the_reward_as_trained(tmp_path):
+    trainer = GRPOTrainer(POLICY, CurriculumToyEnv(), _params(), dataclasses.replace(BASE, steps=4),
+                          tmp_path / "curriculum", progress_bar=False)
+    trainer.run()
+    early, late = trainer.history[0], trainer.history[-1]  # progress 0 and 0.75
+    # Early on the curriculum withholds the stop bonus: the reward as trained is below the final-weights one by
+    # exactly a quarter of the stop share; once the curriculum reaches its end the two agree.
+    assert early["final_reward_mean"] == pytest.approx(early["reward_mean"] + 0.25 * early["reward/stops"])
+    assert early["reward/stops"] > 0
+    assert late["final_reward_mean"] == pytest.approx(late["reward_mean"])
+    assert trainer.env.progress == pytest.approx(3 / 4)  # scoring at progress 1 left the env's progress alone

@@ -77,7 +77,8 @@ def test_degenerate_sampling_equals_greedy(tiny_model: Any, prompts, greedy, set
     batch = engine(tiny_model, **settings).generate(tiny_model.params, prompts, GROUP, jax.random.key(3))
     expected = np.repeat(greedy.completion_ids, GROUP, axis=0)
     np.testing.assert_array_equal(batch.completion_ids, expected)
-    np.testing.assert_allclose(batch.logprobs, np.repeat(greedy.logprobs, GROUP, axis=0), atol=1e-5)
+    if settings["temperature"] == 1.0:  # at t -> 0 the log-probs are the tempered policy's (test below)
+        np.testing.assert_allclose(batch.logprobs, np.repeat(greedy.logprobs, GROUP, axis=0), atol=1e-5)
 
 
 def test_seed_determinism(tiny_model: Any, prompts, sampled):
@@ -99,6 +100,20 @@ def test_logprobs_equal_full_forward(tiny_model: Any, sampled):
     # At temperature 1 without filtering the sampling distribution is the plain softmax.
     np.testing.assert_allclose(sampled.sample_logprobs, sampled.logprobs, atol=1e-5)
     assert (sampled.logprobs[sampled.completion_mask > 0] < 0).all()
+
+
+def test_tempered_logprobs_equal_the_learners_at_that_temperature(tiny_model: Any, prompts):
+    # The sampler returns log-probs under softmax(logits / T) over the whole vocabulary, and the learner recomputes
+    # the same at T: the importance ratio refers to the policy that was sampled (top-k is left out of both).
+    sampled = engine(tiny_model, temperature=0.7, top_k=50).generate(tiny_model.params, prompts, GROUP,
+                                                                     jax.random.key(5))
+    inputs = jax.tree.map(jax.numpy.asarray, sampled.sequence_inputs())
+    args = (tiny_model.params, tiny_model.cfg, inputs, sampled.completion_ids, sampled.completion_mask)
+    tempered = np.asarray(jit_token_logprobs(*args, temperature=0.7))
+    np.testing.assert_allclose(tempered, sampled.logprobs, atol=1e-5, rtol=0)
+    untempered = np.asarray(jit_token_logprobs(*args))
+    active = sampled.completion_mask > 0
+    assert np.abs(untempered - sampled.logprobs)[active].max() > 1e-2  # the old, untempered ratio was off
 
 
 def test_prefix_shared_equals_per_copy(tiny_model: Any, prompts):

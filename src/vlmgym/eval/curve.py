@@ -36,6 +36,11 @@ def train_run_id(model_dir: str, *, tracking_uri: str, experiment: str, stage: s
     return next((run.info.run_id for run in runs if run.data.metrics), None)
 
 
+# The GRPO trainer's mean reward at each step's curriculum weights (what it optimised then); its
+# `final_reward_mean` scores the same samples at the final weights (vlmgym.rl.trainer.GRPOTrainer._metrics).
+AS_TRAINED_METRIC = "reward_mean"
+
+
 def component_metric(component: str) -> str:
     """The MLflow metric the GRPO trainer logs a reward component under: each step's mean over its samples
     (vlmgym.rl.trainer.GRPOTrainer._metrics)."""
@@ -70,9 +75,12 @@ def train_reward_curve(model_dir: str, metric: str, *, tracking_uri: str,
 
 def reward_curves(env: Any, model_dir: str, total_metric: str, *, tracking_uri: str,
                   experiment: str) -> tuple[RewardCurves, str | None]:
-    """The training reward (`total_metric`) and, for an env with reward levels (Env.reward_levels), each level's
+    """The training reward (`total_metric`), the reward as trained when that is another metric, and, for an env
+    with reward levels (Env.reward_levels), each level's
     unweighted score and weight per step, from the train run that wrote `model_dir`; (empty, None) if none."""
     wanted = {("total", ""): total_metric}
+    if total_metric != AS_TRAINED_METRIC:
+        wanted[("as_trained", "")] = AS_TRAINED_METRIC
     for level, (score, weight) in env.reward_levels.items():
         wanted[("levels", level)] = component_metric(score)
         if weight is not None:
@@ -80,6 +88,11 @@ def reward_curves(env: Any, model_dir: str, total_metric: str, *, tracking_uri: 
     curves, run_id = train_curves(model_dir, list(dict.fromkeys(wanted.values())), tracking_uri=tracking_uri,
                                   experiment=experiment)
     found = {key: curves[metric] for key, metric in wanted.items() if metric in curves}
-    return RewardCurves(total=found.get(("total", ""), []),
+    total, as_trained = found.get(("total", ""), []), found.get(("as_trained", ""), [])
+    if not total:  # a run from before the trainer logged the final-weights reward: the curve it has
+        total, as_trained = as_trained, []
+    if as_trained == total:  # no curriculum: one curve
+        as_trained = []
+    return RewardCurves(total=total, as_trained=as_trained,
                         levels={level: c for (kind, level), c in found.items() if kind == "levels"},
                         weights={level: c for (kind, level), c in found.items() if kind == "weights"}), run_id

@@ -19,10 +19,13 @@ Curve = Sequence[tuple[int, float]]  # (training step, value) pairs
 
 @dataclass(frozen=True)
 class RewardCurves:
-    """A training run's reward per step: the weighted total it was trained on and, for an env whose reward has
-    levels (Env.reward_levels), each level's unweighted score and its weight in the total."""
+    """A training run's reward per step: the weighted total (eval.reward_curve_metric: by default at the
+    curriculum's final weights, a fixed yardstick), the total as trained (at each step's weights) when that is a
+    different curve, and, for an env whose reward has levels (Env.reward_levels), each level's unweighted score
+    and its weight in the total."""
 
     total: Curve = ()
+    as_trained: Curve = ()
     levels: Mapping[str, Curve] = field(default_factory=dict)
     weights: Mapping[str, Curve] = field(default_factory=dict)
 
@@ -117,7 +120,12 @@ def plot_reward_curve_png(path: str | Path, curves: RewardCurves | Curve) -> Non
     figure, axes = plt.subplots(1, panels, figsize=(5.2 * panels, 3.8), squeeze=False)
     axes = list(axes[0])
     try:
-        _draw(axes[0], curves.total, None, POLICY_COLOURS[1])
+        if curves.as_trained:
+            _draw(axes[0], curves.total, "at the final weights", POLICY_COLOURS[1])
+            _draw(axes[0], curves.as_trained, "as trained (the step's weights)", POLICY_COLOURS[0])
+            axes[0].legend(fontsize="small")
+        else:
+            _draw(axes[0], curves.total, None, POLICY_COLOURS[1])
         axes[0].set(xlabel="training step", ylabel="mean reward", title="Training reward (weighted total)")
         colours = {level: POLICY_COLOURS[(i + 2) % len(POLICY_COLOURS)] for i, level in enumerate(curves.levels)}
         colours.update({level: POLICY_COLOURS[(i + 2) % len(POLICY_COLOURS)]

@@ -8,7 +8,8 @@ Conventions used throughout:
   and 0.0 elsewhere. Every reduction here is masked, so post-EOS and padding tokens
   never contribute to a loss, a gradient or a metric.
 - `behaviour_logprobs` are the log-probabilities the sampler assigned to the sampled tokens
-  under the plain (untempered, unfiltered) softmax, so that on-policy the ratio is 1.
+  under the full softmax of the tempered logits (sampling temperature; no top-k/top-p filter), the same
+  distribution the learner scores, so that on-policy the ratio is 1.
 """
 
 from __future__ import annotations
@@ -149,7 +150,7 @@ def grpo_loss(logprobs: jax.Array, behaviour_logprobs: jax.Array, advantages: ja
     """Clipped-surrogate GRPO loss (to minimise) with clip-higher and an optional k3 KL to a reference.
 
     logprobs: learner log-probs of the sampled tokens [batch, len] (differentiated);
-    behaviour_logprobs: the policy that sampled them (plain softmax), held fixed;
+    behaviour_logprobs: the policy that sampled them (tempered softmax), held fixed;
     advantages: one per sequence [batch]; epsilon / epsilon_high: the ratio is clipped to
     [1 - epsilon, 1 + epsilon_high] (epsilon_high None: symmetric); beta > 0 needs reference_logprobs.
     """

@@ -25,7 +25,7 @@ class Samples(NamedTuple):
 
     tokens: np.ndarray  # int32 completion tokens (anything after the first EOS is padding)
     mask: np.ndarray  # float32: 1 through the first EOS, 0 after it
-    logprobs: np.ndarray  # float32 log-probs of the tokens under the sampler's plain (temperature 1) softmax
+    logprobs: np.ndarray  # float32 log-probs of the tokens under the sampler's tempered full softmax
     texts: list[str]  # the decoded completions
 
 
@@ -34,7 +34,8 @@ class Policy(Protocol):
 
     `build_batch` turns observations and completion tokens into the learner's input pytree, every leaf with the
     batch axis first (so it can be split into micro-batches); `logprobs` is pure and jittable and returns
-    [batch, max_new_tokens] log-probs of the completion tokens under the plain softmax (0 where masked).
+    [batch, max_new_tokens] log-probs of the completion tokens under the tempered softmax the sampler used (0 where
+    masked).
     """
 
     eos_ids: tuple[int, ...]

@@ -22,7 +22,8 @@ END_OF_TURN = "<|im_end|>"
 
 
 class Qwen3VLPolicy:
-    """Samples with the rollout engine and recomputes the same plain-softmax log-probs with the learner.
+    """Samples with the rollout engine and recomputes the same log-probs (softmax at the sampling temperature)
+    with the learner.
 
     Hashed by identity: it is a static argument of the trainer's jitted functions, created once per run.
     With a `mesh`, learner batches are placed batch-sharded over its data axes (parameters are placed by
@@ -54,7 +55,7 @@ class Qwen3VLPolicy:
         return sum(TRACE_COUNTS.values())
 
     def sample(self, params: Any, observations: Sequence[dict], group_size: int, rng: jax.Array) -> Samples:
-        """group_size completions per observation from the rollout engine (plain-softmax log-probs kept)."""
+        """group_size completions per observation from the rollout engine (tempered-softmax log-probs kept)."""
         batch = self.engine.generate(params, observations, group_size, rng)
         return Samples(tokens=batch.completion_ids, mask=batch.completion_mask, logprobs=batch.logprobs,
                        texts=list(batch.texts))
@@ -97,8 +98,9 @@ class Qwen3VLPolicy:
         return jax.tree_util.tree_map_with_path(place, batch)
 
     def logprobs(self, params: Any, batch: dict) -> jax.Array:
-        """Plain-softmax log-probs of the completion tokens [batch, max_new_tokens] (0 where masked)."""
-        return token_logprobs(params, self.cfg, batch["inputs"], batch["completion_ids"], batch["completion_mask"])
+        """Log-probs of the completion tokens [batch, max_new_tokens] at the sampling temperature (0 where masked)."""
+        return token_logprobs(params, self.cfg, batch["inputs"], batch["completion_ids"], batch["completion_mask"],
+                              temperature=self.settings.logprob_temperature)
 
     def encode_targets(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
         """Answer texts as the tokens the model should generate: the text, then <|im_end|>; padded."""

@@ -151,11 +151,27 @@ def score(env: Any, state: Any, tokens: np.ndarray, mask: np.ndarray) -> tuple[f
     return float(reward), info
 
 
+def final_rewards(env: Any, state: Any, tokens: np.ndarray, mask: np.ndarray) -> list[float]:
+    """The rewards of completions at training progress 1 (a curriculum's final weights): the fixed yardstick a
+    training curve is read against, since the reward at the current progress shifts as the curriculum moves."""
+    progress = env.progress
+    env.set_progress(1.0)
+    try:
+        return [score(env, state, t, m)[0] for t, m in zip(tokens, mask)]
+    finally:
+        env.set_progress(progress)
+
+
 def optimizer_config(section: Any) -> OptimizerConfig:
-    """The optimizer settings of an sft or train params section."""
-    return OptimizerConfig(learning_rate=section.lr, warmup_steps=section.warmup_steps, total_steps=section.steps,
-                           end_lr_ratio=section.end_lr_ratio, weight_decay=section.weight_decay,
-                           max_grad_norm=section.max_grad_norm)
+    """The optimizer settings of an sft or train params section.
+
+    The schedule counts optimizer updates, and a GRPO step makes `num_iterations` of them, so its warmup and
+    length are the section's step counts times that: the cosine ends at the last step, not after 1/num_iterations
+    of the run."""
+    updates_per_step = getattr(section, "num_iterations", 1)
+    return OptimizerConfig(learning_rate=section.lr, warmup_steps=section.warmup_steps * updates_per_step,
+                           total_steps=section.steps * updates_per_step, end_lr_ratio=section.end_lr_ratio,
+                           weight_decay=section.weight_decay, max_grad_norm=section.max_grad_norm)
 
 
 class GRPOTrainer(TrainingLoop):
@@ -207,7 +223,7 @@ class GRPOTrainer(TrainingLoop):
         c = self.config
         # The curriculum follows training progress, not env resets (which sampling rounds would skew).
         self.env.set_progress(step / self.total_steps)
-        kept, spare, sampled_rewards, sampled_infos, sampled_texts = [], [], [], [], []
+        kept, spare, sampled_rewards, sampled_infos, sampled_texts, final = [], [], [], [], [], []
         sampled_groups = zero_std_groups = rounds = sampled_tokens = 0
         rollout_time = 0.0
         while len(kept) < c.batch_prompts and rounds < c.max_sample_rounds:
@@ -228,6 +244,7 @@ class GRPOTrainer(TrainingLoop):
                          "infos": [s[1] for s in scored]}
                 sampled_groups += 1
                 sampled_rewards.extend(group["rewards"])
+                final.extend(final_rewards(self.env, state, group["tokens"], group["mask"]))
                 sampled_infos.extend(group["infos"])
                 sampled_texts.extend(group["texts"])
                 equal = grpo.filter_groups(group["rewards"], c.group_size).num_dropped == 1
@@ -245,6 +262,7 @@ class GRPOTrainer(TrainingLoop):
         return {"groups": kept + padding, "num_padding": len(padding), "sampled_groups": sampled_groups,
                 "zero_std_groups": zero_std_groups, "rounds": rounds, "rollout_time": rollout_time,
                 "sampled_tokens": sampled_tokens, "sampled_rewards": np.asarray(sampled_rewards, np.float64),
+                "final_rewards": np.asarray(final, np.float64),
                 "sampled_infos": sampled_infos, "sampled_texts": sampled_texts}
 
     def step(self, step: int) -> dict[str, float]:
@@ -303,6 +321,8 @@ class GRPOTrainer(TrainingLoop):
         # Rewards over everything sampled this step, dropped groups included: what the policy scores now.
         rewards = collected["sampled_rewards"]
         out = {"reward_mean": float(rewards.mean()), "reward_std": float(rewards.std()),
+               # the same samples at the curriculum's final weights: the headline training curve
+               "final_reward_mean": float(collected["final_rewards"].mean()),
                "zero_std_group_share": collected["zero_std_groups"] / collected["sampled_groups"],
                "groups_dropped": float(collected["zero_std_groups"] if self.config.filter_groups else 0),
                "sample_rounds": float(collected["rounds"]),

@@ -3,8 +3,8 @@
     engine = RolloutEngine(cfg, processor, SamplingSettings(max_new_tokens=64, temperature=1.0, eos_ids=(...)))
     batch = engine.generate(params, obs_list, group_size=8, key=jax.random.key(0))
     batch.completion_ids, batch.completion_mask, batch.logprobs      # what the learner needs
-    token_logprobs(params, cfg, batch.sequence_inputs(), batch.completion_ids, batch.completion_mask)
-                                                                      # == batch.logprobs (on-policy)
+    token_logprobs(params, cfg, batch.sequence_inputs(), batch.completion_ids, batch.completion_mask,
+                   temperature=settings.logprob_temperature)         # == batch.logprobs (on-policy)
 
 With `devices=[...]` the prompts are split over the devices, each share prefilled and decoded in its own thread;
 on a CPU with one fake host device per core (`--xla_force_host_platform_device_count`) that runs one decode loop
@@ -105,7 +105,7 @@ class RolloutBatch:
     group_size: int
     completion_ids: np.ndarray  # int32, pad_id after the end
     completion_mask: np.ndarray  # float32: 1 up to and including the first EOS, 0 after
-    logprobs: np.ndarray  # float32: plain softmax at temperature 1 (what the learner computes); 0 where masked
+    logprobs: np.ndarray  # float32: full softmax at logprob_temperature (what the learner computes); 0 where masked
     sample_logprobs: np.ndarray  # float32: under the distribution sampled from (0 for greedy); 0 where masked
     lengths: np.ndarray  # int32: completion tokens counted (EOS included)
     finish_reasons: list[str]  # "eos" or "length"
@@ -239,11 +239,11 @@ def _decode_loop(params: Params, cfg: Qwen3VLConfig, settings: SamplingSettings,
     layers = decoder_layers(params, cfg)
 
     def sample(step_logits: jax.Array, step: jax.Array, done: jax.Array, out: dict[str, jax.Array]):
-        tokens, sample_lp, plain_lp = sample_tokens(step_logits, seed, rows, step, settings)
+        tokens, sample_lp, policy_lp = sample_tokens(step_logits, seed, rows, step, settings)
         tokens = jnp.where(done, settings.pad_id, tokens)
         out = {
             "tokens": out["tokens"].at[:, step].set(tokens),
-            "logprobs": out["logprobs"].at[:, step].set(jnp.where(done, 0.0, plain_lp)),
+            "logprobs": out["logprobs"].at[:, step].set(jnp.where(done, 0.0, policy_lp)),
             "sample_logprobs": out["sample_logprobs"].at[:, step].set(jnp.where(done, 0.0, sample_lp)),
             "mask": out["mask"].at[:, step].set(~done),
         }

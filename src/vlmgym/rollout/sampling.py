@@ -16,8 +16,11 @@ cumulative probability exceeds it. Candidates come from `lax.top_k` (no full-voc
 Order as in HF transformers: temperature, then top-k, then top-p.
 
 Two log-probs are returned per token: `sample_logprobs` under the distribution actually sampled from (tempered,
-filtered, renormalised; 0 for greedy), and `logprobs`, the plain softmax at temperature 1 over the full vocabulary,
-which is what the learner recomputes, so on-policy importance ratios are exactly 1.
+filtered, renormalised; 0 for greedy), and `logprobs`, the softmax of the tempered logits over the full vocabulary
+(`logprob_temperature`: the sampling temperature, 1 for greedy), which is what the learner recomputes, so on-policy
+importance ratios are exactly 1. Both sides temper as TRL does: at temperature != 1 an untempered ratio would refer
+to a different policy than the one sampled, and clipping would act on the wrong ratio; top-k / top-p are left out
+of both (the learner cannot renormalise over a candidate set it never sees).
 """
 
 from __future__ import annotations
@@ -54,6 +57,11 @@ class SamplingSettings:
         if self.top_p_candidates < 1:
             raise ValueError(f"SamplingSettings.top_p_candidates must be >= 1, got {self.top_p_candidates}")
         object.__setattr__(self, "eos_ids", tuple(int(i) for i in self.eos_ids))
+
+    @property
+    def logprob_temperature(self) -> float:
+        """The temperature of the policy whose log-probs the sampler returns and the learner recomputes."""
+        return 1.0 if self.is_greedy else float(self.temperature)
 
     @property
     def is_greedy(self) -> bool:
@@ -104,10 +112,13 @@ def _inverse_cdf(probs: jax.Array, uniform: jax.Array) -> jax.Array:
 def sample_tokens(
     logits: jax.Array, seed: jax.Array, rows: jax.Array, step: jax.Array, settings: SamplingSettings
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """Sample one token per row of `logits` (B, V); returns (tokens, sample_logprobs, logprobs at temperature 1)."""
+    """Sample one token per row of `logits` (B, V); returns (tokens, sample_logprobs, logprobs): the last under the
+    full-vocabulary softmax at `settings.logprob_temperature`."""
     logits = logits.astype(jnp.float32)
     vocab = logits.shape[-1]
-    plain_lse = jax.nn.logsumexp(logits, axis=-1)
+    # Division by 1.0 is exact, but skipping it keeps the traced program of the default unchanged.
+    tempered = logits if settings.logprob_temperature == 1.0 else logits / jnp.float32(settings.logprob_temperature)
+    tempered_lse = jax.nn.logsumexp(tempered, axis=-1)
     if settings.is_greedy:
         tokens = first_argmax(logits)
         sample_logprobs = jnp.zeros(tokens.shape, jnp.float32)
@@ -133,5 +144,5 @@ def sample_tokens(
             log_probs = jax.nn.log_softmax(scaled, axis=-1)
             tokens = _inverse_cdf(jnp.exp(log_probs), uniform)
             sample_logprobs = jnp.take_along_axis(log_probs, tokens[:, None], axis=-1)[:, 0]
-    logprobs = jnp.take_along_axis(logits, tokens[:, None], axis=-1)[:, 0] - plain_lse
+    logprobs = jnp.take_along_axis(tempered, tokens[:, None], axis=-1)[:, 0] - tempered_lse
     return tokens, sample_logprobs, logprobs

@@ -21,9 +21,10 @@ Text / entry points (`model.py`)
     decode_step(params, cfg, tokens (B,), cache, unroll=1) -> (logits (B, V), cache)   unroll=True: ~2x faster
         steps on GPU for a much longer compile (see its docstring)
     repeat_cache(cache, repeats) -> cache                   group sampling: one prefill, G rows each
-    token_logprobs(params, cfg, inputs, completion_ids (B,C), completion_mask (B,C), remat=False) -> (B, C)
-        log-probs (temperature 1, 0 where masked); inputs = {input_ids, attention_mask, [position_ids],
-        [pixel_values, patch_layout]}; differentiable; remat=True checkpoints each layer under jax.grad
+    token_logprobs(params, cfg, inputs, completion_ids (B,C), completion_mask (B,C), remat=False, temperature=1.0)
+        -> (B, C) log-probs (of the logits / temperature, 0 where masked);
+        inputs = {input_ids, attention_mask, [position_ids], [pixel_values, patch_layout]}; differentiable;
+        remat=True checkpoints each layer under jax.grad
     jit_forward / jit_prefill / jit_decode_step (cache donated) / jit_token_logprobs: module-level jits
 
     The KV cache is a dict: k, v (layers, B, S, kv_heads, head_dim); valid (B, S) bool (which slots hold real

@@ -279,8 +279,9 @@ def encode_inputs(params: Params, cfg: Qwen3VLConfig, inputs: dict[str, Any]):
 
 
 def token_logprobs(params: Params, cfg: Qwen3VLConfig, inputs: dict[str, Any], completion_ids: jax.Array,
-                   completion_mask: jax.Array, remat: bool = False) -> jax.Array:
-    """Log-probs (B, C) of completions that follow the prompts in `inputs` (temperature 1); 0 where masked.
+                   completion_mask: jax.Array, remat: bool = False, temperature: float = 1.0) -> jax.Array:
+    """Log-probs (B, C) of completions that follow the prompts in `inputs`, under the softmax of the logits divided
+    by `temperature` (the sampler's, so importance ratios compare the policy that was sampled); 0 where masked.
 
     `inputs`: input_ids / attention_mask (B, L) prompts (left or right padded), optional position_ids (3, B, L),
     optional pixel_values + patch_layout. Completion token j sits right after the prompt block.
@@ -305,6 +306,8 @@ def token_logprobs(params: Params, cfg: Qwen3VLConfig, inputs: dict[str, Any], c
     predict_at = length + jnp.arange(steps)[None] - 1
     predict_at = jnp.where(jnp.arange(steps)[None] == 0, _last_valid_index(prompt_mask)[:, None], predict_at)
     logits = _logits(params, cfg, jnp.take_along_axis(h, predict_at[..., None], axis=1))
+    if temperature != 1.0:  # a static Python float: the default's program has no division
+        logits = logits.astype(jnp.float32) / jnp.float32(temperature)
     logprobs = jax.nn.log_softmax(logits, axis=-1)
     picked = jnp.take_along_axis(logprobs, completion_ids[..., None].astype(jnp.int32), axis=-1)[..., 0]
     return jnp.where(completion_mask.astype(bool), picked, 0.0)
@@ -313,4 +316,4 @@ def token_logprobs(params: Params, cfg: Qwen3VLConfig, inputs: dict[str, Any], c
 jit_forward = jax.jit(forward, static_argnums=1)
 jit_prefill = jax.jit(prefill, static_argnums=1, static_argnames=("cache_size", "all_logits"))
 jit_decode_step = jax.jit(decode_step, static_argnums=1, static_argnames="unroll", donate_argnums=3)
-jit_token_logprobs = jax.jit(token_logprobs, static_argnums=1, static_argnames="remat")
+jit_token_logprobs = jax.jit(token_logprobs, static_argnums=1, static_argnames=("remat", "temperature"))
