@@ -145,3 +145,37 @@ def test_train_curve_comes_from_the_run_that_wrote_the_model(tmp_path, monkeypat
     (model / "params.bin").write_bytes(b"retrained elsewhere")
     assert train_reward_curve("models/jax/grpo", "reward_mean", tracking_uri=uri, experiment="exp") == ([], None)
     assert json.dumps(curve)  # plain numbers, ready for the CSV writer
+
+
+def test_reward_curves_headline_final_weights_beside_the_reward_as_trained(tmp_path, monkeypatch):
+    import mlflow
+
+    from vlmgym.eval.curve import reward_curves
+    from vlmgym.tracking import dvc_hash
+
+    monkeypatch.chdir(tmp_path)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    model = tmp_path / "models/jax/grpo"
+    model.mkdir(parents=True)
+    mlflow.set_tracking_uri(uri)
+    mlflow.create_experiment("exp", artifact_location=(tmp_path / "art").as_uri())
+    mlflow.set_experiment("exp")
+    env = SimpleNamespace(reward_levels={})
+
+    def logged(weights: bytes, metrics: dict) -> None:
+        (model / "params.bin").write_bytes(weights)
+        with mlflow.start_run(tags={"vlmgym.stage": "train"}):
+            for name, values in metrics.items():
+                for step, value in enumerate(values, start=1):
+                    mlflow.log_metric(name, value, step=step)
+            mlflow.set_tag("dvc.out.models/jax/grpo", dvc_hash("models/jax/grpo"))
+
+    logged(b"curriculum", {"reward_mean": [0.5, 0.4], "final_reward_mean": [0.2, 0.3]})
+    curves, _ = reward_curves(env, "models/jax/grpo", "final_reward_mean", tracking_uri=uri, experiment="exp")
+    assert curves.total == [(1, 0.2), (2, 0.3)] and curves.as_trained == [(1, 0.5), (2, 0.4)]
+    logged(b"flat", {"reward_mean": [0.2, 0.3], "final_reward_mean": [0.2, 0.3]})  # no curriculum: one curve
+    curves, _ = reward_curves(env, "models/jax/grpo", "final_reward_mean", tracking_uri=uri, experiment="exp")
+    assert curves.total == [(1, 0.2), (2, 0.3)] and curves.as_trained == []
+    logged(b"older", {"reward_mean": [0.1, 0.6]})  # a run from before final_reward_mean: its one curve
+    curves, _ = reward_curves(env, "models/jax/grpo", "final_reward_mean", tracking_uri=uri, experiment="exp")
+    assert curves.total == [(1, 0.1), (2, 0.6)] and curves.as_trained == []

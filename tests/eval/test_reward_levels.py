@@ -93,6 +93,11 @@ def test_reward_png_with_levels_is_wider_than_the_total_alone(tmp_path, steps):
     with Image.open(tmp_path / "total.png") as alone, Image.open(tmp_path / "levels.png") as beside:
         assert alone.format == beside.format == "PNG"
         assert beside.width > 2.5 * alone.width  # three panels: total, levels, weights
+    both = RewardCurves(total=total, as_trained=[(s, r - 0.2) for s, r in total])
+    plot_reward_curve_png(tmp_path / "both.png", both)
+    with Image.open(tmp_path / "both.png") as image, Image.open(tmp_path / "total.png") as alone:
+        assert image.width < 1.5 * alone.width  # one panel, two curves
+    assert "final weights" in reward_curve_note(both) and "final weights" not in reward_curve_note(RewardCurves(total))
 
 
 def test_evaluation_writes_the_level_curves_and_explains_them(tmp_path):

@@ -125,9 +125,13 @@ def collapse_section(spreads: Mapping[str, Mapping[str, Any]], warnings: Sequenc
 def reward_curve_note(curves: RewardCurves) -> str:
     """What the training reward figure shows, under its heading in reports/eval.html."""
     note = "The mean reward of each training step's sampled answers: what the policy is trained on."
+    if curves.as_trained:
+        note = ("The mean reward of each training step's sampled answers, scored at the curriculum's final weights "
+                "(one yardstick for every step), beside the same answers scored as trained, at that step's weights.")
     if curves.levels:
         note += " It is a weighted total of the reward's levels; beside it, each level's own score, unweighted."
     if curves.weights:
         note += (" Then the levels' weights in the total: when a curriculum moves weight to harder levels, the total "
-                 "falls while each level holds or improves, so read learning from the levels.")
+                 "falls while each level holds or improves, so read learning from the levels"
+                 + (" or from the final-weights total." if curves.as_trained else "."))
     return note
