@@ -37,15 +37,17 @@ def expected_probs(temperature: float, top_k: int, top_p: float) -> np.ndarray:
 
 @pytest.mark.parametrize("temperature,top_k,top_p", [(0.7, 0, 1.0), (1.0, 5, 1.0), (1.0, 0, 0.8), (1.3, 10, 0.7)])
 def test_empirical_distribution_matches(temperature, top_k, top_p):
-    tokens, sample_lp, plain_lp = draw(SamplingSettings(temperature=temperature, top_k=top_k, top_p=top_p))
+    tokens, sample_lp, policy_lp = draw(SamplingSettings(temperature=temperature, top_k=top_k, top_p=top_p))
     expected = expected_probs(temperature, top_k, top_p)
     counts = np.bincount(tokens, minlength=VOCAB) / ROWS
     # 5 standard errors of a frequency estimate from ROWS draws.
     assert np.all(np.abs(counts - expected) <= 5 * np.sqrt(expected * (1 - expected) / ROWS) + 1e-9)
     assert (expected[np.unique(tokens)] > 0).all()  # never a filtered-out token
     np.testing.assert_allclose(np.exp(sample_lp), expected[tokens], rtol=1e-4)
-    log_softmax = LOGITS - np.log(np.exp(LOGITS.astype(np.float64)).sum())
-    np.testing.assert_allclose(plain_lp, log_softmax[tokens], atol=1e-5)
+    # The policy's log-prob: the full softmax at the sampling temperature, unfiltered (what the learner recomputes).
+    tempered = LOGITS.astype(np.float64) / temperature
+    log_softmax = tempered - np.log(np.exp(tempered).sum())
+    np.testing.assert_allclose(policy_lp, log_softmax[tokens], atol=1e-5)
 
 
 def test_greedy_takes_the_argmax_with_zero_sampling_logprob():
