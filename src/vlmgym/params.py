@@ -154,8 +154,10 @@ class SFTParams:
 
 @dataclass(frozen=True)
 class TrainParams:
-    """train stage: GRPO from the sft model."""
+    """train stage: GRPO (or online DPO) from the sft model."""
 
+    algorithm: str = spec("grpo", choices=("grpo", "dpo"),
+                          doc="grpo, or online dpo (each group's best vs worst answer, against the start policy)")
     steps: int = spec(150, ge=1, doc="GRPO steps (one batch of prompts each)")
     batch_prompts: int = spec(8, ge=1, doc="prompts per step")
     group_size: int = spec(8, ge=1, doc="completions sampled per prompt (the GRPO group)")
@@ -170,6 +172,7 @@ class TrainParams:
     epsilon: float = spec(0.2, gt=0, lt=1, doc="lower clip range of the importance ratio")
     epsilon_high: float = spec(0.28, gt=0, doc="upper clip range (clip-higher)")
     beta: float = spec(0.0, ge=0, doc="k3 KL penalty to the initial policy (0: no reference model held)")
+    dpo_beta: float = spec(0.1, gt=0, doc="dpo: strength of the implicit KL to the start policy (TRL's beta)")
     loss_aggregation: str = spec("token_mean", choices=("token_mean", "sequence_mean", "dr_grpo"),
                                  doc="how per-token losses are reduced")
     scale_rewards: str = spec("group", choices=("group", "batch", "none"), doc="advantage std normalisation")

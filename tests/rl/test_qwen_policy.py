@@ -112,3 +112,18 @@ def test_one_update_moves_a_rollouts_logprob_in_its_advantages_direction(tiny_vl
     after = float(np.asarray(jax.jit(policy.logprobs)(params, batch)).sum())
     assert samples.mask.sum() > 1
     assert (after - before) * sign > 1e-3, (before, after)
+
+
+def test_online_dpo_steps_on_the_real_policy(tiny_vlm, tmp_path):
+    config = TrainParams(algorithm="dpo", steps=2, batch_prompts=2, group_size=4, max_new_tokens=8, lr=1e-2,
+                         warmup_steps=0, save_every=1, dpo_beta=0.5)
+    env = AnswerLengthEnv(tiny_vlm.samples, tokenizer=tiny_vlm.processor.tokenizer)
+    trainer = GRPOTrainer(_policy(tiny_vlm, config.max_new_tokens), env, _copy(tiny_vlm.params), config,
+                          tmp_path / "dpo", progress_bar=False)
+    trainer.run()
+    first, second = trainer.history
+    assert first["dpo_pairs"] == 2  # answer lengths differ within each group
+    assert first["logprob_mismatch_max"] < 1e-4 and first["loss"] == pytest.approx(np.log(2), rel=1e-4)
+    # After one update the policy is no longer the reference: the loss moved off log 2.
+    assert second["loss"] != first["loss"] and np.isfinite(second["dpo_margin"])
+    assert second["compile_count"] == first["compile_count"]

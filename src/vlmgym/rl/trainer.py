@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from vlmgym.eval.metrics import answer_spread
-from vlmgym.rl import grpo
+from vlmgym.rl import dpo, grpo
 from vlmgym.rl.loop import (
     CompileCounter,
     DataOrder,
@@ -64,6 +64,34 @@ def grpo_gradients(params: Any, micro: dict, normalizer: jax.Array, *, policy: P
     grad_fn = jax.value_and_grad(_grpo_micro_loss, has_aux=True)
     (loss, aux), grads = grad_fn(optimizer.stop_frozen_gradients(params), micro, normalizer, policy, settings)
     return loss, jax.tree.map(lambda g: g.astype(jnp.float32), grads), aux
+
+
+def _dpo_micro_loss(params: Any, micro: dict, normalizer: jax.Array, policy: Policy,
+                    beta: float) -> tuple[jax.Array, dict]:
+    logprobs = policy.logprobs(params, micro["batch"])
+    out = dpo.dpo_loss(logprobs, micro["reference"], micro["mask"], micro["valid"], beta=beta, normalizer=normalizer)
+    aux = {"logprobs": jax.lax.stop_gradient(logprobs), "dpo_margin": out.margin_sum,
+           "dpo_accuracy": out.accuracy_sum, "dpo_chosen_reward": out.chosen_reward_sum,
+           "dpo_rejected_reward": out.rejected_reward_sum}
+    return out.loss, aux
+
+
+@partial(jax.jit, static_argnames=("policy", "optimizer", "beta", "compiles"))
+def dpo_gradients(params: Any, micro: dict, normalizer: jax.Array, *, policy: Policy, optimizer: Optimizer,
+                  beta: float, compiles: CompileCounter) -> tuple[jax.Array, Any, dict]:
+    """Online DPO loss, fp32 gradients and figure sums of one micro-batch of pair rows."""
+    compiles.traced("dpo_gradients")
+    grad_fn = jax.value_and_grad(_dpo_micro_loss, has_aux=True)
+    (loss, aux), grads = grad_fn(optimizer.stop_frozen_gradients(params), micro, normalizer, policy, beta)
+    return loss, jax.tree.map(lambda g: g.astype(jnp.float32), grads), aux
+
+
+def _combine_dpo_figures(auxes: list[dict], pairs: int) -> dict[str, float]:
+    auxes = jax.device_get(auxes)
+    out = {"loss": sum(float(a["loss"]) for a in auxes)}
+    for name in ("dpo_margin", "dpo_accuracy", "dpo_chosen_reward", "dpo_rejected_reward"):
+        out[name] = sum(float(a[name]) for a in auxes) / max(pairs, 1)
+    return out
 
 
 @partial(jax.jit, donate_argnums=0)
@@ -194,8 +222,13 @@ class GRPOTrainer(TrainingLoop):
         self.policy, self.env, self.config = policy, env, config
         self.samples_callback = samples_callback
         self.optimizer = Optimizer(optimizer_config(config), trainable_mask(params, config.freeze))
-        # The reference policy is a frozen copy of the starting params, held only when the KL term is on.
-        self.reference_params = jax.tree.map(jnp.copy, params) if config.beta > 0 else None
+        if config.algorithm == "dpo" and config.batch_prompts % config.micro_batches:
+            raise ValueError(f"train: dpo splits its {config.batch_prompts} pairs into micro_batches="
+                             f"{config.micro_batches}, which must divide them")
+        # The reference policy is a frozen copy of the starting params, held only when the KL term is on (GRPO)
+        # or DPO needs it.
+        holds_reference = config.beta > 0 or config.algorithm == "dpo"
+        self.reference_params = jax.tree.map(jnp.copy, params) if holds_reference else None
         self.params, self.opt_state = params, jax.jit(self.optimizer.init)(params)
         self.rng = jax.random.key(config.seed)
         self.data = DataOrder(len(env), config.seed)
@@ -207,6 +240,8 @@ class GRPOTrainer(TrainingLoop):
         self.data = DataOrder.from_state(len(self.env), self.config.seed, state["data"])
 
     def postfix(self, metrics: dict[str, float]) -> dict[str, str]:
+        if self.config.algorithm == "dpo":
+            return {"reward": f"{metrics['reward_mean']:.3f}", "margin": f"{metrics['dpo_margin']:.3f}"}
         return {"reward": f"{metrics['reward_mean']:.3f}", "kl": f"{metrics['approx_kl_behaviour']:.2e}"}
 
     def _gradients(self, micro: dict, normalizer: jax.Array, settings: LossSettings) -> tuple:
@@ -275,6 +310,9 @@ class GRPOTrainer(TrainingLoop):
         mask = np.concatenate([g["mask"] for g in groups]).astype(np.float32)
         tokens = np.concatenate([g["tokens"] for g in groups])
         sampler_logprobs = np.concatenate([g["logprobs"] for g in groups]).astype(np.float32)
+        if c.algorithm == "dpo":
+            return self._finish_step(step, collected, *self._dpo_updates(groups, rewards, mask, tokens,
+                                                                          sampler_logprobs), started)
         real = np.repeat([i < len(groups) - collected["num_padding"] for i in range(len(groups))], c.group_size)
         advantages = np.asarray(_advantages(rewards[real], c.group_size, c.scale_rewards))
         advantages = np.concatenate([advantages, np.zeros(int((~real).sum()), np.float32)])
@@ -303,8 +341,50 @@ class GRPOTrainer(TrainingLoop):
                         micro["behaviour"] = aux["logprobs"]
             iteration_metrics.append({**_combine_grpo_figures(auxes),
                                       **{k: float(v) for k, v in jax.device_get(stats).items()}})
+        return self._finish_step(step, collected, iteration_metrics, first_logprobs, sampler_logprobs, mask,
+                                 started)
+
+    def _dpo_updates(self, groups: list[dict], rewards: np.ndarray, mask: np.ndarray, tokens: np.ndarray,
+                     sampler_logprobs: np.ndarray) -> tuple[list[dict], np.ndarray, np.ndarray, np.ndarray]:
+        """Online DPO on the step's groups: one (best, worst) pair per group, num_iterations updates; returns
+        (figures per iteration, first learner log-probs, sampler log-probs and mask of the pair rows)."""
+        c = self.config
+        pairs = dpo.select_pairs(rewards, c.group_size)
+        rows = dpo.pair_rows(pairs)
+        observations = [groups[r // c.group_size]["obs"] for r in rows]
+        # A tie's rows stay in the batch (fixed shapes: no recompiles) with weight 0 and no tokens counted.
+        pair_mask = mask[rows] * np.repeat(pairs.valid, 2)[:, None]
+        valid_pairs = int(pairs.valid.sum())
+        normalizer = jnp.float32(max(valid_pairs, 1))
+        micro_batches = []
+        for part in micro_slices(len(rows) // 2, c.micro_batches):
+            row_part = slice(2 * part.start, 2 * part.stop)
+            batch = self.policy.build_batch(observations[row_part], tokens[rows][row_part], pair_mask[row_part])
+            micro_batches.append({"batch": batch, "mask": pair_mask[row_part], "valid": pairs.valid[part],
+                                  "reference": policy_logprobs(self.reference_params, batch, policy=self.policy,
+                                                               compiles=self.compiles)})
+        gradient_fn = partial(dpo_gradients, normalizer=normalizer, policy=self.policy, optimizer=self.optimizer,
+                              beta=c.dpo_beta, compiles=self.compiles)
+        iteration_metrics = []
+        for iteration in range(c.num_iterations):
+            grads, auxes = accumulate(lambda micro: gradient_fn(self.params, micro), micro_batches)
+            self.params, self.opt_state, stats = apply_update(self.params, self.opt_state, grads,
+                                                              optimizer=self.optimizer, compiles=self.compiles)
+            if iteration == 0:
+                first_logprobs = np.concatenate([np.asarray(a["logprobs"]) for a in auxes])
+            iteration_metrics.append({**_combine_dpo_figures(auxes, valid_pairs), "dpo_pairs": float(valid_pairs),
+                                      **{k: float(v) for k, v in jax.device_get(stats).items()}})
+        return iteration_metrics, first_logprobs, sampler_logprobs[rows], pair_mask
+
+    def _finish_step(self, step: int, collected: dict, iteration_metrics: list[dict], first_logprobs: np.ndarray,
+                     sampler_logprobs: np.ndarray, mask: np.ndarray, started: float) -> dict[str, float]:
+        """The step's figures: rewards of everything sampled, the update's, the first learner forward's."""
+        c = self.config
+        groups = collected["groups"]
+        tokens = np.concatenate([g["tokens"] for g in groups])
         update_time = time.perf_counter() - started
-        out = self._metrics(collected, mask, tokens, iteration_metrics)
+        out = self._metrics(collected, np.concatenate([g["mask"] for g in groups]).astype(np.float32), tokens,
+                            iteration_metrics)
         statistics = _behaviour_statistics(first_logprobs, sampler_logprobs, mask)
         out.update({k: float(v) for k, v in jax.device_get(statistics).items()})
         out["rollout_time_s"] = collected["rollout_time"]
@@ -343,8 +423,8 @@ class GRPOTrainer(TrainingLoop):
             # Clip fractions, KL and ratios say most after the last iteration (the first is on-policy).
             out[name] = values[-1] if name in ("clip_fraction_low", "clip_fraction_high", "approx_kl_behaviour",
                                                "ratio_mean", "ratio_max", "ratio_min") else float(np.mean(values))
-        if self.config.beta == 0:
-            out.pop("kl_to_reference")
+        if self.config.beta == 0 or self.config.algorithm != "grpo":
+            out.pop("kl_to_reference", None)
         return out
 
     def _sample_rows(self, groups: list[dict]) -> list[dict]:
