@@ -23,7 +23,6 @@ def test_online_dpo_runs_the_train_stage(pipeline, tmp_path):
     assert "Running stage 'train'" in result.stdout
     after = output_digests(root)
     changed = {path for path in after if after[path] != before.get(path)}
-    assert any(path.startswith("models/jax/grpo/") for path in changed), changed
     assert not any(path.startswith("models/jax/sft/") for path in changed)
     assert "reward_mean" in json.loads((root / "metrics/train.json").read_text())
     client = MlflowClient(tracking_uri=f"sqlite:///{root / 'mlflow.db'}")
@@ -33,3 +32,6 @@ def test_online_dpo_runs_the_train_stage(pipeline, tmp_path):
     run = runs[0]
     assert run.data.params["algorithm"] == "dpo" and run.info.status == "FINISHED"
     assert {"dpo_margin", "dpo_pairs", "final_reward_mean"} <= set(run.data.metrics)
+    # The micro preset's groups of two often tie (no pair, no gradient): the model moves iff some pair existed.
+    pairs = sum(m.value for m in client.get_metric_history(run.info.run_id, "dpo_pairs"))
+    assert any(path.startswith("models/jax/grpo/") for path in changed) == (pairs > 0), (pairs, changed)
