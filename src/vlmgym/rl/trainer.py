@@ -61,8 +61,14 @@ def grpo_gradients(params: Any, micro: dict, normalizer: jax.Array, *, policy: P
                    settings: LossSettings, compiles: CompileCounter) -> tuple[jax.Array, Any, dict]:
     """GRPO loss, fp32 gradients and figures of one micro-batch (normalised by the whole batch's divisor)."""
     compiles.traced("grpo_gradients")
-    grad_fn = jax.value_and_grad(_grpo_micro_loss, has_aux=True)
-    (loss, aux), grads = grad_fn(optimizer.stop_frozen_gradients(params), micro, normalizer, policy, settings)
+    return _fp32_gradients(_grpo_micro_loss, params, micro, normalizer, optimizer, policy, settings)
+
+
+def _fp32_gradients(micro_loss: Callable, params: Any, micro: dict, normalizer: jax.Array, optimizer: Optimizer,
+                    *args: Any) -> tuple[jax.Array, Any, dict]:
+    """(loss, fp32 gradients, aux) of a micro-batch loss (frozen leaves get no gradient); traced inside a jit."""
+    grad_fn = jax.value_and_grad(micro_loss, has_aux=True)
+    (loss, aux), grads = grad_fn(optimizer.stop_frozen_gradients(params), micro, normalizer, *args)
     return loss, jax.tree.map(lambda g: g.astype(jnp.float32), grads), aux
 
 
@@ -81,9 +87,7 @@ def dpo_gradients(params: Any, micro: dict, normalizer: jax.Array, *, policy: Po
                   beta: float, compiles: CompileCounter) -> tuple[jax.Array, Any, dict]:
     """Online DPO loss, fp32 gradients and figure sums of one micro-batch of pair rows."""
     compiles.traced("dpo_gradients")
-    grad_fn = jax.value_and_grad(_dpo_micro_loss, has_aux=True)
-    (loss, aux), grads = grad_fn(optimizer.stop_frozen_gradients(params), micro, normalizer, policy, beta)
-    return loss, jax.tree.map(lambda g: g.astype(jnp.float32), grads), aux
+    return _fp32_gradients(_dpo_micro_loss, params, micro, normalizer, optimizer, policy, beta)
 
 
 def _combine_dpo_figures(auxes: list[dict], pairs: int) -> dict[str, float]:
@@ -159,9 +163,7 @@ def sft_gradients(params: Any, micro: dict, normalizer: jax.Array, *, policy: Po
                   compiles: CompileCounter) -> tuple[jax.Array, Any, dict]:
     """SFT loss and fp32 gradients of one micro-batch (normalised by the whole batch's token count)."""
     compiles.traced("sft_gradients")
-    grad_fn = jax.value_and_grad(_sft_micro_loss, has_aux=True)
-    (loss, aux), grads = grad_fn(optimizer.stop_frozen_gradients(params), micro, normalizer, policy)
-    return loss, jax.tree.map(lambda g: g.astype(jnp.float32), grads), aux
+    return _fp32_gradients(_sft_micro_loss, params, micro, normalizer, optimizer, policy)
 
 
 def micro_slices(rows: int, micro_batches: int) -> list[slice]:
@@ -179,10 +181,13 @@ def score(env: Any, state: Any, tokens: np.ndarray, mask: np.ndarray) -> tuple[f
     return float(reward), info
 
 
-def final_rewards(env: Any, state: Any, tokens: np.ndarray, mask: np.ndarray) -> list[float]:
+def final_rewards(env: Any, state: Any, tokens: np.ndarray, mask: np.ndarray, rewards: np.ndarray) -> list[float]:
     """The rewards of completions at training progress 1 (a curriculum's final weights): the fixed yardstick a
-    training curve is read against, since the reward at the current progress shifts as the curriculum moves."""
+    training curve is read against, since the reward at the current progress shifts as the curriculum moves.
+    `rewards` are theirs at the current progress, reused (not scored again) once that is 1."""
     progress = env.progress
+    if progress >= 1.0:
+        return [float(r) for r in rewards]
     env.set_progress(1.0)
     try:
         return [score(env, state, t, m)[0] for t, m in zip(tokens, mask)]
@@ -279,7 +284,7 @@ class GRPOTrainer(TrainingLoop):
                          "infos": [s[1] for s in scored]}
                 sampled_groups += 1
                 sampled_rewards.extend(group["rewards"])
-                final.extend(final_rewards(self.env, state, group["tokens"], group["mask"]))
+                final.extend(final_rewards(self.env, state, group["tokens"], group["mask"], group["rewards"]))
                 sampled_infos.extend(group["infos"])
                 sampled_texts.extend(group["texts"])
                 equal = grpo.filter_groups(group["rewards"], c.group_size).num_dropped == 1
@@ -311,8 +316,8 @@ class GRPOTrainer(TrainingLoop):
         tokens = np.concatenate([g["tokens"] for g in groups])
         sampler_logprobs = np.concatenate([g["logprobs"] for g in groups]).astype(np.float32)
         if c.algorithm == "dpo":
-            return self._finish_step(step, collected, *self._dpo_updates(groups, rewards, mask, tokens,
-                                                                          sampler_logprobs), started)
+            return self._finish_step(step, collected, mask, tokens, *self._dpo_updates(
+                groups, rewards, mask, tokens, sampler_logprobs), started)
         real = np.repeat([i < len(groups) - collected["num_padding"] for i in range(len(groups))], c.group_size)
         advantages = np.asarray(_advantages(rewards[real], c.group_size, c.scale_rewards))
         advantages = np.concatenate([advantages, np.zeros(int((~real).sum()), np.float32)])
@@ -341,8 +346,8 @@ class GRPOTrainer(TrainingLoop):
                         micro["behaviour"] = aux["logprobs"]
             iteration_metrics.append({**_combine_grpo_figures(auxes),
                                       **{k: float(v) for k, v in jax.device_get(stats).items()}})
-        return self._finish_step(step, collected, iteration_metrics, first_logprobs, sampler_logprobs, mask,
-                                 started)
+        return self._finish_step(step, collected, mask, tokens, iteration_metrics, first_logprobs, sampler_logprobs,
+                                 mask, started)
 
     def _dpo_updates(self, groups: list[dict], rewards: np.ndarray, mask: np.ndarray, tokens: np.ndarray,
                      sampler_logprobs: np.ndarray) -> tuple[list[dict], np.ndarray, np.ndarray, np.ndarray]:
@@ -376,15 +381,15 @@ class GRPOTrainer(TrainingLoop):
                                       **{k: float(v) for k, v in jax.device_get(stats).items()}})
         return iteration_metrics, first_logprobs, sampler_logprobs[rows], pair_mask
 
-    def _finish_step(self, step: int, collected: dict, iteration_metrics: list[dict], first_logprobs: np.ndarray,
-                     sampler_logprobs: np.ndarray, mask: np.ndarray, started: float) -> dict[str, float]:
-        """The step's figures: rewards of everything sampled, the update's, the first learner forward's."""
+    def _finish_step(self, step: int, collected: dict, step_mask: np.ndarray, step_tokens: np.ndarray,
+                     iteration_metrics: list[dict], first_logprobs: np.ndarray, sampler_logprobs: np.ndarray,
+                     mask: np.ndarray, started: float) -> dict[str, float]:
+        """The step's figures: rewards of everything sampled (step_mask, step_tokens: all its groups), the
+        update's, and the first learner forward's over the rows it ran (sampler_logprobs, mask)."""
         c = self.config
         groups = collected["groups"]
-        tokens = np.concatenate([g["tokens"] for g in groups])
         update_time = time.perf_counter() - started
-        out = self._metrics(collected, np.concatenate([g["mask"] for g in groups]).astype(np.float32), tokens,
-                            iteration_metrics)
+        out = self._metrics(collected, step_mask, step_tokens, iteration_metrics)
         statistics = _behaviour_statistics(first_logprobs, sampler_logprobs, mask)
         out.update({k: float(v) for k, v in jax.device_get(statistics).items()})
         out["rollout_time_s"] = collected["rollout_time"]
