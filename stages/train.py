@@ -41,7 +41,8 @@ def main(argv: list[str] | None = None) -> int:
     with tracking.stage_run("train", train, extra_params=logged, params_file=args.params,
                             resume_folder=checkpoints) as run:
         policy, params = load_policy(train.init_dir, model, train.max_new_tokens, temperature=train.temperature,
-                                     top_k=train.top_k, top_p=train.top_p, mesh_shape=tuple(train.mesh))
+                                     top_k=train.top_k, top_p=train.top_p, mesh_shape=tuple(train.mesh),
+                                     share_prefix=train.share_prefix)
         env = envs.from_params(env_params, shards_dir=train.shards_dir, split="train",
                                tokenizer=policy.processor.tokenizer)
         trainer = GRPOTrainer(policy, env, params, train, checkpoints,

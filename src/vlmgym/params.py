@@ -163,6 +163,7 @@ class TrainParams:
     group_size: int = spec(8, ge=1, doc="completions sampled per prompt (the GRPO group)")
     num_iterations: int = spec(1, ge=1, doc="optimizer updates per sampled batch (>1: off-policy, clipped)")
     micro_batches: int = spec(1, ge=1, doc="gradient accumulation: micro-batches per update (divides the batch)")
+    share_prefix: bool = spec(True, doc="learner runs each prompt once per group (false: one copy per completion)")
     lr: float = spec(1e-4, gt=0, doc="peak learning rate")
     warmup_steps: int = spec(5, ge=0, doc="linear warmup steps (the schedule spans steps x num_iterations updates)")
     end_lr_ratio: float = spec(0.1, ge=0, le=1, doc="final lr of the cosine decay, as a fraction of the peak")

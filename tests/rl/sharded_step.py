@@ -51,14 +51,36 @@ def main(folder: str) -> None:
     mesh = make_mesh(data=2, fsdp=2)
     sharded = Qwen3VLPolicy(cfg, processor, settings, mesh=mesh)
     batch = sharded.build_batch(observations, tokens, mask)
-    many = update(sharded, shard_params(params, cfg, mesh), {"batch": batch, **inputs})
+    many = update(sharded, shard_params(jax.tree.map(jnp.copy, params), cfg, mesh), {"batch": batch, **inputs})
     # Gradients relative to the largest one: reductions split over devices only reorder float sums.
     scale = max(float(np.abs(g).max()) for g in jax.tree.leaves(one[2]))
     diff = max(float(np.abs(np.asarray(a, np.float64) - np.asarray(b, np.float64)).max())
                for a, b in zip(jax.tree.leaves(one[2]), jax.tree.leaves(many[2]))) / scale
-    print(json.dumps({"loss": [one[0], many[0]], "grad_norm": [one[1], many[1]], "grad_diff": diff,
-                      "logprob_diff": float(np.abs(np.asarray(one[3]) - np.asarray(many[3])).max()),
-                      "input_sharding": str(batch["completion_ids"].sharding.spec)}))
+    out = {"loss": [one[0], many[0]], "grad_norm": [one[1], many[1]], "grad_diff": diff,
+           "logprob_diff": float(np.abs(np.asarray(one[3]) - np.asarray(many[3])).max()),
+           "input_sharding": str(batch["completion_ids"].sharding.spec)}
+
+    # The shared-prefix update on the mesh (4 prompts x 2 completions, each group on one device) against the
+    # per-copy update on one device.
+    per_copy = Qwen3VLPolicy(cfg, processor, settings, share_prefix=False)
+    group_tokens, group_mask = np.repeat(tokens, 2, axis=0), np.repeat(mask, 2, axis=0)
+    group_mask[1::2, 1:] = 0  # the second completion of each group ends early
+    group_inputs = {"advantages": np.tile([1.0, -1.0], 4).astype(np.float32), "mask": group_mask,
+                    "behaviour": np.full(group_mask.shape, -3.0, np.float32) * group_mask}
+    one = update(per_copy, jax.tree.map(jnp.copy, params),
+                 {"batch": per_copy.build_batch(observations, group_tokens, group_mask), **group_inputs})
+    shared_batch = sharded.build_batch(observations, group_tokens, group_mask)
+    many = update(sharded, shard_params(jax.tree.map(jnp.copy, params), cfg, mesh),
+                  {"batch": shared_batch, **group_inputs})
+    scale = max(float(np.abs(g).max()) for g in jax.tree.leaves(one[2]))
+    out["shared"] = {
+        "loss": [one[0], many[0]], "prompts": int(shared_batch["inputs"]["input_ids"].shape[0]),
+        "grad_diff": max(float(np.abs(np.asarray(a, np.float64) - np.asarray(b, np.float64)).max())
+                         for a, b in zip(jax.tree.leaves(one[2]), jax.tree.leaves(many[2]))) / scale,
+        "logprob_diff": float(np.abs(np.asarray(one[3]) - np.asarray(many[3])).max()),
+        "prompt_sharding": str(shared_batch["inputs"]["input_ids"].sharding.spec),
+        "row_sharding": str(shared_batch["completion_ids"].sharding.spec)}
+    print(json.dumps(out))
 
 
 if __name__ == "__main__":

@@ -15,3 +15,8 @@ def test_sharded_update_equals_single_device(tiny_vlm, run_on_cpu_devices):
     assert out["grad_norm"][1] == pytest.approx(out["grad_norm"][0], rel=1e-4)
     assert out["logprob_diff"] < 1e-5
     assert out["grad_diff"] < 1e-5
+    shared = out["shared"]  # the shared-prefix update, prompts and their groups split alike over the devices
+    assert shared["prompts"] == 4 and shared["prompt_sharding"] == shared["row_sharding"] != "PartitionSpec()"
+    assert shared["loss"][1] == pytest.approx(shared["loss"][0], rel=1e-5)
+    assert shared["logprob_diff"] < 1e-5
+    assert shared["grad_diff"] < 1e-5

@@ -127,8 +127,9 @@ class ToyPolicy:
                        texts=texts)
 
     def build_batch(self, observations: list[dict], completion_tokens: np.ndarray, completion_mask: np.ndarray) -> dict:
-        """Learner inputs: prompt ids, tokens and mask, batch-first."""
-        return {"prompt": np.array([obs["prompt"] for obs in observations], np.int32),
+        """Learner inputs: prompt ids (repeated over each observation's rows), tokens and mask, batch-first."""
+        per_observation = len(completion_tokens) // len(observations)
+        return {"prompt": np.repeat([obs["prompt"] for obs in observations], per_observation).astype(np.int32),
                 "tokens": np.asarray(completion_tokens, np.int32), "mask": np.asarray(completion_mask, np.float32)}
 
     def encode_targets(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:

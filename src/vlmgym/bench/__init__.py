@@ -11,6 +11,7 @@ from vlmgym.cli import Table, dispatch
 BENCHMARKS: Table = {
     "rollout": ("vlmgym.bench.rollout:main", "JAX rollout engine vs transformers generate (tokens/s, roofline)"),
     "reward": ("vlmgym.bench.reward:main", "reward computation throughput"),
+    "learner": ("vlmgym.bench.learner:main", "GRPO update: one prompt copy per completion vs one per group"),
 }
 
 

@@ -32,8 +32,9 @@ class Samples(NamedTuple):
 class Policy(Protocol):
     """A trainable policy: how the loops sample from it and score tokens under it.
 
-    `build_batch` turns observations and completion tokens into the learner's input pytree, every leaf with the
-    batch axis first (so it can be split into micro-batches); `logprobs` is pure and jittable and returns
+    `build_batch` turns observations and completion tokens into the learner's input pytree: the loops give it one
+    observation per row, or one per group of consecutive rows (the completions of one prompt), which a policy may
+    exploit by running each prompt once; `logprobs` is pure and jittable and returns
     [batch, max_new_tokens] log-probs of the completion tokens under the tempered softmax the sampler used (0 where
     masked).
     """
@@ -47,7 +48,7 @@ class Policy(Protocol):
 
     def build_batch(self, observations: Sequence[dict], completion_tokens: np.ndarray,
                     completion_mask: np.ndarray) -> Any:
-        """Learner inputs for one completion per observation."""
+        """Learner inputs for the completions of the observations (len(completion_tokens) / len(observations) each)."""
         ...
 
     def logprobs(self, params: Any, batch: Any) -> jax.Array:

@@ -12,6 +12,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from vlmgym.models.qwen3_vl.config import Qwen3VLConfig
 from vlmgym.models.qwen3_vl.model import token_logprobs
 from vlmgym.models.qwen3_vl.sharding import batch_sharding
+from vlmgym.models.qwen3_vl.shared_prefix import shared_prefix_logprobs
 from vlmgym.models.qwen3_vl.vision import patch_layout
 from vlmgym.rl.loop import Samples
 from vlmgym.rollout.engine import TRACE_COUNTS, Buckets, RolloutEngine
@@ -28,15 +29,19 @@ class Qwen3VLPolicy:
     Hashed by identity: it is a static argument of the trainer's jitted functions, created once per run.
     With a `mesh`, learner batches are placed batch-sharded over its data axes (parameters are placed by
     the caller with `sharding.shard_params`), so one code path runs on one device or many.
+    With `share_prefix` (the default) a batch given one observation per group of completions runs each prompt
+    once (`shared_prefix.shared_prefix_logprobs`); without it every completion gets its own copy of the prompt
+    (`model.token_logprobs`, the reference the shared forward is tested against).
     """
 
     def __init__(self, cfg: Qwen3VLConfig, processor: Any, settings: SamplingSettings, *,
-                 buckets: Buckets | None = None, mesh: Mesh | None = None):
+                 buckets: Buckets | None = None, mesh: Mesh | None = None, share_prefix: bool = True):
         end_of_turn = processor.tokenizer.convert_tokens_to_ids(END_OF_TURN)
         if end_of_turn is None or end_of_turn not in settings.eos_ids:
             raise ValueError(f"sampling eos_ids {settings.eos_ids} must include {END_OF_TURN} ({end_of_turn}), "
                              "the token that ends an assistant turn")
         self.cfg, self.processor, self.settings, self.mesh = cfg, processor, settings, mesh
+        self.share_prefix = share_prefix
         self.buckets = buckets or Buckets()
         self.engine = RolloutEngine(cfg, processor, settings, self.buckets)
         self.end_of_turn = int(end_of_turn)
@@ -62,7 +67,15 @@ class Qwen3VLPolicy:
 
     def build_batch(self, observations: Sequence[dict], completion_tokens: np.ndarray,
                     completion_mask: np.ndarray) -> dict:
-        """Prompts processed exactly as the engine does (left-padded, length-bucketed) plus the completions."""
+        """Prompts processed exactly as the engine does (left-padded, length-bucketed) plus the completions.
+
+        `observations`: one per completion row, or one per group of consecutive rows (rows / observations each).
+        """
+        rows = len(completion_tokens)
+        if not observations or rows % len(observations):
+            raise ValueError(f"{rows} completions are not whole groups of {len(observations)} observations")
+        if not self.share_prefix:
+            observations = [obs for obs in observations for _ in range(rows // len(observations))]
         inputs = self.engine.prepare(observations)
         if len(np.asarray(inputs.get("image_grid_thw", np.zeros((0, 3))))):
             inputs = self._with_patch_layout(inputs)
@@ -73,8 +86,8 @@ class Qwen3VLPolicy:
 
     def _with_patch_layout(self, inputs: dict) -> dict:
         # Pad the patches to a multiple of the longest image rather than the engine's power-of-two bucket: a
-        # learner batch holds group_size copies of each image, so power-of-two padding could add ~1k patches of
-        # vision work per step; the shape still stays fixed while the images keep their size.
+        # per-copy learner batch holds group_size copies of each image, so power-of-two padding could add ~1k
+        # patches of vision work per step; the shape still stays fixed while the images keep their size.
         grids = np.asarray(inputs["image_grid_thw"], np.int64)
         frame = int((grids[:, 1] * grids[:, 2]).max())
         pixels = np.asarray(inputs["pixel_values"])
@@ -84,14 +97,17 @@ class Qwen3VLPolicy:
                 "patch_layout": patch_layout(self.cfg, grids, pad_to=total)}
 
     def _place(self, batch: dict) -> dict:
-        rows = batch["completion_ids"].shape[0]
+        rows, prompts = batch["completion_ids"].shape[0], batch["inputs"]["input_ids"].shape[0]
         replicated = NamedSharding(self.mesh, PartitionSpec())
 
         def place(path: tuple, x: Any) -> Any:
             name = getattr(path[-1], "key", "")
-            if name == "position_ids":  # (3, batch, length)
-                return jax.device_put(x, batch_sharding(self.mesh, x.ndim, 1, rows))
-            if path[0].key != "inputs" or name in ("input_ids", "attention_mask"):
+            # A group's rows are consecutive, so sharding prompts and rows alike keeps each group on one device.
+            if name == "position_ids":  # (3, prompts, length)
+                return jax.device_put(x, batch_sharding(self.mesh, x.ndim, 1, prompts))
+            if name in ("input_ids", "attention_mask"):
+                return jax.device_put(x, batch_sharding(self.mesh, x.ndim, 0, prompts))
+            if path[0].key != "inputs":
                 return jax.device_put(x, batch_sharding(self.mesh, x.ndim, 0, rows))
             return jax.device_put(x, replicated)  # image patches are not laid out per row
 
@@ -99,6 +115,9 @@ class Qwen3VLPolicy:
 
     def logprobs(self, params: Any, batch: dict) -> jax.Array:
         """Log-probs of the completion tokens [batch, max_new_tokens] at the sampling temperature (0 where masked)."""
+        if batch["completion_ids"].shape[0] != batch["inputs"]["input_ids"].shape[0]:
+            return shared_prefix_logprobs(params, self.cfg, batch["inputs"], batch["completion_ids"],
+                                          batch["completion_mask"], temperature=self.settings.logprob_temperature)
         return token_logprobs(params, self.cfg, batch["inputs"], batch["completion_ids"], batch["completion_mask"],
                               temperature=self.settings.logprob_temperature)
 

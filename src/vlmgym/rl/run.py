@@ -21,8 +21,8 @@ from vlmgym.rollout.sampling import SamplingSettings
 
 
 def load_policy(model_dir: str | Path, model_params: Any, max_new_tokens: int, *, temperature: float = 1.0,
-                top_k: int = 0, top_p: float = 1.0,
-                mesh_shape: tuple[int, ...] = ()) -> tuple[Qwen3VLPolicy, Any]:
+                top_k: int = 0, top_p: float = 1.0, mesh_shape: tuple[int, ...] = (),
+                share_prefix: bool = True) -> tuple[Qwen3VLPolicy, Any]:
     """(policy, params) from a vlmgym JAX checkpoint folder, in the `model` section's dtypes.
 
     mesh_shape: (data, fsdp, tensor) device counts; empty (or all ones) keeps everything on one device.
@@ -37,7 +37,7 @@ def load_policy(model_dir: str | Path, model_params: Any, max_new_tokens: int, *
         shardings = param_shardings(cfg, mesh)
     cfg, params = load_checkpoint(model_dir, dtype=model_params.dtype, param_dtype=model_params.param_dtype,
                                   shardings=shardings)
-    return Qwen3VLPolicy(cfg, processor, settings, mesh=mesh), params
+    return Qwen3VLPolicy(cfg, processor, settings, mesh=mesh, share_prefix=share_prefix), params
 
 
 def folder_identity(folder: str | Path) -> str:

@@ -174,6 +174,14 @@ def micro_slices(rows: int, micro_batches: int) -> list[slice]:
     return [slice(i * size, (i + 1) * size) for i in range(micro_batches)]
 
 
+def group_observations(groups: list[dict], rows: slice, group_size: int) -> list[dict]:
+    """The observations of a micro-batch's rows: one per group when it holds whole groups (the policy runs each
+    prompt once for its group), else one per row."""
+    if rows.start % group_size == 0 and rows.stop % group_size == 0:
+        return [g["obs"] for g in groups[rows.start // group_size: rows.stop // group_size]]
+    return [groups[r // group_size]["obs"] for r in range(rows.start, rows.stop)]
+
+
 def score(env: Any, state: Any, tokens: np.ndarray, mask: np.ndarray) -> tuple[float, dict]:
     """Reward and info of one completion: its tokens through the first EOS, nothing after."""
     active = [int(t) for t, m in zip(tokens, mask) if m > 0]
@@ -321,11 +329,10 @@ class GRPOTrainer(TrainingLoop):
         real = np.repeat([i < len(groups) - collected["num_padding"] for i in range(len(groups))], c.group_size)
         advantages = np.asarray(_advantages(rewards[real], c.group_size, c.scale_rewards))
         advantages = np.concatenate([advantages, np.zeros(int((~real).sum()), np.float32)])
-        observations = [g["obs"] for g in groups for _ in range(c.group_size)]
         normalizer = jnp.float32(grpo.aggregation_normalizer(mask, c.loss_aggregation))
         micro_batches = []
-        for rows in micro_slices(len(observations), c.micro_batches):
-            batch = self.policy.build_batch(observations[rows], tokens[rows], mask[rows])
+        for rows in micro_slices(len(tokens), c.micro_batches):
+            batch = self.policy.build_batch(group_observations(groups, rows, c.group_size), tokens[rows], mask[rows])
             micro = {"batch": batch, "behaviour": sampler_logprobs[rows], "advantages": advantages[rows],
                      "mask": mask[rows]}
             if self.reference_params is not None:
@@ -356,7 +363,8 @@ class GRPOTrainer(TrainingLoop):
         c = self.config
         pairs = dpo.select_pairs(rewards, c.group_size)
         rows = dpo.pair_rows(pairs)
-        observations = [groups[r // c.group_size]["obs"] for r in rows]
+        # Each pair's two rows come from one group: the learner runs their prompt once (groups of two).
+        observations = [groups[r // c.group_size]["obs"] for r in rows[::2]]
         # A tie's rows stay in the batch (fixed shapes: no recompiles) with weight 0 and no tokens counted.
         pair_mask = mask[rows] * np.repeat(pairs.valid, 2)[:, None]
         valid_pairs = int(pairs.valid.sum())
@@ -364,7 +372,7 @@ class GRPOTrainer(TrainingLoop):
         micro_batches = []
         for part in micro_slices(len(rows) // 2, c.micro_batches):
             row_part = slice(2 * part.start, 2 * part.stop)
-            batch = self.policy.build_batch(observations[row_part], tokens[rows][row_part], pair_mask[row_part])
+            batch = self.policy.build_batch(observations[part], tokens[rows][row_part], pair_mask[row_part])
             micro_batches.append({"batch": batch, "mask": pair_mask[row_part], "valid": pairs.valid[part],
                                   "reference": policy_logprobs(self.reference_params, batch, policy=self.policy,
                                                                compiles=self.compiles)})

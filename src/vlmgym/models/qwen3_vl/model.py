@@ -298,14 +298,26 @@ def token_logprobs(params: Params, cfg: Qwen3VLConfig, inputs: dict[str, Any], c
     completion_positions = first[:, None] + jnp.arange(steps, dtype=jnp.int32)[None]
     position_ids = jnp.concatenate(
         [prompt_positions.astype(jnp.int32), jnp.broadcast_to(completion_positions[None], (3, batch, steps))], axis=2)
-    input_ids = jnp.concatenate([inputs["input_ids"], completion_ids], axis=1)
     attention_mask = jnp.concatenate([prompt_mask, completion_mask.astype(jnp.int32)], axis=1)
-    h, _, _ = hidden_states(params, cfg, input_ids, attention_mask, position_ids, image_embeds, deepstack_embeds,
-                            remat)
+    check_image_tokens(cfg, inputs["input_ids"], image_embeds)
+    # Completion tokens are embedded as plain tokens, as the sampler decoded them: a sampled <|image_pad|> is not
+    # an image slot (written with image features, it would also shift the features of every later row).
+    x, visual = _embed(params, cfg, inputs["input_ids"], image_embeds)
+    x = jnp.concatenate([x, params["text"]["embed"][completion_ids].astype(x.dtype)], axis=1)
+    if visual is not None:
+        visual = tuple(jnp.pad(a, [(0, 0), (0, steps)]) for a in visual)
+    h, _ = _decoder(params, cfg, x, position_ids, _full_mask(attention_mask), visual, deepstack_embeds, remat)
     # Token j is predicted at position length + j - 1, except token 0: at the prompt's last attended token.
     predict_at = length + jnp.arange(steps)[None] - 1
     predict_at = jnp.where(jnp.arange(steps)[None] == 0, _last_valid_index(prompt_mask)[:, None], predict_at)
-    logits = _logits(params, cfg, jnp.take_along_axis(h, predict_at[..., None], axis=1))
+    return picked_logprobs(params, cfg, jnp.take_along_axis(h, predict_at[..., None], axis=1), completion_ids,
+                           completion_mask, temperature)
+
+
+def picked_logprobs(params: Params, cfg: Qwen3VLConfig, h: jax.Array, completion_ids: jax.Array,
+                    completion_mask: jax.Array, temperature: float) -> jax.Array:
+    """Log-probs (B, C) of completion_ids from the hidden states (B, C, hidden) that predict them; 0 where masked."""
+    logits = _logits(params, cfg, h)
     if temperature != 1.0:  # a static Python float: the default's program has no division
         logits = logits.astype(jnp.float32) / jnp.float32(temperature)
     logprobs = jax.nn.log_softmax(logits, axis=-1)
