@@ -18,6 +18,7 @@ matmul rate (`useful_roofline_fraction` counts the shared program's FLOPs for bo
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 import tempfile
@@ -235,7 +236,10 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
 
 def main(argv: list[str]) -> int:
     """Entry point of `vlmgym bench learner`."""
-    print(json.dumps(run_benchmark(parse_args(argv)), indent=2))
+    args = parse_args(argv)
+    with contextlib.redirect_stdout(sys.stderr):  # the trainer's compile messages: stdout is the JSON alone
+        report = run_benchmark(args)
+    print(json.dumps(report, indent=2))
     return 0
 
 
