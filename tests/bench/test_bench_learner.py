@@ -11,7 +11,7 @@ def test_per_copy_inputs_repeat_each_prompt_with_its_own_images():
     inputs = {"input_ids": np.array([[1, 2], [3, 4]]), "attention_mask": np.array([[0, 1], [1, 1]]),
               "position_ids": np.arange(12).reshape(3, 2, 2), "pixel_values": np.arange(12)[:, None],
               "image_grid_thw": grids}
-    out = _per_copy_inputs(None, inputs, 3)
+    out = _per_copy_inputs(inputs, 3)
     assert out["input_ids"].tolist() == [[1, 2]] * 3 + [[3, 4]] * 3
     assert out["attention_mask"].tolist() == [[0, 1]] * 3 + [[1, 1]] * 3
     assert out["position_ids"].shape == (3, 6, 2) and (out["position_ids"][:, 3] == inputs["position_ids"][:, 1]).all()

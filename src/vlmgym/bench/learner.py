@@ -148,7 +148,7 @@ def time_case(cfg: Any, params: Any, processor: Any, args: argparse.Namespace, i
     return out
 
 
-def _per_copy_inputs(cfg: Any, inputs: dict, group: int) -> dict:
+def _per_copy_inputs(inputs: dict, group: int) -> dict:
     """Each prompt of a synthetic batch repeated `group` times, its images with it (the per-copy layout)."""
     grids = np.asarray(inputs["image_grid_thw"])
     sizes = grids.prod(axis=1)
@@ -200,7 +200,7 @@ def compiled_4b(args: argparse.Namespace) -> dict[str, Any]:
                            "completion_tokens": steps,
                            "prompt_tokens": int(shared_inputs["prompt_lengths"].mean())}
     policy = LearnerPolicy(cfg)
-    for name, inputs in (("per_copy", _per_copy_inputs(cfg, shared_inputs, group)), ("shared", shared_inputs)):
+    for name, inputs in (("per_copy", _per_copy_inputs(shared_inputs, group)), ("shared", shared_inputs)):
         inputs = policy._with_patch_layout(inputs)
         batch = {"inputs": {k: inputs[k] for k in ("input_ids", "attention_mask", "position_ids", "pixel_values",
                                                    "patch_layout")},
