@@ -16,7 +16,7 @@ for share in (True, False):
     policy, params = load_policy(train.init_dir, model, train.max_new_tokens, share_prefix=share)
     env = envs.from_params(load_section("env"), shards_dir=train.shards_dir, split="train",
                            tokenizer=policy.processor.tokenizer)
-    config = replace(train, steps=12, save_every=100)
+    config = replace(train, steps=12, save_every=100, val_every=0, select="last")
     with tempfile.TemporaryDirectory() as tmp:
         trainer = GRPOTrainer(policy, env, params, config, tmp, progress_bar=False)
         trainer.run()

@@ -15,7 +15,7 @@ import sys
 
 from vlmgym import envs, tracking
 from vlmgym.params import load_section
-from vlmgym.rl.run import load_policy, resume_dir, save_model, write_json_atomically
+from vlmgym.rl.run import load_policy, resume_dir, save_model, selection_summary, validation_env, write_json_atomically
 from vlmgym.rl.trainer import SFTTrainer
 
 METRICS_FILE = "metrics/sft.json"
@@ -39,13 +39,14 @@ def main(argv: list[str] | None = None) -> int:
         if checkpoints is not None:
             env = envs.from_params(env_params, shards_dir=sft.shards_dir, split="train",
                                    tokenizer=policy.processor.tokenizer)
-            trainer = SFTTrainer(policy, env, params, sft, checkpoints,
+            val_env = validation_env("sft", sft, env_params, policy.processor.tokenizer)
+            trainer = SFTTrainer(policy, env, params, sft, checkpoints, val_env=val_env,
                                  metrics_callback=lambda step, metrics: run.log_metrics(metrics, step=step))
             params = trainer.run()
             recent = trainer.restored_history + trainer.history
             last = recent[-1] if recent else {}
             summary.update({"final_loss": last.get("loss"), "resumed_from": trainer.resumed_from,
-                            "checkpoints": str(checkpoints)})
+                            "checkpoints": str(checkpoints), **selection_summary(trainer)})
         out = save_model(sft.out_dir, policy, params, sft.init_dir)
         # Results only: where a run resumed from is MLflow's to know, so a killed and resumed run writes the
         # same bytes as an uninterrupted one.

@@ -18,7 +18,15 @@ import sys
 from vlmgym import envs, tracking
 from vlmgym.params import load_section
 from vlmgym.rl.loop import RECENT_METRICS
-from vlmgym.rl.run import history_summary, load_policy, resume_dir, save_model, write_json_atomically
+from vlmgym.rl.run import (
+    history_summary,
+    load_policy,
+    resume_dir,
+    save_model,
+    selection_summary,
+    validation_env,
+    write_json_atomically,
+)
 from vlmgym.rl.trainer import GRPOTrainer
 
 METRICS_FILE = "metrics/train.json"
@@ -45,12 +53,14 @@ def main(argv: list[str] | None = None) -> int:
                                      share_prefix=train.share_prefix)
         env = envs.from_params(env_params, shards_dir=train.shards_dir, split="train",
                                tokenizer=policy.processor.tokenizer)
+        val_env = validation_env("train", train, env_params, policy.processor.tokenizer)
         trainer = GRPOTrainer(policy, env, params, train, checkpoints,
                               metrics_callback=lambda step, metrics: run.log_metrics(metrics, step=step),
-                              samples_callback=run.log_sample_table)
+                              samples_callback=run.log_sample_table, val_env=val_env)
         params = trainer.run()
         out = save_model(train.out_dir, policy, params, train.init_dir)
         summary = history_summary(trainer.restored_history + trainer.history, SUMMARY, SUMMARY_STEPS)
+        summary.update(selection_summary(trainer))
         write_json_atomically(METRICS_FILE, summary)
         run.log_dict({**summary, "resumed_from": trainer.resumed_from, "checkpoints": str(checkpoints)},
                      "train.json")

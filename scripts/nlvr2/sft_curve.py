@@ -66,7 +66,7 @@ def _describe(scene) -> str:
 def main() -> None:
     args = _arguments()
     data = load_section("data")
-    sft = dataclasses.replace(load_section("sft"), steps=args.steps, lr=args.lr, batch_size=args.batch,
+    sft = dataclasses.replace(load_section("sft"), steps=args.steps, lr=args.lr, batch_size=args.batch, val_every=0,
                               warmup_steps=args.warmup, save_every=10**9, max_target_tokens=args.max_target)
     policy, params = load_policy(args.model, load_section("model"), args.max_target if args.caption else 8)
     if args.max_pixels:

@@ -78,6 +78,8 @@ class ShardParams:
     jpeg_quality: int = spec(90, ge=1, le=100, doc="JPEG quality of re-encoded images")
     max_train: int = spec(0, ge=0, doc="cap on train samples (0: all)")
     max_test: int = spec(0, ge=0, doc="cap on test samples (0: all)")
+    val_samples: int = spec(64, ge=0, doc="train samples held out as the val split for validation during training (at "
+                                          "most a quarter of train; 0: none), chosen by a hash of their key")
     out_dir: str = spec("data/shards", doc="shard output folder")
 
 
@@ -143,6 +145,11 @@ class SFTParams:
     max_target_tokens: int = spec(64, ge=1, doc="answer tokens trained on (longer targets are an error)")
     seed: int = spec(0, ge=0, doc="seed of the data order")
     save_every: int = spec(100, ge=1, doc="checkpoint every this many steps (resume point)")
+    val_every: int = spec(100, ge=0, doc="validate on the val split every this many steps and at step 0 (0: never)")
+    val_batch_size: int = spec(16, ge=1, doc="val prompts per sampling call")
+    select: str = spec("last", choices=("last", "best_val"),
+                       doc="params the stage ends with: the last step's, or the best by greedy val reward")
+    early_stop_patience: int = spec(0, ge=0, doc="stop after this many validations without a new best (0: never)")
     keep_checkpoints: int = spec(2, ge=1, doc="checkpoints kept on disk")
     init_dir: str = spec("models/jax/base", doc="model checkpoint to start from")
     out_dir: str = spec("models/jax/sft", doc="where the fine-tuned model is written")
@@ -187,6 +194,11 @@ class TrainParams:
     max_new_tokens: int = spec(64, ge=1, doc="completion length budget")
     seed: int = spec(0, ge=0, doc="seed of sampling and data order")
     save_every: int = spec(20, ge=1, doc="checkpoint every this many steps (resume point)")
+    val_every: int = spec(25, ge=0, doc="validate on the val split every this many steps and at step 0 (0: never)")
+    val_batch_size: int = spec(16, ge=1, doc="val prompts per sampling call")
+    select: str = spec("best_val", choices=("last", "best_val"),
+                       doc="params the stage ends with: the last step's, or the best by greedy val reward")
+    early_stop_patience: int = spec(0, ge=0, doc="stop after this many validations without a new best (0: never)")
     keep_checkpoints: int = spec(2, ge=1, doc="checkpoints kept on disk")
     samples_every: int = spec(20, ge=1, doc="log a table of sample rollouts every this many steps")
     num_samples: int = spec(8, ge=1, doc="rows of the sample-rollouts table")
@@ -206,7 +218,7 @@ class RolloutParams:
                                doc="policies to roll out, each the JAX model folder models_dir/<policy>")
     models_dir: str = spec("models/jax", doc="folder holding one JAX model folder per policy")
     shards_dir: str = spec("data/shards", doc="webdataset shards of the env")
-    split: str = spec("test", choices=("train", "test"), doc="split the policies answer")
+    split: str = spec("test", choices=("train", "val", "test"), doc="split the policies answer")
     limit: int = spec(0, ge=0, doc="answer only the first this many samples (0: all)")
     batch_size: int = spec(16, ge=1, doc="prompts per rollout-engine call")
     max_new_tokens: int = spec(64, ge=1, doc="answer length budget (tokens)")

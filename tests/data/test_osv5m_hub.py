@@ -145,7 +145,7 @@ def test_truncated_zip_from_the_hub_is_refetched(hub_folder, tmp_path):
 
 def test_real_photos_through_the_shard_stage(hub_folder, tmp_path):
     build(hub_params(tmp_path), FakeHub(hub_folder))
-    shard_params = ShardParams(max_pixels=256 * 192)
+    shard_params = ShardParams(max_pixels=256 * 192, val_samples=0)
     manifest = sharding.shard_raw(tmp_path / "raw", tmp_path / "shards", env_class("geospot").schema,
                                   shard_params)
     assert manifest["splits"]["train"]["kept"] == 4 and manifest["splits"]["test"]["kept"] == 1

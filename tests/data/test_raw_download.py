@@ -60,7 +60,7 @@ def test_nlvr2_raw_through_the_shard_stage(tmp_path):
     stats = download.build_raw(params, "nlvr2", tmp_path / "raw")
     assert (stats["train_rows"], stats["test_rows"]) == (4, 2)
     manifest = sharding.shard_raw(tmp_path / "raw", tmp_path / "shards", envs.env_class("nlvr2").schema,
-                                  ShardParams())
+                                  ShardParams(val_samples=0))
     assert manifest["splits"]["train"]["kept"] == 4
     sample = read_split(tmp_path / "shards", "train")[0]
     assert len(sample.images) == 2 and isinstance(sample.meta["label"], bool) and sample.meta["sentence"]
@@ -78,10 +78,13 @@ def test_stage_scripts_log_to_mlflow(tmp_path, monkeypatch):
         "shard": {"shard_max_bytes": 65536}}))
     assert load_stage("download").main([]) == 0
     assert load_stage("shard").main([]) == 0
-    assert len(read_split("data/shards", "train")) == 12
+    # shard.val_samples (64) is capped at a quarter of train: 3 of the 12 rows become the val split
+    train, val = read_split("data/shards", "train"), read_split("data/shards", "val")
+    assert len(train) == 9 and len(val) == 3 and not {s.key for s in train} & {s.key for s in val}
     client = MlflowClient()
     runs = {r.data.tags["vlmgym.stage"]: r for r in client.search_runs(
         [e.experiment_id for e in client.search_experiments()])}
     assert runs["download"].data.metrics["train_rows"] == 12
     assert runs["download"].data.params["geospot.num_countries"] == "2"
+    assert runs["shard"].data.metrics["val.kept"] == 3
     assert runs["shard"].data.metrics["test.kept"] == 4 and runs["shard"].data.params["env.name"] == "geospot"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import dataclasses
 import hashlib
 import json
 import tarfile
@@ -16,7 +17,7 @@ from vlmgym.data import layout, sharding
 from vlmgym.data.shards import read_split
 from vlmgym.params import ShardParams
 
-PARAMS = ShardParams(max_pixels=96 * 72, shard_max_bytes=64 * 1024)
+PARAMS = ShardParams(max_pixels=96 * 72, shard_max_bytes=64 * 1024, val_samples=0)
 GEOSPOT = envs.env_class("geospot").schema
 
 
@@ -53,6 +54,27 @@ def test_round_trip_through_webdataset(tiny_raw, tiny_shards):
         assert shard["bytes"] <= PARAMS.shard_max_bytes + 10240  # + tar end-of-archive padding
 
 
+def test_val_split_is_held_out_of_train_by_key_hash(tiny_raw, tiny_shards, tmp_path):
+    out, manifest = tiny_shards
+    everything = {s.key: s.meta for s in read_split(out, "train")}
+    held = tmp_path / "held"
+    split = sharding.shard_raw(tiny_raw, held, GEOSPOT, dataclasses.replace(PARAMS, val_samples=2))["splits"]
+    train, val = read_split(held, "train"), read_split(held, "val")
+    assert split["val"]["kept"] == len(val) == 2 and split["train"]["kept"] == len(train) == len(everything) - 2
+    assert {s.key for s in train} | {s.key for s in val} == set(everything)
+    assert not {s.key for s in train} & {s.key for s in val}
+    assert all(s.meta == everything[s.key] for s in val)
+    # The choice is a function of the keys alone: the rows' order does not matter, and a larger count keeps the
+    # smaller one's picks.
+    rows = [sharding.Row(key=k, images=(), meta={}) for k in sorted(everything)]
+    _, held_two = sharding.hold_out(rows, 2)
+    assert {r.key for r in held_two} == {s.key for s in val}
+    assert sharding.hold_out(rows[::-1], 2)[1] == held_two[::-1]
+    assert set(map(id, held_two)) <= set(map(id, sharding.hold_out(rows, 3)[1]))
+    # At most a quarter of train is held out.
+    assert len(sharding.hold_out(rows, 10 ** 6)[1]) == len(rows) // 4
+
+
 def test_reader(tiny_shards):
     out, manifest = tiny_shards
     samples = read_split(out, "test")
@@ -70,7 +92,8 @@ def test_deterministic_output_and_resize(tiny_raw, tiny_shards, tmp_path):
     sharding.shard_raw(tiny_raw, again, GEOSPOT, PARAMS)
     assert digest(again) == digest(out)
     small = tmp_path / "small"
-    sharding.shard_raw(tiny_raw, small, GEOSPOT, ShardParams(max_pixels=32 * 32, max_train=5, max_test=2))
+    sharding.shard_raw(tiny_raw, small, GEOSPOT,
+                       ShardParams(max_pixels=32 * 32, max_train=5, max_test=2, val_samples=0))
     samples = read_split(small, "train")
     assert len(samples) == 5
     width, height = samples[0].images[0].size

@@ -18,7 +18,7 @@ def shards(tmp_path_factory):
     params = DataParams(source="synthetic", seed=2, train_images=6, test_images=10,
                         image_width=128, image_height=96, raw_dir=str(root / "raw"))
     build_raw(params, "nlvr2")
-    manifest = shard_raw(root / "raw", root / "shards", envs.env_class("nlvr2").schema, ShardParams())
+    manifest = shard_raw(root / "raw", root / "shards", envs.env_class("nlvr2").schema, ShardParams(val_samples=0))
     return params, root / "shards", manifest
 
 

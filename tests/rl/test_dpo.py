@@ -14,7 +14,7 @@ from vlmgym.rl.trainer import GRPOTrainer
 
 POLICY = ToyPolicy()
 DPO = TrainParams(algorithm="dpo", steps=12, batch_prompts=4, group_size=8, lr=0.02, warmup_steps=0, save_every=4,
-                  dpo_beta=0.5)
+                  val_every=0, select="last", dpo_beta=0.5)
 TIMING = {"step_time_s", "rollout_time_s", "update_time_s", "tokens_per_s", "sample_tokens_per_s", "compile_count"}
 
 

@@ -12,8 +12,8 @@ from vlmgym.params import SFTParams, TrainParams
 from vlmgym.rl.trainer import GRPOTrainer, SFTTrainer
 
 POLICY = ToyPolicy()
-BASE = TrainParams(steps=10, batch_prompts=4, group_size=8, lr=0.02, warmup_steps=0, save_every=3, samples_every=5,
-                   num_samples=3)
+BASE = TrainParams(val_every=0, select="last", steps=10, batch_prompts=4, group_size=8, lr=0.02, warmup_steps=0,
+                   save_every=3, samples_every=5, num_samples=3)
 # Wall-clock figures differ between runs; everything else must match exactly.
 TIMING = {"step_time_s", "rollout_time_s", "update_time_s", "tokens_per_s", "sample_tokens_per_s", "compile_count"}
 
@@ -133,7 +133,7 @@ def test_kl_to_reference_when_beta_is_on(tmp_path):
 
 
 def test_sft_learns_the_ideal_answers(tmp_path):
-    config = SFTParams(steps=25, batch_size=8, lr=0.03, warmup_steps=0, save_every=25)
+    config = SFTParams(val_every=0, steps=25, batch_size=8, lr=0.03, warmup_steps=0, save_every=25)
     trainer = SFTTrainer(POLICY, ToyEnv(), _params(), config, tmp_path / "sft", progress_bar=False)
     trainer.run()
     losses = [m["loss"] for m in trainer.history]
@@ -155,7 +155,7 @@ class LongFirstPrompt(ToyEnv):
 
 
 def test_sft_skips_and_counts_targets_over_the_token_budget(tmp_path):
-    config = SFTParams(steps=2, batch_size=8, lr=0.03, warmup_steps=0, save_every=2)
+    config = SFTParams(val_every=0, steps=2, batch_size=8, lr=0.03, warmup_steps=0, save_every=2)
     trainer = SFTTrainer(POLICY, LongFirstPrompt(), _params(), config, tmp_path / "sft", progress_bar=False)
     trainer.run()
     # 8 prompts per epoch, one of them too long: every step still trains on a full batch.

@@ -126,6 +126,14 @@ class ToyPolicy:
         return Samples(tokens=tokens, mask=mask, logprobs=np.where(mask > 0, logprobs, 0.0).astype(np.float32),
                        texts=texts)
 
+    def greedy(self, params: dict, observations: list[dict]) -> Samples:
+        """One argmax completion per observation."""
+        prompts = np.asarray([obs["prompt"] for obs in observations], np.int32)
+        tokens, _, mask = (np.asarray(x) for x in _toy_sample(params, jnp.asarray(prompts), jax.random.key(0),
+                                                              policy=self, greedy=True))
+        texts = [" ".join(str(int(t)) for t, m in zip(row, row_mask) if m > 0) for row, row_mask in zip(tokens, mask)]
+        return Samples(tokens=tokens, mask=mask, logprobs=np.zeros(tokens.shape, np.float32), texts=texts)
+
     def build_batch(self, observations: list[dict], completion_tokens: np.ndarray, completion_mask: np.ndarray) -> dict:
         """Learner inputs: prompt ids (repeated over each observation's rows), tokens and mask, batch-first."""
         per_observation = len(completion_tokens) // len(observations)
@@ -145,12 +153,13 @@ class ToyPolicy:
         return tokens, mask
 
 
-@partial(jax.jit, static_argnames="policy")
-def _toy_sample(params: dict, prompts: jax.Array, rng: jax.Array, policy: ToyPolicy) -> tuple[jax.Array, ...]:
+@partial(jax.jit, static_argnames=("policy", "greedy"))
+def _toy_sample(params: dict, prompts: jax.Array, rng: jax.Array, policy: ToyPolicy,
+                greedy: bool = False) -> tuple[jax.Array, ...]:
     def body(previous, inputs):
         position, key = inputs
         logits = policy._logits(params, prompts, previous, jnp.full(prompts.shape, position))
-        token = jax.random.categorical(key, logits).astype(jnp.int32)
+        token = (jnp.argmax(logits, -1) if greedy else jax.random.categorical(key, logits)).astype(jnp.int32)
         logprob = jnp.take_along_axis(jax.nn.log_softmax(logits), token[:, None], axis=-1)[:, 0]
         return token, (token, logprob)
 

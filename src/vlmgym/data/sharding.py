@@ -10,6 +10,7 @@ the old one and swapped in only when complete.
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import logging
@@ -143,13 +144,46 @@ def read_rows(raw_dir: Path, split: str, schema: RowSchema, index: layout.ZipInd
     return sorted(rows, key=lambda r: r.key)
 
 
-def shard_split(raw_dir: Path, split: str, schema: RowSchema, params: ShardParams, out_dir: Path) -> dict:
-    """Write one split's tars into out_dir; returns its manifest entry."""
+def hold_out(rows: list[Row], count: int) -> tuple[list[Row], list[Row]]:
+    """(kept, held out): the `count` rows whose keys hash lowest (at most a quarter of them, so a small dataset
+    still trains), so the choice depends on neither the CSV's order nor the other rows' keys beyond their rank;
+    both lists keep the rows' order."""
+    if count > len(rows) // 4:
+        log.warning("shard.val_samples=%d is more than a quarter of the %d valid train rows: holding out %d",
+                    count, len(rows), len(rows) // 4)
+        count = len(rows) // 4
+    ranked = sorted(rows, key=lambda r: hashlib.sha256(r.key.encode()).hexdigest())
+    held = {r.key for r in ranked[:count]}
+    return [r for r in rows if r.key not in held], [r for r in rows if r.key in held]
+
+
+def shard_splits(raw_dir: Path, split: str, schema: RowSchema, params: ShardParams,
+                 out_dirs: dict[str, Path]) -> dict[str, dict]:
+    """Write a raw split's tars: into out_dirs[split], and for train with `val_samples` the held-out rows into
+    out_dirs["val"]; returns each written split's manifest entry (the CSV's skips are counted on `split`)."""
     index = layout.ZipIndex.build(layout.split_zips(raw_dir, split))
     skipped: Counter = Counter()
     examples: dict[str, list[str]] = {}
     rows = read_rows(raw_dir, split, schema, index, skipped, examples)
-    cap = params.max_train if split == "train" else params.max_test
+    parts = {split: rows}
+    if "val" in out_dirs:
+        parts[split], parts["val"] = hold_out(rows, params.val_samples)
+    caps = {"train": params.max_train, "test": params.max_test, "val": 0}
+    if "val" in parts and not parts["val"]:
+        raise ShardError(f"{split}: {len(rows)} valid rows are too few to hold out a val split; "
+                         "set shard.val_samples: 0")
+    entries = {}
+    for name in sorted(parts, reverse=True):  # val before train: the same reading order every time
+        own_skips: Counter = skipped if name == split else Counter()
+        own_examples = examples if name == split else {}
+        entries[name] = _write_rows(parts[name], name, caps[name], index, schema, params, out_dirs[name],
+                                    own_skips, own_examples, raw_dir)
+    return entries
+
+
+def _write_rows(rows: list[Row], split: str, cap: int, index: layout.ZipIndex, schema: RowSchema,
+                params: ShardParams, out_dir: Path, skipped: Counter, examples: dict[str, list[str]],
+                raw_dir: Path) -> dict:
     writer = RollingTarWriter(out_dir, params.shard_max_bytes)
     kept = 0
     try:
@@ -188,11 +222,15 @@ def shard_split(raw_dir: Path, split: str, schema: RowSchema, params: ShardParam
 
 
 def shard_raw(raw_dir: Path, out_dir: Path, schema: RowSchema, params: ShardParams) -> dict:
-    """Shard both splits of a raw layout into out_dir (swapped in atomically) with manifest.json; returns it."""
+    """Shard both splits of a raw layout (and the val split held out of train) into out_dir (swapped in
+    atomically) with manifest.json; returns it."""
     manifest = {"dataset": schema.name, "params": asdict(params), "splits": {}}
     with atomic_dir(Path(out_dir)) as tmp:
         for split in layout.SPLITS:
-            manifest["splits"][split] = shard_split(Path(raw_dir), split, schema, params, tmp / split)
+            out_dirs = {split: tmp / split}
+            if split == "train" and params.val_samples:
+                out_dirs["val"] = tmp / "val"
+            manifest["splits"].update(shard_splits(Path(raw_dir), split, schema, params, out_dirs))
         (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
     return manifest
 

@@ -46,6 +46,10 @@ class Policy(Protocol):
         """Sample group_size completions for each observation."""
         ...
 
+    def greedy(self, params: Any, observations: Sequence[dict]) -> Samples:
+        """One greedy completion per observation (validation during training)."""
+        ...
+
     def build_batch(self, observations: Sequence[dict], completion_tokens: np.ndarray,
                     completion_mask: np.ndarray) -> Any:
         """Learner inputs for the completions of the observations (len(completion_tokens) / len(observations) each)."""
@@ -119,6 +123,8 @@ class TrainingLoop(abc.ABC):
     def __init__(self, *, total_steps: int, checkpoint_dir: str | Path, save_every: int, keep: int,
                  metrics_callback: MetricsCallback | None = None, progress_bar: bool = True):
         self.total_steps = total_steps
+        self.validator: Any = None  # a vlmgym.rl.validation.Validator, set by the subclass when it validates
+        self.final_step: int | None = None  # the step the returned params come from (set by run)
         self.checkpoints = CheckpointManager(checkpoint_dir, save_every=save_every, keep=keep)
         self.metrics_callback = metrics_callback
         self.progress_bar = progress_bar
@@ -151,34 +157,66 @@ class TrainingLoop(abc.ABC):
         self.params, self.opt_state, self.rng = restored.params, restored.opt_state, restored.rng
         state = dict(restored.loop_state)
         self.restored_history = state.pop("recent_metrics", [])
+        validation = state.pop("validation", None)
+        if self.validator is not None and validation is not None:
+            self.validator.load_state(validation)
         self.load_loop_state(state)
         self.resumed_from = latest
         return latest
 
     def run(self, stop_after: int | None = None) -> Any:
-        """Train to total_steps (or stop after `stop_after` steps, for tests); returns the final params."""
+        """Train to total_steps (or stop after `stop_after` steps, for tests, or early on validation); returns
+        the params the run ends with: the last ones, or with validation's `select: best_val` the best validated."""
         start = self.resume()
+        validator = self.validator
+        if validator is not None and validator.stopped_at is not None:
+            start = validator.stopped_at  # stopped early before a restart: nothing left to run
         end = self.total_steps if stop_after is None else min(self.total_steps, start + stop_after)
+        if validator is not None and validator.stopped_at is not None:
+            end = start
+        if validator is not None and start == 0 and validator.settings.every > 0:
+            # The start policy is a candidate too: best_val can end where it began.
+            figures = validator.validate(self.params, 0)
+            if self.metrics_callback is not None:
+                self.metrics_callback(0, figures)
         bar = tqdm(total=self.total_steps, initial=start, desc=self.name, disable=not self.progress_bar,
                    dynamic_ncols=True)
+        done = start
         try:
             for step in range(start, end):
                 started = time.perf_counter()
                 metrics = self.step(step)
                 metrics["step_time_s"] = time.perf_counter() - started
                 metrics["compile_count"] = float(self.compiles.count)
+                done = step + 1
+                validated = validator is not None and validator.due(done, self.total_steps)
+                if validated:
+                    metrics.update(validator.validate(self.params, done))
                 self.history.append(metrics)
                 if self.metrics_callback is not None:
-                    self.metrics_callback(step + 1, metrics)
-                done = step + 1
+                    self.metrics_callback(done, metrics)
+                stopping = validator is not None and validator.stopped_at == done
                 recent = (self.restored_history + self.history)[-RECENT_METRICS:]
-                self.checkpoints.save(done, self.params, self.opt_state, self.rng,
-                                      {**self.loop_state(), "recent_metrics": recent}, force=done == self.total_steps)
+                state = {**self.loop_state(), "recent_metrics": recent}
+                if validator is not None:
+                    state["validation"] = validator.state()
+                # A validation step is saved: its best params on disk then always match a checkpoint's state.
+                self.checkpoints.save(done, self.params, self.opt_state, self.rng, state,
+                                      force=done == self.total_steps or stopping or validated)
                 bar.set_postfix(self.postfix(metrics), refresh=False)
                 bar.update(1)
+                if stopping:
+                    tqdm.write(f"[vlmgym.rl] {self.name}: early stop after step {done}: no better validation in "
+                               f"{validator.settings.early_stop_patience} validations (best: step "
+                               f"{validator.best_step})")
+                    break
         finally:
             bar.close()
             self.checkpoints.close()
+        if validator is None:
+            self.final_step = done
+            return self.params
+        self.params, self.final_step = validator.selected(self.params, done)
         return self.params
 
     def postfix(self, metrics: dict[str, float]) -> dict[str, str]:

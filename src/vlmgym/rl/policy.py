@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
+from functools import cached_property
 from typing import Any
 
 import jax
@@ -62,6 +64,16 @@ class Qwen3VLPolicy:
     def sample(self, params: Any, observations: Sequence[dict], group_size: int, rng: jax.Array) -> Samples:
         """group_size completions per observation from the rollout engine (tempered-softmax log-probs kept)."""
         batch = self.engine.generate(params, observations, group_size, rng)
+        return Samples(tokens=batch.completion_ids, mask=batch.completion_mask, logprobs=batch.logprobs,
+                       texts=list(batch.texts))
+
+    @cached_property
+    def _greedy_engine(self) -> RolloutEngine:
+        return RolloutEngine(self.cfg, self.processor, replace(self.settings, greedy=True), self.buckets)
+
+    def greedy(self, params: Any, observations: Sequence[dict]) -> Samples:
+        """One greedy completion per observation (validation: the answer the rollout stage scores)."""
+        batch = self._greedy_engine.generate(params, observations, 1, jax.random.key(0))
         return Samples(tokens=batch.completion_ids, mask=batch.completion_mask, logprobs=batch.logprobs,
                        texts=list(batch.texts))
 

@@ -40,6 +40,19 @@ def load_policy(model_dir: str | Path, model_params: Any, max_new_tokens: int, *
     return Qwen3VLPolicy(cfg, processor, settings, mesh=mesh, share_prefix=share_prefix), params
 
 
+def validation_env(stage: str, section: Any, env_params: Any, tokenizer: Any) -> Any:
+    """The env over the val split that `<stage>.val_every` validates on, or None when it is 0."""
+    from vlmgym import envs
+
+    if section.val_every == 0:
+        return None
+    folder = Path(section.shards_dir) / "val"
+    if not folder.is_dir():
+        raise FileNotFoundError(f"{stage}.val_every={section.val_every} validates on {folder}, which the shard stage "
+                                f"did not write: set shard.val_samples > 0 (or {stage}.val_every: 0)")
+    return envs.from_params(env_params, shards_dir=section.shards_dir, split="val", tokenizer=tokenizer)
+
+
 def folder_identity(folder: str | Path) -> str:
     """A cheap identity of a model folder: hash of its small files plus the sizes and names of the rest."""
     digest = hashlib.sha256()
@@ -84,3 +97,19 @@ def history_summary(history: list[dict], names: tuple[str, ...], steps: int) -> 
     """Mean of each named figure over the last `steps` steps of a training history (the DVC metrics file)."""
     last = history[-steps:]
     return {name: sum(m[name] for m in last) / len(last) for name in names if last and name in last[0]}
+
+
+def selection_summary(trainer: Any) -> dict[str, float]:
+    """What validation said, for the stage's DVC metrics file: the step the saved model comes from, the best and
+    the last greedy val reward (empty without validation)."""
+    validator = trainer.validator
+    if validator is None or validator.best_step is None:
+        return {}
+    validated = [m for m in trainer.restored_history + trainer.history if "val/reward_greedy" in m]
+    out = {"selected_step": trainer.final_step, "val_reward_greedy_best": validator.best_score,
+           "val_best_step": validator.best_step}
+    if validated:
+        out["val_reward_greedy_last"] = validated[-1]["val/reward_greedy"]
+    if validator.stopped_at is not None:
+        out["early_stopped_at"] = validator.stopped_at
+    return out

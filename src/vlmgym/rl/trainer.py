@@ -24,6 +24,7 @@ from vlmgym.rl.loop import (
 )
 from vlmgym.rl.optim import Optimizer, OptimizerConfig, trainable_mask
 from vlmgym.rl.sft import sft_loss_from_logprobs
+from vlmgym.rl.validation import BEST_DIR, ValidationSettings, Validator
 
 SamplesCallback = Callable[[int, list[dict]], None]
 
@@ -203,6 +204,18 @@ def final_rewards(env: Any, state: Any, tokens: np.ndarray, mask: np.ndarray, re
         env.set_progress(progress)
 
 
+def make_validator(policy: Policy, val_env: Any, config: Any, checkpoint_dir: str | Path, *,
+                   extra: Callable | None = None) -> Validator | None:
+    """The loop's validator from an sft/train section's val_* settings (None when val_every is 0)."""
+    settings = ValidationSettings(every=config.val_every, batch_size=config.val_batch_size, select=config.select,
+                                  early_stop_patience=config.early_stop_patience, seed=config.seed)
+    if settings.every == 0:
+        return None
+    if val_env is None:
+        raise ValueError(f"val_every={config.val_every} needs a validation env (the val split)")
+    return Validator(policy, val_env, settings, Path(checkpoint_dir) / BEST_DIR, extra=extra)
+
+
 def optimizer_config(section: Any) -> OptimizerConfig:
     """The optimizer settings of an sft or train params section.
 
@@ -226,9 +239,10 @@ class GRPOTrainer(TrainingLoop):
 
     def __init__(self, policy: Policy, env: Any, params: Any, config: Any, checkpoint_dir: str | Path, *,
                  metrics_callback: MetricsCallback | None = None, samples_callback: SamplesCallback | None = None,
-                 progress_bar: bool = True):
+                 progress_bar: bool = True, val_env: Any = None):
         super().__init__(total_steps=config.steps, checkpoint_dir=checkpoint_dir, save_every=config.save_every,
                          keep=config.keep_checkpoints, metrics_callback=metrics_callback, progress_bar=progress_bar)
+        self.validator = make_validator(policy, val_env, config, checkpoint_dir)
         if (config.batch_prompts * config.group_size) % config.micro_batches:
             raise ValueError(f"train: {config.batch_prompts} x {config.group_size} sequences do not split into "
                              f"micro_batches={config.micro_batches}")
@@ -463,9 +477,10 @@ class SFTTrainer(TrainingLoop):
     name = "sft"
 
     def __init__(self, policy: Policy, env: Any, params: Any, config: Any, checkpoint_dir: str | Path, *,
-                 metrics_callback: MetricsCallback | None = None, progress_bar: bool = True):
+                 metrics_callback: MetricsCallback | None = None, progress_bar: bool = True, val_env: Any = None):
         super().__init__(total_steps=config.steps, checkpoint_dir=checkpoint_dir, save_every=config.save_every,
                          keep=config.keep_checkpoints, metrics_callback=metrics_callback, progress_bar=progress_bar)
+        self.validator = make_validator(policy, val_env, config, checkpoint_dir, extra=self.validation_loss)
         if config.batch_size % config.micro_batches:
             raise ValueError(f"sft: batch_size={config.batch_size} does not split into "
                              f"micro_batches={config.micro_batches}")
@@ -480,6 +495,30 @@ class SFTTrainer(TrainingLoop):
 
     def load_loop_state(self, state: dict) -> None:
         self.data = DataOrder.from_state(len(self.env), self.config.seed, state["data"])
+
+    def validation_loss(self, params: Any) -> dict[str, float]:
+        """Teacher-forced loss on the val split's ideal answers (batches padded to batch_size: one compile)."""
+        env, size = self.validator.env, self.config.batch_size
+        total = count = 0.0
+        for start in range(0, len(env), size):
+            observations, rows = [], []
+            for index in range(start, min(start + size, len(env))):
+                state, obs = env.reset(index)
+                try:
+                    rows.append(self.policy.encode_targets([env.ideal_answer(state.meta)]))
+                except ValueError:
+                    continue  # too long for the budget: skipped in training too
+                observations.append(obs)
+            if not rows:
+                continue
+            padding = size - len(rows)
+            tokens = np.concatenate([t for t, _ in rows] + [rows[-1][0]] * padding)
+            mask = np.concatenate([m for _, m in rows] + [np.zeros_like(rows[-1][1])] * padding)
+            batch = self.policy.build_batch(observations + [observations[-1]] * padding, tokens, mask)
+            logprobs = np.asarray(policy_logprobs(params, batch, policy=self.policy, compiles=self.compiles))
+            total -= float((logprobs * mask).sum())
+            count += float(mask.sum())
+        return {"val/loss": total / max(count, 1.0)}
 
     def step(self, step: int) -> dict[str, float]:
         observations, rows, skipped = [], [], 0
