@@ -12,7 +12,13 @@ from vlmgym.envs.geospot.env import GeospotEnv
 from vlmgym.envs.nlvr2 import NLVR2Env
 from vlmgym.eval.curve import component_metric, reward_curves
 from vlmgym.eval.outputs import reward_curve_note, write_evaluation
-from vlmgym.eval.plots import RewardCurves, plot_reward_curve_png, trailing_mean, write_level_curves_csv
+from vlmgym.eval.plots import (
+    RewardCurves,
+    best_validation,
+    plot_reward_curve_png,
+    trailing_mean,
+    write_level_curves_csv,
+)
 from vlmgym.eval.report import _STYLE, ANSWER_CHARS, answer_note
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -45,6 +51,8 @@ def train_run(tmp_path, monkeypatch):
                                 component_metric("k_region"): 0.2, component_metric("k_city"): 0.1,
                                 component_metric("w_country"): 1.0 - 0.2 * step,
                                 component_metric("w_city"): 0.1 * step}, step=step)
+        for step, greedy in ((0, 0.3), (2, 0.45), (3, 0.4)):  # validation: step 0 and every other step, then the end
+            mlflow.log_metrics({"val/reward_greedy": greedy, "val/reward_sampled": greedy - 0.1}, step=step)
         mlflow.set_tag("dvc.out.models/jax/grpo", dvc_hash("models/jax/grpo"))
     mlflow.end_run()
     return uri, run.info.run_id
@@ -58,6 +66,10 @@ def test_reward_curves_hold_each_logged_level_and_weight(train_run):
     assert list(curves.levels) == ["country", "region", "city"]  # in the env's order; coords was never logged
     assert curves.levels["country"][-1] == (3, pytest.approx(0.8))
     assert list(curves.weights) == ["country", "city"]
+    assert curves.validation["greedy"] == [(0, 0.3), (2, 0.45), (3, 0.4)]
+    assert curves.validation["sampled"][0] == (0, pytest.approx(0.2))
+    assert best_validation(curves) == (2, 0.45)
+    assert "best greedy one was at step 2 (0.4500)" in reward_curve_note(curves)
     # an env without levels: the total alone, from the same run
     alone, found = reward_curves(NLVR2Env, "models/jax/grpo", "reward_mean", tracking_uri=uri, experiment="exp")
     assert found == run_id and alone.total == curves.total and alone.levels == {} and alone.weights == {}
@@ -104,10 +116,12 @@ def test_evaluation_writes_the_level_curves_and_explains_them(tmp_path):
     records = [{"id": f"pair{i}", "answer": "True" if i % 2 else "\n" * 64, "pred_label": True if i % 2 else None,
                 "truth": {"label": True, "sentence": "Two dogs."}, "reward": float(i % 2), "format_ok": bool(i % 2)}
                for i in range(4)]
-    curves = RewardCurves(total=[(1, 0.5), (2, 0.4)], levels={"correct": [(1, 0.5), (2, 0.6)]})
+    curves = RewardCurves(total=[(1, 0.5), (2, 0.4)], levels={"correct": [(1, 0.5), (2, 0.6)]},
+                          validation={"greedy": [(0, 0.25), (2, 0.5)], "sampled": [(2, 0.375)]})
     outputs = write_evaluation("nlvr2", {"grpo": records}, {}, out_root=tmp_path, reward_curve=curves,
                                comparisons=(), n_resamples=20)
     assert outputs.files["train_reward_levels"].read_text() == "step,correct\n1,0.5\n2,0.6\n"
+    assert outputs.files["val_reward"].read_text() == "step,greedy,sampled\n0,0.25,\n2,0.5,0.375\n"
     assert outputs.files["train_reward_png"].read_bytes()[:8] == PNG_MAGIC
     page = outputs.files["html"].read_text()
     assert "<h2>Training reward</h2><p>" in page and "each level&#x27;s own score, unweighted" in page

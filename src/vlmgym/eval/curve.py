@@ -39,6 +39,8 @@ def train_run_id(model_dir: str, *, tracking_uri: str, experiment: str, stage: s
 # The GRPO trainer's mean reward at each step's curriculum weights (what it optimised then); its
 # `final_reward_mean` scores the same samples at the final weights (vlmgym.rl.trainer.GRPOTrainer._metrics).
 AS_TRAINED_METRIC = "reward_mean"
+# The trainer's validation figures (vlmgym.rl.validation): val/reward_greedy, val/reward_sampled.
+VALIDATION_KINDS = ("greedy", "sampled")
 
 
 def component_metric(component: str) -> str:
@@ -75,12 +77,14 @@ def train_reward_curve(model_dir: str, metric: str, *, tracking_uri: str,
 
 def reward_curves(env: Any, model_dir: str, total_metric: str, *, tracking_uri: str,
                   experiment: str) -> tuple[RewardCurves, str | None]:
-    """The training reward (`total_metric`), the reward as trained when that is another metric, and, for an env
-    with reward levels (Env.reward_levels), each level's
+    """The training reward (`total_metric`), the reward as trained when that is another metric, the validation
+    curves when the run validated, and, for an env with reward levels (Env.reward_levels), each level's
     unweighted score and weight per step, from the train run that wrote `model_dir`; (empty, None) if none."""
     wanted = {("total", ""): total_metric}
     if total_metric != AS_TRAINED_METRIC:
         wanted[("as_trained", "")] = AS_TRAINED_METRIC
+    for kind in VALIDATION_KINDS:
+        wanted[("validation", kind)] = f"val/reward_{kind}"
     for level, (score, weight) in env.reward_levels.items():
         wanted[("levels", level)] = component_metric(score)
         if weight is not None:
@@ -95,4 +99,5 @@ def reward_curves(env: Any, model_dir: str, total_metric: str, *, tracking_uri: 
         as_trained = []
     return RewardCurves(total=total, as_trained=as_trained,
                         levels={level: c for (kind, level), c in found.items() if kind == "levels"},
-                        weights={level: c for (kind, level), c in found.items() if kind == "weights"}), run_id
+                        weights={level: c for (kind, level), c in found.items() if kind == "weights"},
+                        validation={name: c for (kind, name), c in found.items() if kind == "validation"}), run_id

@@ -10,7 +10,14 @@ from typing import Any
 from PIL import Image
 
 from vlmgym.eval.metrics import COLLAPSE_TOP_SHARE, answer_spread, collapsed, env_class, evaluate_policies
-from vlmgym.eval.plots import RewardCurves, plot_reward_curve_png, write_level_curves_csv, write_reward_curve_csv
+from vlmgym.eval.plots import (
+    RewardCurves,
+    best_validation,
+    plot_reward_curve_png,
+    write_level_curves_csv,
+    write_reward_curve_csv,
+    write_validation_csv,
+)
 from vlmgym.eval.records import write_metrics_json
 from vlmgym.eval.report import write_html, write_markdown
 
@@ -61,7 +68,8 @@ def write_evaluation(env: Any, records_by_policy: Mapping[str, Sequence[Mapping[
     keyword arguments of its Env.task_statistics. Files: metrics/eval.json, reports/eval.md, reports/eval.html,
     the env's own plots (Env.write_report_files, e.g. a distance CDF), metrics/plots/train_reward.csv and
     reports/train_reward.png (when `reward_curve` is given: the total alone, or RewardCurves whose per-level
-    curves also go to metrics/plots/train_reward_levels.csv and beside the total in the PNG). `extra_metrics`
+    curves also go to metrics/plots/train_reward_levels.csv and beside the total in the PNG, and whose validation
+    curves go to metrics/plots/val_reward.csv and onto the total's panel). `extra_metrics`
     ({key: {figure: value}}, e.g. the HF baseline) go into metrics/eval.json under their keys and into both
     reports as their own tables.
     Every policy also gets `answers_distinct_share` and `answers_top_share` (the answer collapse check, see
@@ -101,6 +109,9 @@ def write_evaluation(env: Any, records_by_policy: Mapping[str, Sequence[Mapping[
         if curves.levels or curves.weights:
             files["train_reward_levels"] = root / "metrics" / "plots" / "train_reward_levels.csv"
             write_level_curves_csv(files["train_reward_levels"], curves)
+        if curves.validation:
+            files["val_reward"] = root / "metrics" / "plots" / "val_reward.csv"
+            write_validation_csv(files["val_reward"], curves)
         plot_reward_curve_png(files["train_reward_png"], curves)
         figures = {**figures, "Training reward": files["train_reward_png"]}
         notes["Training reward"] = reward_curve_note(curves)
@@ -134,4 +145,9 @@ def reward_curve_note(curves: RewardCurves) -> str:
         note += (" Then the levels' weights in the total: when a curriculum moves weight to harder levels, the total "
                  "falls while each level holds or improves, so read learning from the levels"
                  + (" or from the final-weights total." if curves.as_trained else "."))
+    best = best_validation(curves)
+    if best is not None:
+        note += (" Dots: the mean reward on the val split (held out of train, not the test split), greedy and "
+                 f"sampled, at the final weights; the best greedy one was at step {best[0]} ({best[1]:.4f}), the "
+                 "model a run with train.select: best_val keeps.")
     return note

@@ -28,6 +28,9 @@ class RewardCurves:
     as_trained: Curve = ()
     levels: Mapping[str, Curve] = field(default_factory=dict)
     weights: Mapping[str, Curve] = field(default_factory=dict)
+    # validation during training (vlmgym.rl.validation): "greedy" / "sampled" mean reward on the val split at the
+    # final weights, every val_every steps from step 0
+    validation: Mapping[str, Curve] = field(default_factory=dict)
 
 
 def write_csv(path: str | Path, header: list[str], rows: list[dict]) -> None:
@@ -67,7 +70,11 @@ def save_figure(figure, path: str | Path) -> None:
 
 def level_curve_rows(curves: RewardCurves) -> list[dict]:
     """Rows {step, <level>..., <level>_weight...} of the per-level curves, by step ("" where a curve lacks one)."""
-    columns = {**curves.levels, **{f"{level}_weight": c for level, c in curves.weights.items()}}
+    return curve_table({**curves.levels, **{f"{level}_weight": c for level, c in curves.weights.items()}})
+
+
+def curve_table(columns: Mapping[str, Curve]) -> list[dict]:
+    """Rows {step, <column>...} of several curves joined on their steps ("" where a curve lacks one)."""
     by_column = {name: {row["step"]: row["reward"] for row in reward_curve_rows(c)} for name, c in columns.items()}
     steps = sorted({step for values in by_column.values() for step in values})
     return [{"step": step, **{name: values.get(step, "") for name, values in by_column.items()}} for step in steps]
@@ -78,6 +85,20 @@ def write_level_curves_csv(path: str | Path, curves: RewardCurves) -> list[dict]
     rows = level_curve_rows(curves)
     write_csv(path, ["step", *curves.levels, *(f"{level}_weight" for level in curves.weights)], rows)
     return rows
+
+
+def write_validation_csv(path: str | Path, curves: RewardCurves) -> list[dict]:
+    """Write the validation curves (columns step, greedy, sampled) for `dvc plots`."""
+    rows = curve_table(curves.validation)
+    write_csv(path, ["step", *curves.validation], rows)
+    return rows
+
+
+def best_validation(curves: RewardCurves) -> tuple[int, float] | None:
+    """The (step, reward) the trainer's `select: best_val` keeps: the first step with the highest greedy reward."""
+    greedy = reward_curve_rows(curves.validation.get("greedy", ()))
+    best = max(greedy, key=lambda row: row["reward"], default=None)  # max keeps the first of equals
+    return None if best is None else (best["step"], best["reward"])
 
 
 def smoothing_window(points: int) -> int:
@@ -125,7 +146,16 @@ def plot_reward_curve_png(path: str | Path, curves: RewardCurves | Curve) -> Non
             _draw(axes[0], curves.as_trained, "as trained (the step's weights)", POLICY_COLOURS[0])
             axes[0].legend(fontsize="small")
         else:
-            _draw(axes[0], curves.total, None, POLICY_COLOURS[1])
+            _draw(axes[0], curves.total, "train samples" if curves.validation else None, POLICY_COLOURS[1])
+        for i, (kind, curve) in enumerate(curves.validation.items()):
+            rows = reward_curve_rows(curve)
+            axes[0].plot([r["step"] for r in rows], [r["reward"] for r in rows], label=f"val split, {kind}",
+                         color=POLICY_COLOURS[(3 + i) % len(POLICY_COLOURS)], marker="o", markersize=3.5)
+        best = best_validation(curves)
+        if best is not None:
+            axes[0].axvline(best[0], color="grey", linestyle=":", linewidth=1.0, label=f"best val (step {best[0]})")
+        if curves.validation:
+            axes[0].legend(fontsize="small")
         axes[0].set(xlabel="training step", ylabel="mean reward", title="Training reward (weighted total)")
         colours = {level: POLICY_COLOURS[(i + 2) % len(POLICY_COLOURS)] for i, level in enumerate(curves.levels)}
         colours.update({level: POLICY_COLOURS[(i + 2) % len(POLICY_COLOURS)]
