@@ -1,4 +1,4 @@
-"""train stage: GRPO from the sft model on the env's train split -> models/jax/grpo/.
+"""train stage: GRPO (or PPO, or online DPO: train.algorithm) from the sft model on the train split -> models/jax/grpo/.
 
 Each step samples `train.group_size` answers for `train.batch_prompts` prompts with the rollout engine, scores
 them with the env (its curriculum follows step / total steps), and takes `train.num_iterations` clipped-surrogate
@@ -18,6 +18,7 @@ import sys
 from vlmgym import envs, tracking
 from vlmgym.params import load_section
 from vlmgym.rl.loop import RECENT_METRICS
+from vlmgym.rl.ppo_trainer import PPOTrainer
 from vlmgym.rl.run import (
     history_summary,
     load_policy,
@@ -54,9 +55,10 @@ def main(argv: list[str] | None = None) -> int:
         env = envs.from_params(env_params, shards_dir=train.shards_dir, split="train",
                                tokenizer=policy.processor.tokenizer)
         val_env = validation_env("train", train, env_params, policy.processor.tokenizer)
-        trainer = GRPOTrainer(policy, env, params, train, checkpoints,
-                              metrics_callback=lambda step, metrics: run.log_metrics(metrics, step=step),
-                              samples_callback=run.log_sample_table, val_env=val_env)
+        trainer_class = PPOTrainer if train.algorithm == "ppo" else GRPOTrainer  # GRPOTrainer also runs dpo
+        trainer = trainer_class(policy, env, params, train, checkpoints,
+                                metrics_callback=lambda step, metrics: run.log_metrics(metrics, step=step),
+                                samples_callback=run.log_sample_table, val_env=val_env)
         params = trainer.run()
         out = save_model(train.out_dir, policy, params, train.init_dir)
         summary = history_summary(trainer.restored_history + trainer.history, SUMMARY, SUMMARY_STEPS)

@@ -163,8 +163,9 @@ class SFTParams:
 class TrainParams:
     """train stage: GRPO (or online DPO) from the sft model."""
 
-    algorithm: str = spec("grpo", choices=("grpo", "dpo"),
-                          doc="grpo, or online dpo (each group's best vs worst answer, against the start policy)")
+    algorithm: str = spec("grpo", choices=("grpo", "ppo", "dpo"),
+                          doc="grpo; ppo (value head, GAE; the same sampled groups, each answer its own episode); "
+                              "or online dpo (each group's best vs worst answer, against the start policy)")
     steps: int = spec(150, ge=1, doc="GRPO steps (one batch of prompts each)")
     batch_prompts: int = spec(8, ge=1, doc="prompts per step")
     group_size: int = spec(8, ge=1, doc="completions sampled per prompt (the GRPO group)")
@@ -181,6 +182,14 @@ class TrainParams:
     epsilon_high: float = spec(0.28, gt=0, doc="upper clip range (clip-higher)")
     beta: float = spec(0.0, ge=0, doc="k3 KL penalty to the initial policy (0: no reference model held)")
     dpo_beta: float = spec(0.1, gt=0, doc="dpo: strength of the implicit KL to the start policy (TRL's beta)")
+    ppo_critic: str = spec("head", choices=("head", "detached"),
+                           doc="ppo: linear value head on the policy's last hidden states; detached: its gradient "
+                               "never reaches the policy")
+    ppo_gamma: float = spec(1.0, ge=0, le=1, doc="ppo: discount over the answer's tokens")
+    ppo_lambda: float = spec(0.95, ge=0, le=1, doc="ppo: GAE lambda")
+    ppo_vf_coef: float = spec(0.1, ge=0, doc="ppo: weight of the value loss in the total loss")
+    ppo_cliprange_value: float = spec(0.2, gt=0, doc="ppo: values move at most this far from the sampled-time value")
+    ppo_kl_coef: float = spec(0.0, ge=0, doc="ppo: per-token KL-to-start penalty in the reward (0: no reference)")
     loss_aggregation: str = spec("token_mean", choices=("token_mean", "sequence_mean", "dr_grpo"),
                                  doc="how per-token losses are reduced")
     scale_rewards: str = spec("group", choices=("group", "batch", "none"), doc="advantage std normalisation")

@@ -48,8 +48,8 @@ def test_data_and_models(pipeline):
     from vlmgym.data.shards import read_split
 
     root = pipeline["root"]
-    train, test = read_split(root / "data/shards", "train"), read_split(root / "data/shards", "test")
-    assert (len(train), len(test)) == (64, 16)
+    train, val, test = (read_split(root / "data/shards", split) for split in ("train", "val", "test"))
+    assert (len(train), len(val), len(test)) == (56, 8, 16)  # shard.val_samples: 8 held out of the 64
     for name in ("jax/base", "jax/sft", "jax/grpo"):
         assert (root / "models" / name / "vlmgym_checkpoint.json").exists(), name
     from transformers import Qwen3VLForConditionalGeneration

@@ -127,3 +127,37 @@ def test_online_dpo_steps_on_the_real_policy(tiny_vlm, tmp_path):
     # After one update the policy is no longer the reference: the loss moved off log 2.
     assert second["loss"] != first["loss"] and np.isfinite(second["dpo_margin"])
     assert second["compile_count"] == first["compile_count"]
+
+
+@pytest.mark.parametrize("critic", ["head", "detached"])
+def test_ppo_steps_on_the_real_policy(tiny_vlm, tmp_path, critic):
+    from vlmgym.rl.ppo_trainer import PPOTrainer
+
+    config = TrainParams(algorithm="ppo", steps=2, batch_prompts=2, group_size=2, max_new_tokens=8, lr=1e-2,
+                         val_every=0, select="last", warmup_steps=0, save_every=1, ppo_critic=critic)
+    env = AnswerLengthEnv(tiny_vlm.samples, tokenizer=tiny_vlm.processor.tokenizer)
+    trainer = PPOTrainer(_policy(tiny_vlm, config.max_new_tokens), env, _copy(tiny_vlm.params), config,
+                         tmp_path / "ppo", progress_bar=False)
+    params = trainer.run()
+    first, second = trainer.history
+    assert first["logprob_mismatch_max"] < 1e-4 and first["value_mean"] == 0.0  # zero-initialised head
+    assert first["value_loss"] > 0 and second["value_mean"] != 0.0  # the head learned from the first step
+    assert trainer.params["value"]["kernel"].shape == (tiny_vlm.cfg.text.hidden_size,)
+    assert jax.tree.structure(params) == jax.tree.structure(tiny_vlm.params)  # the policy alone comes back
+    assert second["compile_count"] == first["compile_count"]
+
+
+def test_features_of_the_shared_prefix_forward_equal_the_per_copy_ones(tiny_vlm):
+    policy = _policy(tiny_vlm, 8)
+    env = _env(tiny_vlm)
+    observations = [env.reset(i)[1] for i in range(2)]
+    samples = policy.sample(tiny_vlm.params, observations, 3, jax.random.key(0))
+    shared = policy.build_batch(observations, samples.tokens, samples.mask)
+    per_copy = policy.build_batch([obs for obs in observations for _ in range(3)], samples.tokens, samples.mask)
+    score = jax.jit(policy.logprobs_and_features)
+    (shared_lp, shared_features), (copy_lp, copy_features) = score(tiny_vlm.params, shared), score(tiny_vlm.params,
+                                                                                                    per_copy)
+    np.testing.assert_allclose(shared_lp, copy_lp, atol=1e-5)
+    active = samples.mask > 0
+    np.testing.assert_allclose(np.asarray(shared_features)[active], np.asarray(copy_features)[active], atol=1e-4)
+    np.testing.assert_array_equal(np.asarray(shared_lp), np.asarray(jax.jit(policy.logprobs)(tiny_vlm.params, shared)))

@@ -101,22 +101,36 @@ class ToyPolicy:
         }
         return jax.tree.map(lambda x: x.astype(dtype), params)
 
-    def _logits(self, params: dict, prompts: jax.Array, previous: jax.Array, positions: jax.Array) -> jax.Array:
+    def _hidden(self, params: dict, prompts: jax.Array, previous: jax.Array, positions: jax.Array) -> jax.Array:
         p = jax.tree.map(lambda x: x.astype(jnp.float32), params)
         features = jnp.tanh(p["prompt_embed"][prompts] @ p["visual"]["w"] + p["visual"]["b"])
         x = jnp.tanh(features + p["token_embed"][previous] + p["position_embed"][positions])
-        x = jnp.tanh(x @ p["hidden"]["w"] + p["hidden"]["b"])
-        return x @ p["out"]["w"] + p["out"]["b"]
+        return jnp.tanh(x @ p["hidden"]["w"] + p["hidden"]["b"])
+
+    def _logits(self, params: dict, prompts: jax.Array, previous: jax.Array, positions: jax.Array) -> jax.Array:
+        out = jax.tree.map(lambda x: x.astype(jnp.float32), params["out"])
+        return self._hidden(params, prompts, previous, positions) @ out["w"] + out["b"]
+
+    @property
+    def feature_size(self) -> int:
+        """Width of the features a value head reads."""
+        return self.hidden
 
     def logprobs(self, params: dict, batch: dict) -> jax.Array:
         """Teacher-forced log-probs [batch, max_new_tokens] of the batch's tokens; 0 where masked."""
+        return self.logprobs_and_features(params, batch)[0]
+
+    def logprobs_and_features(self, params: dict, batch: dict) -> tuple[jax.Array, jax.Array]:
+        """`logprobs` and the hidden state that predicts each token [batch, max_new_tokens, hidden]."""
         tokens = batch["tokens"].astype(jnp.int32)
         bos = jnp.full((tokens.shape[0], 1), self.vocab_size, jnp.int32)
         previous = jnp.concatenate([bos, tokens[:, :-1]], axis=1)
         positions = jnp.broadcast_to(jnp.arange(tokens.shape[1]), tokens.shape)
-        logits = self._logits(params, batch["prompt"][:, None], previous, positions)
+        hidden = self._hidden(params, batch["prompt"][:, None], previous, positions)
+        out = jax.tree.map(lambda x: x.astype(jnp.float32), params["out"])
+        logits = hidden @ out["w"] + out["b"]
         picked = jnp.take_along_axis(jax.nn.log_softmax(logits, axis=-1), tokens[..., None], axis=-1)[..., 0]
-        return jnp.where(batch["mask"] > 0, picked, 0.0)
+        return jnp.where(batch["mask"] > 0, picked, 0.0), hidden
 
     def sample(self, params: dict, observations: list[dict], group_size: int, rng: jax.Array) -> Samples:
         """group_size completions per observation, sampled at temperature 1."""

@@ -151,8 +151,9 @@ def grpo_loss(logprobs: jax.Array, behaviour_logprobs: jax.Array, advantages: ja
 
     logprobs: learner log-probs of the sampled tokens [batch, len] (differentiated);
     behaviour_logprobs: the policy that sampled them (tempered softmax), held fixed;
-    advantages: one per sequence [batch]; epsilon / epsilon_high: the ratio is clipped to
-    [1 - epsilon, 1 + epsilon_high] (epsilon_high None: symmetric); beta > 0 needs reference_logprobs.
+    advantages: one per sequence [batch] (GRPO), or one per token [batch, len] (PPO's GAE);
+    epsilon / epsilon_high: the ratio is clipped to [1 - epsilon, 1 + epsilon_high] (epsilon_high None:
+    symmetric); beta > 0 needs reference_logprobs.
     """
     if beta > 0.0 and reference_logprobs is None:
         raise ValueError("beta > 0 needs reference_logprobs (the frozen reference policy's log-probs)")
@@ -160,7 +161,7 @@ def grpo_loss(logprobs: jax.Array, behaviour_logprobs: jax.Array, advantages: ja
     mask = mask.astype(jnp.float32)
     log_ratio = logprobs - jax.lax.stop_gradient(behaviour_logprobs)
     ratio = jnp.exp(log_ratio)
-    token_advantages = advantages[:, None].astype(ratio.dtype)
+    token_advantages = (advantages if advantages.ndim == 2 else advantages[:, None]).astype(ratio.dtype)
     unclipped = ratio * token_advantages
     clipped = jnp.clip(ratio, 1.0 - epsilon, 1.0 + epsilon_high) * token_advantages
     per_token = -jnp.minimum(unclipped, clipped)

@@ -36,7 +36,8 @@ class Policy(Protocol):
     observation per row, or one per group of consecutive rows (the completions of one prompt), which a policy may
     exploit by running each prompt once; `logprobs` is pure and jittable and returns
     [batch, max_new_tokens] log-probs of the completion tokens under the tempered softmax the sampler used (0 where
-    masked).
+    masked). PPO also needs `feature_size` and `logprobs_and_features(params, batch) -> (logprobs, features
+    [batch, max_new_tokens, feature_size])`, the hidden state that predicts each token (a value head's input).
     """
 
     eos_ids: tuple[int, ...]
@@ -166,7 +167,8 @@ class TrainingLoop(abc.ABC):
 
     def run(self, stop_after: int | None = None) -> Any:
         """Train to total_steps (or stop after `stop_after` steps, for tests, or early on validation); returns
-        the params the run ends with: the last ones, or with validation's `select: best_val` the best validated."""
+        the policy params the run ends with: the last ones, or with validation's `select: best_val` the best
+        validated."""
         start = self.resume()
         validator = self.validator
         if validator is not None and validator.stopped_at is not None:
@@ -176,7 +178,7 @@ class TrainingLoop(abc.ABC):
             end = start
         if validator is not None and start == 0 and validator.settings.every > 0:
             # The start policy is a candidate too: best_val can end where it began.
-            figures = validator.validate(self.params, 0)
+            figures = validator.validate(self.model_params(), 0)
             if self.metrics_callback is not None:
                 self.metrics_callback(0, figures)
         bar = tqdm(total=self.total_steps, initial=start, desc=self.name, disable=not self.progress_bar,
@@ -191,7 +193,7 @@ class TrainingLoop(abc.ABC):
                 done = step + 1
                 validated = validator is not None and validator.due(done, self.total_steps)
                 if validated:
-                    metrics.update(validator.validate(self.params, done))
+                    metrics.update(validator.validate(self.model_params(), done))
                 self.history.append(metrics)
                 if self.metrics_callback is not None:
                     self.metrics_callback(done, metrics)
@@ -215,8 +217,12 @@ class TrainingLoop(abc.ABC):
             self.checkpoints.close()
         if validator is None:
             self.final_step = done
-            return self.params
-        self.params, self.final_step = validator.selected(self.params, done)
+            return self.model_params()
+        selected, self.final_step = validator.selected(self.model_params(), done)
+        return selected
+
+    def model_params(self) -> Any:
+        """The policy's params within what the loop trains (PPO also trains a value head beside them)."""
         return self.params
 
     def postfix(self, metrics: dict[str, float]) -> dict[str, str]:

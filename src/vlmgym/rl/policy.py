@@ -57,6 +57,11 @@ class Qwen3VLPolicy:
         return self.settings.max_new_tokens
 
     @property
+    def feature_size(self) -> int:
+        """Width of the features `logprobs_and_features` returns (the text hidden size)."""
+        return self.cfg.text.hidden_size
+
+    @property
     def compile_count(self) -> int:
         """Traces of the rollout engine's jitted functions in this process (the trainer counts its own)."""
         return sum(TRACE_COUNTS.values())
@@ -127,11 +132,18 @@ class Qwen3VLPolicy:
 
     def logprobs(self, params: Any, batch: dict) -> jax.Array:
         """Log-probs of the completion tokens [batch, max_new_tokens] at the sampling temperature (0 where masked)."""
-        if batch["completion_ids"].shape[0] != batch["inputs"]["input_ids"].shape[0]:
-            return shared_prefix_logprobs(params, self.cfg, batch["inputs"], batch["completion_ids"],
-                                          batch["completion_mask"], temperature=self.settings.logprob_temperature)
-        return token_logprobs(params, self.cfg, batch["inputs"], batch["completion_ids"], batch["completion_mask"],
-                              temperature=self.settings.logprob_temperature)
+        return self._score(params, batch, with_features=False)
+
+    def logprobs_and_features(self, params: Any, batch: dict) -> tuple[jax.Array, jax.Array]:
+        """`logprobs` and the final-normed hidden state that predicts each token [batch, max_new_tokens, hidden]
+        (float32): what a PPO value head reads."""
+        return self._score(params, batch, with_features=True)
+
+    def _score(self, params: Any, batch: dict, with_features: bool) -> Any:
+        score = (shared_prefix_logprobs if batch["completion_ids"].shape[0] != batch["inputs"]["input_ids"].shape[0]
+                 else token_logprobs)
+        return score(params, self.cfg, batch["inputs"], batch["completion_ids"], batch["completion_mask"],
+                     temperature=self.settings.logprob_temperature, with_features=with_features)
 
     def encode_targets(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
         """Answer texts as the tokens the model should generate: the text, then <|im_end|>; padded."""

@@ -293,7 +293,8 @@ class GRPOTrainer(TrainingLoop):
             resets = [self.env.reset(i) for i in indices]
             observations = [obs for _, obs in resets]
             started = time.perf_counter()
-            samples = self.policy.sample(self.params, observations, c.group_size, jax.random.fold_in(rng, rounds))
+            samples = self.policy.sample(self.model_params(), observations, c.group_size,
+                                         jax.random.fold_in(rng, rounds))
             rollout_time += time.perf_counter() - started
             sampled_tokens += int(samples.mask.sum())
             rounds += 1

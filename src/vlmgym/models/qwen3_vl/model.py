@@ -279,13 +279,15 @@ def encode_inputs(params: Params, cfg: Qwen3VLConfig, inputs: dict[str, Any]):
 
 
 def token_logprobs(params: Params, cfg: Qwen3VLConfig, inputs: dict[str, Any], completion_ids: jax.Array,
-                   completion_mask: jax.Array, remat: bool = False, temperature: float = 1.0) -> jax.Array:
+                   completion_mask: jax.Array, remat: bool = False, temperature: float = 1.0,
+                   with_features: bool = False) -> jax.Array | tuple[jax.Array, jax.Array]:
     """Log-probs (B, C) of completions that follow the prompts in `inputs`, under the softmax of the logits divided
     by `temperature` (the sampler's, so importance ratios compare the policy that was sampled); 0 where masked.
 
     `inputs`: input_ids / attention_mask (B, L) prompts (left or right padded), optional position_ids (3, B, L),
     optional pixel_values + patch_layout. Completion token j sits right after the prompt block.
-    `remat=True` trades recomputation for activation memory under jax.grad.
+    `remat=True` trades recomputation for activation memory under jax.grad. `with_features=True` also returns
+    the final-normed hidden states that predict each completion token (B, C, hidden), float32: a value head's input.
     """
     prompt_mask = inputs["attention_mask"].astype(jnp.int32)
     prompt_positions = inputs.get("position_ids")
@@ -310,8 +312,14 @@ def token_logprobs(params: Params, cfg: Qwen3VLConfig, inputs: dict[str, Any], c
     # Token j is predicted at position length + j - 1, except token 0: at the prompt's last attended token.
     predict_at = length + jnp.arange(steps)[None] - 1
     predict_at = jnp.where(jnp.arange(steps)[None] == 0, _last_valid_index(prompt_mask)[:, None], predict_at)
-    return picked_logprobs(params, cfg, jnp.take_along_axis(h, predict_at[..., None], axis=1), completion_ids,
-                           completion_mask, temperature)
+    predictors = jnp.take_along_axis(h, predict_at[..., None], axis=1)
+    logprobs = picked_logprobs(params, cfg, predictors, completion_ids, completion_mask, temperature)
+    return (logprobs, final_features(params, cfg, predictors)) if with_features else logprobs
+
+
+def final_features(params: Params, cfg: Qwen3VLConfig, h: jax.Array) -> jax.Array:
+    """The final RMSNorm of hidden states (what lm_head reads), float32."""
+    return _rms_norm(h, params["text"]["norm"]["scale"], cfg.text.rms_norm_eps).astype(jnp.float32)
 
 
 def picked_logprobs(params: Params, cfg: Qwen3VLConfig, h: jax.Array, completion_ids: jax.Array,
@@ -328,4 +336,5 @@ def picked_logprobs(params: Params, cfg: Qwen3VLConfig, h: jax.Array, completion
 jit_forward = jax.jit(forward, static_argnums=1)
 jit_prefill = jax.jit(prefill, static_argnums=1, static_argnames=("cache_size", "all_logits"))
 jit_decode_step = jax.jit(decode_step, static_argnums=1, static_argnames="unroll", donate_argnums=3)
-jit_token_logprobs = jax.jit(token_logprobs, static_argnums=1, static_argnames=("remat", "temperature"))
+jit_token_logprobs = jax.jit(token_logprobs, static_argnums=1,
+                             static_argnames=("remat", "temperature", "with_features"))

@@ -28,6 +28,7 @@ from vlmgym.models.qwen3_vl.model import (
     _qkv,
     check_image_tokens,
     encode_inputs,
+    final_features,
     mrope_cos_sin,
     picked_logprobs,
     text_position_ids,
@@ -59,10 +60,12 @@ def _group_attention(q: jax.Array, k: jax.Array, v: jax.Array, prompt_k: jax.Arr
 
 
 def shared_prefix_logprobs(params: Params, cfg: Qwen3VLConfig, inputs: dict[str, Any], completion_ids: jax.Array,
-                           completion_mask: jax.Array, remat: bool = False, temperature: float = 1.0) -> jax.Array:
+                           completion_mask: jax.Array, remat: bool = False, temperature: float = 1.0,
+                           with_features: bool = False) -> jax.Array | tuple[jax.Array, jax.Array]:
     """`model.token_logprobs` for P prompts in `inputs` and P x G completions (rows g*G .. g*G+G-1 follow prompt g).
 
-    Equal to `token_logprobs` on the batch with each prompt repeated G times (tests/models/test_shared_prefix.py).
+    Equal to `token_logprobs` on the batch with each prompt repeated G times (tests/rl/test_shared_prefix.py), and
+    so are the features `with_features=True` returns beside the log-probs.
     """
     prompt_mask = inputs["attention_mask"].astype(jnp.int32)
     prompt_positions = inputs.get("position_ids")
@@ -99,7 +102,9 @@ def shared_prefix_logprobs(params: Params, cfg: Qwen3VLConfig, inputs: dict[str,
     # Token 0 is predicted at the prompt's last attended token (shared by the group), token j at completion j - 1.
     last = h_prompt[jnp.arange(prompts), _last_valid_index(prompt_mask)]
     predictors = jnp.concatenate([jnp.repeat(last, group, axis=0)[:, None], h[:, :-1]], axis=1)
-    return picked_logprobs(params, cfg, predictors, completion_ids, completion_mask, temperature)
+    logprobs = picked_logprobs(params, cfg, predictors, completion_ids, completion_mask, temperature)
+    return (logprobs, final_features(params, cfg, predictors)) if with_features else logprobs
 
 
-jit_shared_prefix_logprobs = jax.jit(shared_prefix_logprobs, static_argnums=1, static_argnames=("remat", "temperature"))
+jit_shared_prefix_logprobs = jax.jit(shared_prefix_logprobs, static_argnums=1,
+                                     static_argnames=("remat", "temperature", "with_features"))
