@@ -13,6 +13,7 @@ COMMANDS: Table = {
     "preset": ("vlmgym.presets:main", "merge a partial params file (e.g. configs/micro.yaml) into params.yaml"),
     "parity": ("vlmgym.models.qwen3_vl.parity:main", "compare the JAX port with transformers on the same inputs"),
     "clean-temps": ("vlmgym.temps:main", "remove temp outputs that killed runs left behind (live writers' kept)"),
+    "compare": ("vlmgym.compare:main", "train SFT-longer, GRPO, PPO and DPO from the SFT model at one budget; compare"),
     "bench": ("vlmgym.bench:main", "benchmarks: `vlmgym bench rollout ...`, `vlmgym bench reward ...`"),
 }
 

@@ -1,0 +1,242 @@
+"""vlmgym compare: training algorithms from one start policy at a matched budget, compared on the held-out splits.
+
+    vlmgym compare [--params params.yaml] [--arms sft_longer grpo ppo dpo] [--out outputs/compare]
+
+Arms (each against `sft`, the start policy itself: `train.init_dir`, the pipeline's SFT model):
+- grpo, ppo, dpo: the train section with `train.algorithm` set to the arm, everything else as configured
+  (validation and `select` included). The budget is matched in sampled completions: every RL arm samples, scores
+  and learns from train.steps x batch_prompts x group_size answers (DPO learns from the best/worst pair of each).
+- sft_longer: SFT continued from the same start on the env's ideal answers for as many training sequences as an
+  RL arm samples (ceil(train.steps x batch_prompts x group_size / sft.batch_size) steps of the sft section's
+  settings: lr, schedule, validation): what supervised data alone buys with the same number of sequences.
+Each arm answers every split (`test`, plus the env's out-of-distribution `test_ood` when the shard stage wrote
+one) greedily as the rollout stage does; the report holds, per split, every arm's metrics with bootstrap
+intervals and each arm minus sft with paired bootstrap intervals (the same samples), as <out>/compare.md, .json
+and .png (not under reports/, which is the evaluate stage's DVC output as a whole), and one MLflow run (tag
+vlmgym.role=compare) holding those figures, with each arm's training in a nested run. An arm whose model and
+answers exist for the same settings is not trained again; a killed arm resumes from its checkpoints
+(checkpoints/compare/<arm>/<config hash>/).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ARMS = ("sft_longer", "grpo", "ppo", "dpo")
+CONTROL = "sft"
+SPLITS = ("test", "test_ood")
+HEADLINE = "mean_reward"
+
+
+def sft_longer_steps(train: Any, sft: Any) -> int:
+    """SFT steps that train on as many sequences as an RL arm samples."""
+    return math.ceil(train.steps * train.batch_prompts * train.group_size / sft.batch_size)
+
+
+def arm_config(arm: str, sections: dict[str, Any], out: Path) -> Any:
+    """The sft or train section an arm trains with (paths under `out`, start = train.init_dir)."""
+    train, sft = sections["train"], sections["sft"]
+    checkpoints = str(Path("checkpoints") / "compare" / arm)
+    if arm == "sft_longer":
+        return replace(sft, steps=sft_longer_steps(train, sft), init_dir=train.init_dir,
+                       out_dir=str(out / arm / "model"), checkpoint_dir=checkpoints, shards_dir=train.shards_dir)
+    if arm not in ARMS:
+        raise ValueError(f"unknown arm {arm!r}: expected some of {ARMS}")
+    return replace(train, algorithm=arm, out_dir=str(out / arm / "model"), checkpoint_dir=checkpoints)
+
+
+def train_arm(arm: str, config: Any, sections: dict[str, Any], log_metrics: Any) -> Path:
+    """Train one arm as the sft / train stage would and save its model folder; returns it."""
+    from vlmgym import envs
+    from vlmgym.rl.ppo_trainer import PPOTrainer
+    from vlmgym.rl.run import load_policy, resume_dir, save_model, validation_env
+    from vlmgym.rl.trainer import GRPOTrainer, SFTTrainer
+
+    model, env_params = sections["model"], sections["env"]
+    supervised = arm == "sft_longer"
+    if supervised:
+        policy, params = load_policy(config.init_dir, model, config.max_target_tokens, mesh_shape=tuple(config.mesh))
+    else:
+        policy, params = load_policy(config.init_dir, model, config.max_new_tokens, temperature=config.temperature,
+                                     top_k=config.top_k, top_p=config.top_p, mesh_shape=tuple(config.mesh),
+                                     share_prefix=config.share_prefix)
+    tokenizer = policy.processor.tokenizer
+    env = envs.from_params(env_params, shards_dir=config.shards_dir, split="train", tokenizer=tokenizer)
+    val_env = validation_env("sft" if supervised else "train", config, env_params, tokenizer)
+    checkpoints = resume_dir(config.checkpoint_dir, config, model, env_params, init_dir=config.init_dir)
+    trainer_class = SFTTrainer if supervised else PPOTrainer if arm == "ppo" else GRPOTrainer
+    trainer = trainer_class(policy, env, params, config, checkpoints, val_env=val_env, metrics_callback=log_metrics)
+    params = trainer.run()
+    return save_model(config.out_dir, policy, params, config.init_dir)
+
+
+def answer(model_dir: Path, split: str, arm: str, sections: dict[str, Any]) -> list[dict]:
+    """Greedy answers of a model folder on a split, as the rollout stage writes them."""
+    from vlmgym import envs
+    from vlmgym.eval.rollouts import answer_split, load_engine
+
+    rollout, model = sections["rollout"], sections["model"]
+    engine, params = load_engine(model_dir, max_new_tokens=rollout.max_new_tokens, dtype=model.dtype,
+                                 param_dtype=model.param_dtype)
+    env = envs.from_params(sections["env"], shards_dir=rollout.shards_dir, split=split,
+                           tokenizer=engine.processor.tokenizer, limit=rollout.limit, progress=rollout.progress)
+    return answer_split(engine, params, env, policy=arm, batch_size=rollout.batch_size)[0]
+
+
+def fingerprint(arm: str, config: Any, sections: dict[str, Any]) -> str:
+    """What an arm's results depend on: its training section, the model and env settings, the start model."""
+    from vlmgym.params import to_dict
+    from vlmgym.rl.loop import config_fingerprint
+    from vlmgym.rl.run import folder_identity, source_identity
+
+    start = sections["train"].init_dir
+    return config_fingerprint({"arm": arm, "config": None if config is None else to_dict(config),
+                               "model": to_dict(sections["model"]), "env": to_dict(sections["env"]),
+                               "rollout": to_dict(sections["rollout"]), "start": folder_identity(start),
+                               "code": source_identity()})
+
+
+def run_arm(arm: str, sections: dict[str, Any], out: Path, splits: list[str], log_metrics: Any) -> dict[str, list]:
+    """Train (unless it is the control) and answer every split; reuses a finished arm with the same settings."""
+    from vlmgym.atomic import write_text_atomically
+    from vlmgym.eval.records import read_jsonl, write_jsonl
+
+    config = None if arm == CONTROL else arm_config(arm, sections, out)
+    folder = out / arm
+    done = folder / "done.json"
+    key = fingerprint(arm, config, sections)
+    if done.exists() and json.loads(done.read_text()) == {"fingerprint": key, "splits": splits}:
+        print(f"compare: {arm}: reusing {folder} (same settings)", flush=True)
+        return {split: read_jsonl(folder / f"{split}.jsonl") for split in splits}
+    model_dir = Path(sections["train"].init_dir) if config is None else train_arm(arm, config, sections, log_metrics)
+    answers = {}
+    for split in splits:
+        answers[split] = answer(model_dir, split, arm, sections)
+        write_jsonl(folder / f"{split}.jsonl", answers[split])
+    write_text_atomically(done, json.dumps({"fingerprint": key, "splits": splits}) + "\n")
+    return answers
+
+
+def available_splits(shards_dir: str) -> list[str]:
+    """The held-out splits the shard stage wrote: test, and the env's OOD split when it has one."""
+    found = [split for split in SPLITS if (Path(shards_dir) / split).is_dir()]
+    if "test" not in found:
+        raise FileNotFoundError(f"{shards_dir}/test: no test split; run the pipeline (dvc repro) first")
+    return found
+
+
+def write_report(report: Path, env_name: str, results: dict[str, dict], arms: list[str], sections: dict[str, Any],
+                 confidence: float) -> dict[str, Path]:
+    """reports/compare.{md,json,png}: per split the summary table (every arm, each minus sft) and a plot."""
+    from vlmgym.atomic import write_text_atomically
+    from vlmgym.envs import env_class
+    from vlmgym.eval.report import markdown_table
+
+    env = env_class(env_name)
+    train, sft = sections["train"], sections["sft"]
+    budget = train.steps * train.batch_prompts * train.group_size
+    lines = [f"# Algorithm comparison ({env.name})", "",
+             f"Every arm starts from `{train.init_dir}` (the `sft` column). RL arms: {train.steps} steps x "
+             f"{train.batch_prompts} prompts x {train.group_size} answers = {budget} sampled completions each; "
+             f"sft_longer: {sft_longer_steps(train, sft)} more SFT steps x {sft.batch_size} = the same number of "
+             f"training sequences on ideal answers. Greedy answers; `arm_minus_sft` columns are paired differences.",
+             ""]
+    for split, split_results in results.items():
+        lines += [f"## {split}", "", markdown_table(env, split_results, confidence)]
+    files = {"md": report.with_suffix(".md"), "json": report.with_suffix(".json"), "png": report.with_suffix(".png")}
+    write_text_atomically(files["md"], "\n".join(lines))
+    write_text_atomically(files["json"], json.dumps(results, indent=1, sort_keys=True) + "\n")
+    plot_comparison(files["png"], results, arms, confidence)
+    return files
+
+
+def plot_comparison(path: Path, results: dict[str, dict], arms: list[str], confidence: float) -> None:
+    """Per split: each arm's mean reward with its interval, and each arm minus sft with its paired interval."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from vlmgym.eval.plots import POLICY_COLOURS, save_figure
+
+    figure, axes = plt.subplots(len(results), 2, figsize=(10, 3.2 * len(results)), squeeze=False)
+    try:
+        for row, (split, split_results) in enumerate(results.items()):
+            names = [CONTROL, *arms]
+            for column, (keys, title) in enumerate((
+                    (names, f"{split}: mean reward"), ([f"{a}_minus_{CONTROL}" for a in arms],
+                                                       f"{split}: arm - {CONTROL} (paired)"))):
+                axis = axes[row][column]
+                values = [split_results[k][HEADLINE] for k in keys]
+                low = [split_results[k][HEADLINE] - split_results[k][f"{HEADLINE}_ci_low"] for k in keys]
+                high = [split_results[k][f"{HEADLINE}_ci_high"] - split_results[k][HEADLINE] for k in keys]
+                colours = [POLICY_COLOURS[i % len(POLICY_COLOURS)] for i in range(len(keys))]
+                axis.bar(range(len(keys)), values, yerr=[low, high], color=colours, capsize=4)
+                axis.set_xticks(range(len(keys)), [k.replace(f"_minus_{CONTROL}", "") for k in keys])
+                axis.axhline(0, color="grey", linewidth=0.8)
+                axis.set_title(title + f" [{100 * confidence:.0f}% interval]", fontsize="medium")
+        figure.tight_layout()
+        save_figure(figure, path)
+    finally:
+        plt.close(figure)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Train every arm, answer the held-out splits, write the comparison and log it to MLflow."""
+    parser = argparse.ArgumentParser(prog="vlmgym compare", description=__doc__.splitlines()[0])
+    parser.add_argument("--params", default="params.yaml", help="params file (the pipeline's)")
+    parser.add_argument("--arms", nargs="+", default=list(ARMS), choices=ARMS, help="arms besides sft")
+    parser.add_argument("--out", default="outputs/compare", help="models and answers, one folder per arm")
+    args = parser.parse_args(argv)
+    import mlflow
+
+    from vlmgym import tracking
+    from vlmgym.eval.metrics import evaluate_policies
+    from vlmgym.eval.outputs import mlflow_metrics
+    from vlmgym.params import load_section
+
+    sections = {name: load_section(name, args.params)
+                for name in ("train", "sft", "model", "env", "rollout", "eval", "tracking")}
+    if not Path(sections["train"].init_dir).is_dir():
+        print(f"compare: {sections['train'].init_dir}: no start model; run the pipeline (dvc repro) first",
+              file=sys.stderr)
+        return 1
+    splits = available_splits(sections["rollout"].shards_dir)
+    arms = list(dict.fromkeys(args.arms))
+    out = Path(args.out)
+    mlflow.set_tracking_uri(tracking.tracking_uri(sections["tracking"].tracking_uri))
+    mlflow.set_experiment(sections["tracking"].experiment)
+    answers: dict[str, dict[str, list]] = {}
+    env_name = sections["env"].name
+    with mlflow.start_run(run_name=f"compare-{env_name}", tags={"vlmgym.role": "compare", "env.name": env_name}):
+        train = sections["train"]
+        mlflow.log_params({"arms": ",".join(arms), "splits": ",".join(splits), "start": train.init_dir,
+                           "train.steps": train.steps, "train.batch_prompts": train.batch_prompts,
+                           "train.group_size": train.group_size,
+                           "sft_longer.steps": sft_longer_steps(train, sections["sft"])})
+        for arm in [CONTROL, *arms]:
+            with mlflow.start_run(run_name=arm, nested=True, tags={"vlmgym.role": "compare-arm", "vlmgym.arm": arm}):
+                answers[arm] = run_arm(arm, sections, out, splits,
+                                       lambda step, metrics: mlflow.log_metrics(metrics, step=step))
+        evaluation = sections["eval"]
+        results = {split: evaluate_policies(env_name, {arm: answers[arm][split] for arm in answers},
+                                            comparisons=[(arm, CONTROL) for arm in arms],
+                                            n_resamples=evaluation.n_resamples, seed=evaluation.seed,
+                                            confidence=evaluation.confidence)
+                   for split in splits}
+        files = write_report(out / "compare", env_name, results, arms, sections, evaluation.confidence)
+        for split, split_results in results.items():
+            mlflow.log_metrics({f"{split}/{k}": v for k, v in mlflow_metrics(split_results).items()
+                                if np.isfinite(v)})
+        for path in files.values():
+            mlflow.log_artifact(str(path))
+    print(files["md"].read_text())
+    return 0

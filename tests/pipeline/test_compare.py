@@ -1,0 +1,57 @@
+"""`vlmgym compare` end to end on the micro pipeline (in a copy of it): every arm trains from the sft model,
+answers the test split, and the paired comparison lands in outputs/compare/ and one MLflow run; a second call
+reuses every arm."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+from pipeline_helpers import run_checked
+
+ARMS = ["sft_longer", "grpo", "ppo", "dpo"]
+
+
+def test_compare_trains_every_arm_and_writes_the_paired_comparison(pipeline, tmp_path):
+    from mlflow.tracking import MlflowClient
+
+    root = tmp_path / "compare"
+    shutil.copytree(pipeline["root"], root, symlinks=True)
+    env = {**pipeline["env"], "PYTHONPATH": str(root / "src"), "MLFLOW_TRACKING_URI": f"sqlite:///{root / 'mlflow.db'}"}
+    status_before = run_checked(["dvc", "status"], root, env).stdout
+    first = run_checked(["vlmgym", "compare", "--arms", *ARMS], root, env, timeout=1200)
+    out = root / "outputs/compare"
+    results = json.loads((out / "compare.json").read_text())
+    assert list(results) == ["test"]  # the micro world has no OOD split
+    test = results["test"]
+    assert set(test) == {"sft", *ARMS, *(f"{arm}_minus_sft" for arm in ARMS)}
+    for arm in ARMS:
+        difference = test[f"{arm}_minus_sft"]
+        assert difference["n"] == 16  # paired on every test sample
+        assert difference["mean_reward"] == pytest.approx(test[arm]["mean_reward"] - test["sft"]["mean_reward"])
+        assert difference["mean_reward_ci_low"] <= difference["mean_reward"] <= difference["mean_reward_ci_high"]
+        assert (out / arm / "model" / "vlmgym_checkpoint.json").exists()
+        assert len((out / arm / "test.jsonl").read_text().splitlines()) == 16
+    table = (out / "compare.md").read_text()
+    assert "## test" in table and "dpo_minus_sft" in table and "sampled completions" in table
+    assert (out / "compare.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert first.stdout.strip().endswith(table.strip().splitlines()[-1])  # the table is printed too
+    # The pipeline's own outputs are untouched.
+    assert run_checked(["dvc", "status"], root, env).stdout == status_before
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{root / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name("vlmgym")
+    parent = client.search_runs([experiment.experiment_id], filter_string="tags.`vlmgym.role` = 'compare'")[0]
+    assert parent.info.status == "FINISHED" and parent.data.metrics["test/ppo_minus_sft/mean_reward"] == (
+        test["ppo_minus_sft"]["mean_reward"])
+    arms = client.search_runs([experiment.experiment_id],
+                              filter_string=f"tags.`mlflow.parentRunId` = '{parent.info.run_id}'")
+    assert sorted(r.data.tags["vlmgym.arm"] for r in arms) == sorted(["sft", *ARMS])
+    trained = {r.data.tags["vlmgym.arm"]: r for r in arms}
+    assert "value_loss" in trained["ppo"].data.metrics and "dpo_pairs" in trained["dpo"].data.metrics
+    assert "loss" in trained["sft_longer"].data.metrics and "val/reward_greedy" in trained["grpo"].data.metrics
+
+    again = run_checked(["vlmgym", "compare", "--arms", *ARMS], root, env, timeout=600)
+    assert all(f"compare: {arm}: reusing" in again.stdout for arm in ["sft", *ARMS])
+    assert json.loads((out / "compare.json").read_text()) == results
