@@ -178,7 +178,9 @@ def plot_comparison(path: Path, results: dict[str, dict], arms: list[str], confi
                 values = [split_results[k][HEADLINE] for k in keys]
                 low = [split_results[k][HEADLINE] - split_results[k][f"{HEADLINE}_ci_low"] for k in keys]
                 high = [split_results[k][f"{HEADLINE}_ci_high"] - split_results[k][HEADLINE] for k in keys]
-                colours = [POLICY_COLOURS[i % len(POLICY_COLOURS)] for i in range(len(keys))]
+                # one colour per arm in both panels
+                colours = [POLICY_COLOURS[names.index(k.replace(f"_minus_{CONTROL}", "")) % len(POLICY_COLOURS)]
+                           for k in keys]
                 axis.bar(range(len(keys)), values, yerr=[low, high], color=colours, capsize=4)
                 axis.set_xticks(range(len(keys)), [k.replace(f"_minus_{CONTROL}", "") for k in keys])
                 axis.axhline(0, color="grey", linewidth=0.8)

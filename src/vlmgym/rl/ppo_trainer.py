@@ -14,7 +14,6 @@ learns on the policy's representation without ever moving the policy.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -116,14 +115,8 @@ class PPOTrainer(GRPOTrainer):
 
     def step(self, step: int) -> dict[str, float]:
         c = self.config
-        self.rng, step_rng = jax.random.split(self.rng)
-        collected = self._collect(step, step_rng)
+        collected, rewards, mask, tokens, sampler_logprobs, started = self._sample_batch(step)
         groups = collected["groups"]
-        started = time.perf_counter()
-        rewards = np.concatenate([g["rewards"] for g in groups]).astype(np.float32)
-        mask = np.concatenate([g["mask"] for g in groups]).astype(np.float32)
-        tokens = np.concatenate([g["tokens"] for g in groups])
-        sampler_logprobs = np.concatenate([g["logprobs"] for g in groups]).astype(np.float32)
         slices = micro_slices(len(tokens), c.micro_batches)
         micro_batches, learner, values, reference = [], [], [], []
         for rows in slices:

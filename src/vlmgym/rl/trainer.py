@@ -328,8 +328,9 @@ class GRPOTrainer(TrainingLoop):
                 "final_rewards": np.asarray(final, np.float64),
                 "sampled_infos": sampled_infos, "sampled_texts": sampled_texts}
 
-    def step(self, step: int) -> dict[str, float]:
-        c = self.config
+    def _sample_batch(self, step: int) -> tuple[dict, np.ndarray, np.ndarray, np.ndarray, np.ndarray, float]:
+        """The step's sampled groups and their rewards, masks, tokens and sampler log-probs as batch arrays,
+        and the time the update starts from."""
         self.rng, step_rng = jax.random.split(self.rng)
         collected = self._collect(step, step_rng)
         groups = collected["groups"]
@@ -338,6 +339,12 @@ class GRPOTrainer(TrainingLoop):
         mask = np.concatenate([g["mask"] for g in groups]).astype(np.float32)
         tokens = np.concatenate([g["tokens"] for g in groups])
         sampler_logprobs = np.concatenate([g["logprobs"] for g in groups]).astype(np.float32)
+        return collected, rewards, mask, tokens, sampler_logprobs, started
+
+    def step(self, step: int) -> dict[str, float]:
+        c = self.config
+        collected, rewards, mask, tokens, sampler_logprobs, started = self._sample_batch(step)
+        groups = collected["groups"]
         if c.algorithm == "dpo":
             return self._finish_step(step, collected, mask, tokens, *self._dpo_updates(
                 groups, rewards, mask, tokens, sampler_logprobs), started)
