@@ -25,6 +25,8 @@ def test_algorithm_runs_the_train_stage(pipeline, tmp_path, algorithm):
 
     root = tmp_path / algorithm
     shutil.copytree(pipeline["root"], root, symlinks=True)
+    # The micro preset as committed: other tests leave their own changes (e.g. a weight decay) in params.yaml.
+    run_checked(["git", "checkout", "--", "params.yaml"], root, pipeline["env"])
     params = yaml.safe_load((root / "params.yaml").read_text())
     params["train"]["algorithm"] = algorithm
     params["train"].update(group_size=4, warmup_steps=0)  # more pairs; every update at a nonzero lr
