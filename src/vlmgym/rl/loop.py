@@ -98,6 +98,13 @@ class DataOrder:
         return cls(size, seed, epoch=int(state["epoch"]), position=int(state["position"]))
 
 
+def score(env: Any, state: Any, tokens: np.ndarray, mask: np.ndarray) -> tuple[float, dict]:
+    """Reward and info of one completion: its tokens through the first EOS, nothing after."""
+    active = [int(t) for t, m in zip(tokens, mask) if m > 0]
+    _, _, reward, _, info = env.step(state, active)
+    return float(reward), info
+
+
 def config_fingerprint(config: Any) -> str:
     """A short hash of a config, naming its checkpoint folder so a changed config never resumes a stale run."""
     raw = json.dumps(config, sort_keys=True, default=str)

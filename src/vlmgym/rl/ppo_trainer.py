@@ -131,8 +131,9 @@ class PPOTrainer(GRPOTrainer):
         learner_logprobs = np.concatenate(learner)
         old_values = np.concatenate(values) * mask
         behaviour = learner_logprobs if c.old_logprobs == "learner" else sampler_logprobs
+        reference_logprobs = np.concatenate(reference) if reference else None
         token_rewards = ppo.token_rewards(rewards, mask, kl_coef=c.ppo_kl_coef, logprobs=behaviour,
-                                          reference_logprobs=np.concatenate(reference) if reference else None)
+                                          reference_logprobs=reference_logprobs)
         advantages, returns = ppo.gae(token_rewards, old_values, mask, gamma=c.ppo_gamma, lam=c.ppo_lambda)
         whitened = ppo.whiten(advantages, mask)
         for micro, rows in zip(micro_batches, slices):
@@ -154,8 +155,8 @@ class PPOTrainer(GRPOTrainer):
         out.update({"value_mean": float(old_values[active].mean()) if active.any() else 0.0,
                     "return_mean": float(returns[active].mean()) if active.any() else 0.0,
                     "explained_variance": ppo.explained_variance(old_values, returns, mask)})
-        if self.reference_params is not None:
-            out["kl_to_reference"] = float(((behaviour - np.concatenate(reference)) * mask).sum()
+        if reference_logprobs is not None:
+            out["kl_to_reference"] = float(((behaviour - reference_logprobs) * mask).sum()
                                            / max(mask.sum(), 1.0))
         return out
 

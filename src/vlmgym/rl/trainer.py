@@ -21,6 +21,7 @@ from vlmgym.rl.loop import (
     MetricsCallback,
     Policy,
     TrainingLoop,
+    score,
 )
 from vlmgym.rl.optim import Optimizer, OptimizerConfig, trainable_mask
 from vlmgym.rl.sft import sft_loss_from_logprobs
@@ -181,13 +182,6 @@ def group_observations(groups: list[dict], rows: slice, group_size: int) -> list
     if rows.start % group_size == 0 and rows.stop % group_size == 0:
         return [g["obs"] for g in groups[rows.start // group_size: rows.stop // group_size]]
     return [groups[r // group_size]["obs"] for r in range(rows.start, rows.stop)]
-
-
-def score(env: Any, state: Any, tokens: np.ndarray, mask: np.ndarray) -> tuple[float, dict]:
-    """Reward and info of one completion: its tokens through the first EOS, nothing after."""
-    active = [int(t) for t, m in zip(tokens, mask) if m > 0]
-    _, _, reward, _, info = env.step(state, active)
-    return float(reward), info
 
 
 def final_rewards(env: Any, state: Any, tokens: np.ndarray, mask: np.ndarray, rewards: np.ndarray) -> list[float]:

@@ -23,6 +23,7 @@ import orbax.checkpoint as ocp
 
 from vlmgym import temps
 from vlmgym.rl.checkpoint import _abstract
+from vlmgym.rl.loop import score
 
 SELECT_CHOICES = ("last", "best_val")
 SELECTION_METRIC = "val/reward_greedy"
@@ -53,13 +54,8 @@ class ValidationSettings:
 
 def answer_rewards(env: Any, samples: Any, states: Sequence[Any]) -> tuple[list[float], list[bool]]:
     """Rewards and format flags of one answer per state (samples rows in state order)."""
-    rewards, formats = [], []
-    for state, tokens, mask in zip(states, samples.tokens, samples.mask):
-        active = [int(t) for t, m in zip(tokens, mask) if m > 0]
-        _, _, reward, _, info = env.step(state, active)
-        rewards.append(float(reward))
-        formats.append(bool(info.get("format_ok", True)))
-    return rewards, formats
+    scored = [score(env, state, tokens, mask) for state, tokens, mask in zip(states, samples.tokens, samples.mask)]
+    return [reward for reward, _ in scored], [bool(info.get("format_ok", True)) for _, info in scored]
 
 
 class Validator:
