@@ -59,6 +59,8 @@ class DataParams:
     seed: int = spec(0, ge=0, doc="seed of the synthetic generators")
     train_images: int = spec(2000, ge=1, doc="synthetic train samples")
     test_images: int = spec(1000, ge=1, doc="synthetic test samples")
+    ood_images: int = spec(500, ge=0, doc="synthetic out-of-distribution test samples, the test_ood split (a shift "
+                                          "the env's generator defines, e.g. fog; 0: no such split)")
     image_width: int = spec(256, ge=32, le=4096, doc="width of rendered synthetic images")
     image_height: int = spec(192, ge=32, le=4096, doc="height of rendered synthetic images")
     hub_repo: str = spec("", doc="hub dataset repo for source=hub (empty: the env's default)")
@@ -77,7 +79,7 @@ class ShardParams:
     shard_max_bytes: int = spec(64 * 1024 * 1024, ge=1024, doc="target size of one tar")
     jpeg_quality: int = spec(90, ge=1, le=100, doc="JPEG quality of re-encoded images")
     max_train: int = spec(0, ge=0, doc="cap on train samples (0: all)")
-    max_test: int = spec(0, ge=0, doc="cap on test samples (0: all)")
+    max_test: int = spec(0, ge=0, doc="cap on test samples, and on test_ood samples (0: all)")
     val_samples: int = spec(64, ge=0, doc="train samples held out as the val split for validation during training (at "
                                           "most a quarter of train; 0: none), chosen by a hash of their key")
     out_dir: str = spec("data/shards", doc="shard output folder")
@@ -228,6 +230,8 @@ class RolloutParams:
     models_dir: str = spec("models/jax", doc="folder holding one JAX model folder per policy")
     shards_dir: str = spec("data/shards", doc="webdataset shards of the env")
     split: str = spec("test", choices=("train", "val", "test"), doc="split the policies answer")
+    ood_split: str = spec("test_ood", choices=("", "test_ood"),
+                          doc="out-of-distribution split also answered (greedy) when the shards hold it ('': none)")
     limit: int = spec(0, ge=0, doc="answer only the first this many samples (0: all)")
     batch_size: int = spec(16, ge=1, doc="prompts per rollout-engine call")
     max_new_tokens: int = spec(64, ge=1, doc="answer length budget (tokens)")

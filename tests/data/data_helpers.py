@@ -13,7 +13,7 @@ from vlmgym.envs.geospot.params import GeospotDataParams
 from vlmgym.params import DataParams
 
 TINY_GEO = GeospotDataParams(num_countries=3, cities_per_country=4)
-TINY_WORLD = DataParams(train_images=60, test_images=24, image_width=96, image_height=72, seed=3,
+TINY_WORLD = DataParams(train_images=60, test_images=24, ood_images=12, image_width=96, image_height=72, seed=3,
                         sections={"geospot": TINY_GEO})
 
 

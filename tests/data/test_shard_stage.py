@@ -84,6 +84,8 @@ def test_reader(tiny_shards):
     assert [s.key for s in read_split(out, "test", limit=3)] == [s.key for s in samples[:3]]
     with pytest.raises(FileNotFoundError, match="valid"):
         read_split(out, "valid")
+    # the generator's out-of-distribution split is sharded too, whole (it is not a source of val rows)
+    assert manifest["splits"]["test_ood"]["kept"] == 12 and len(read_split(out, "test_ood")) == 12
 
 
 def test_deterministic_output_and_resize(tiny_raw, tiny_shards, tmp_path):
@@ -96,6 +98,7 @@ def test_deterministic_output_and_resize(tiny_raw, tiny_shards, tmp_path):
                        ShardParams(max_pixels=32 * 32, max_train=5, max_test=2, val_samples=0))
     samples = read_split(small, "train")
     assert len(samples) == 5
+    assert len(read_split(small, "test")) == len(read_split(small, "test_ood")) == 2  # max_test caps both
     width, height = samples[0].images[0].size
     assert width * height <= 32 * 32 and abs(width / height - 96 / 72) < 0.1
 

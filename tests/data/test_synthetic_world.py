@@ -38,7 +38,9 @@ def tree_digest(root):
 
 
 def test_layout_header_and_zips(tiny_raw):
-    for split, count in (("train", TINY_WORLD.train_images), ("test", TINY_WORLD.test_images)):
+    assert layout.present_splits(tiny_raw) == ["train", "test", "test_ood"]
+    for split, count in (("train", TINY_WORLD.train_images), ("test", TINY_WORLD.test_images),
+                         ("test_ood", TINY_WORLD.ood_images)):
         assert layout.read_header(layout.csv_path(tiny_raw, split)) == list(layout.OSV5M_COLUMNS)
         rows = read_rows(tiny_raw, split)
         assert len(rows) == count
@@ -104,6 +106,39 @@ def test_train_and_test_places_disjoint(tiny_raw):
     assert closest >= synthetic.TEST_MIN_DISTANCE_KM
     # Disjoint spots, shared cities: the city level stays learnable (as in OSV-5M).
     assert {r["unique_city"] for r in test} & {r["unique_city"] for r in train}
+
+
+def test_ood_split_is_tests_task_under_the_shift(tiny_raw, tmp_path):
+    train, test, ood = (read_rows(tiny_raw, split) for split in ("train", "test", "test_ood"))
+    assert not {r["id"] for r in ood} & {r["id"] for r in train + test}
+    # same places as test (the anchors), kept as far from train as test is: only the rendering differs
+    assert {r["country"] for r in ood} == {r["country"] for r in test}
+    closest = min(haversine_km(float(a["latitude"]), float(a["longitude"]), float(b["latitude"]),
+                               float(b["longitude"])) for a in ood for b in train)
+    assert closest >= synthetic.TEST_MIN_DISTANCE_KM
+    assert TINY_GEO.ood_shift == "fog"
+    row = [ood[0][c] for c in layout.OSV5M_COLUMNS]
+    fog = Image.open(io.BytesIO(synthetic.render_row(row, TINY_WORLD, "test_ood", 0, "fog")))
+    clear = Image.open(io.BytesIO(synthetic.render_row(row, TINY_WORLD, "test_ood", 0)))
+    with zipfile.ZipFile(layout.split_zips(tiny_raw, "test_ood")[0]) as archive:
+        written = Image.open(io.BytesIO(archive.read(f"{ood[0]['id']}.jpg")))
+    assert np.abs(np.asarray(written, int) - np.asarray(fog, int)).mean() < 2  # what was written is the fog
+    fog_px, clear_px = np.asarray(fog, float), np.asarray(clear, float)
+    assert fog_px.std() < 0.7 * clear_px.std()  # a veil: less contrast
+    # no ood_images: no test_ood split, and train/test are unchanged bytes
+    plain = tmp_path / "plain"
+    synthetic.write_synthetic_raw(dataclasses.replace(TINY_WORLD, ood_images=0), plain)
+    assert layout.present_splits(plain) == ["train", "test"]
+    assert layout.csv_path(plain, "test").read_bytes() == layout.csv_path(tiny_raw, "test").read_bytes()
+
+
+def test_night_shift_darkens_and_unknown_shift_is_an_error():
+    place = Place(48.4, -4.5, "FR", "Bretagne_FR", "Brest_Finistere_Bretagne_FR")
+    day = np.asarray(render_scene(place, np.random.default_rng(7), 96, 72), float)
+    night = np.asarray(render_scene(place, np.random.default_rng(7), 96, 72, shift="night"), float)
+    assert night.mean() < 0.5 * day.mean() and night[..., 2].mean() > night[..., 0].mean()
+    with pytest.raises(ValueError, match="unknown shift 'snow'"):
+        render_scene(place, np.random.default_rng(7), 96, 72, shift="snow")
 
 
 def test_jitter_stays_near_anchor_places(tiny_raw):

@@ -190,7 +190,7 @@ def read_raw(raw: Path, split: str) -> tuple[list[dict], dict[str, bytes]]:
 
 @pytest.fixture(scope="module")
 def synthetic_raw(tmp_path_factory):
-    params = DataParams(seed=7, train_images=24, test_images=9, image_width=128, image_height=96)
+    params = DataParams(seed=7, train_images=24, test_images=9, ood_images=6, image_width=128, image_height=96)
     raw = tmp_path_factory.mktemp("raw")
     counts = nlvr2.write_synthetic_raw(params, raw)
     return params, raw, counts
@@ -203,11 +203,15 @@ def test_palette_leaves_room_for_unclipped_noise():
 
 def test_synthetic_raw_layout(synthetic_raw):
     params, raw, counts = synthetic_raw
-    assert counts == {"train_pairs": 24, "train_true": 12, "test_pairs": 9, "test_true": 4}
+    assert counts == {"train_pairs": 24, "train_true": 12, "test_pairs": 9, "test_true": 4, "test_ood_pairs": 6,
+                      "test_ood_true": 3}
     assert sorted(p.name for p in (raw / "images" / "train").iterdir()) == ["00.zip"]
-    for split, count in (("train", 24), ("test", 9)):
+    for split, count in (("train", 24), ("test", 9), ("test_ood", 6)):
         rows, members = read_raw(raw, split)
-        pairs = nlvr2.generate_split(params.seed, split, count, 128, 96, **nlvr2.NLVR2DataParams().knobs())
+        knobs = nlvr2.NLVR2DataParams().knobs()
+        if split == "test_ood":  # the shift: shapes at ood_object_scale
+            knobs["object_scale"] = nlvr2.NLVR2DataParams().ood_object_scale
+        pairs = nlvr2.generate_split(params.seed, split, count, 128, 96, **knobs)
         assert [r["id"] for r in rows] == [p.id for p in pairs]
         assert [r["sentence"] for r in rows] == [p.sentence for p in pairs]
         assert [r["label"] for r in rows] == [str(p.label) for p in pairs]
@@ -223,15 +227,31 @@ def test_synthetic_raw_layout(synthetic_raw):
                     assert np.abs(pixel - nlvr2.COLOURS[obj.colour]).max() < 40, (row["id"], obj)
 
 
+def test_ood_split_shows_the_shapes_at_another_size(synthetic_raw):
+    params, raw, _ = synthetic_raw
+    default = nlvr2.NLVR2DataParams()
+    assert default.ood_object_scale != default.object_scale
+    sizes = {}
+    for split, count in (("test", 9), ("test_ood", 6)):
+        knobs = default.knobs()
+        if split == "test_ood":
+            knobs["object_scale"] = default.ood_object_scale
+        pairs = nlvr2.generate_split(params.seed, split, count, 128, 96, **knobs)
+        sizes[split] = {round(obj.radius, 6) for p in pairs for obj in (*p.left, *p.right)}
+    scale = default.ood_object_scale / default.object_scale
+    assert sizes["test_ood"] == {round(r * scale, 6) for r in sizes["test"]}  # small and large, both shrunk
+
+
 def test_synthetic_raw_is_byte_identical_on_rerun(synthetic_raw, tmp_path):
     params, raw, _ = synthetic_raw
     nlvr2.write_synthetic_raw(params, tmp_path)
-    for name in ("train.csv", "test.csv", "images/train/00.zip", "images/test/00.zip"):
+    for name in ("train.csv", "test.csv", "test_ood.csv", "images/train/00.zip", "images/test/00.zip",
+                 "images/test_ood/00.zip"):
         assert (tmp_path / name).read_bytes() == (raw / name).read_bytes(), name
 
 
 def test_generator_settings_reach_the_raw_layout(tmp_path):
-    params = DataParams(seed=3, train_images=4, test_images=2, image_width=128, image_height=96)
+    params = DataParams(seed=3, train_images=4, test_images=2, ood_images=0, image_width=128, image_height=96)
     settings = nlvr2.NLVR2DataParams(templates=["spatial"], attributes=["size", "colour", "shape"], max_objects=2,
                                      object_scale=1.2, train_pairs=6)
     counts = nlvr2.write_synthetic_raw(params, tmp_path, settings)
@@ -247,7 +267,7 @@ def test_large_splits_roll_over_to_more_zips_and_stale_zips_go(tmp_path, monkeyp
     stale = tmp_path / "images" / "train" / "07.zip"
     stale.parent.mkdir(parents=True)
     stale.write_bytes(b"old")
-    params = DataParams(seed=1, train_images=5, test_images=1, image_width=64, image_height=48)
+    params = DataParams(seed=1, train_images=5, test_images=1, ood_images=0, image_width=64, image_height=48)
     nlvr2.write_synthetic_raw(params, tmp_path)
     assert sorted(p.name for p in (tmp_path / "images" / "train").iterdir()) == ["00.zip", "01.zip", "02.zip"]
     rows, members = read_raw(tmp_path, "train")
@@ -353,7 +373,7 @@ def test_hub_bad_image_is_a_counted_skip(tmp_path):
              "left_image": {"bytes": b"not a jpeg", "path": None}, "right_image": Image.new("RGB", (8, 8))},
             {"identifier": "b", "sentence": "ok", "label": "False",
              "left_image": Image.new("RGB", (8, 8)), "right_image": Image.new("RGB", (8, 8))}]
-    params = replace(DataParams(), train_images=5, test_images=5)
+    params = replace(DataParams(), train_images=5, test_images=5, ood_images=0)
     counts = nlvr2.download_hub_raw(params, tmp_path, load_fn=lambda repo, split: rows)
     assert counts["train_pairs"] == 1 and counts["train_skipped_bad_image"] == 1
 
@@ -365,7 +385,7 @@ def test_hub_stops_reading_at_the_limit(tmp_path):
                    "left_image": Image.new("RGB", (8, 8)), "right_image": Image.new("RGB", (8, 8))}
         raise AssertionError("read past the limit")
 
-    params = replace(DataParams(), train_images=2, test_images=1)
+    params = replace(DataParams(), train_images=2, test_images=1, ood_images=0)
     counts = nlvr2.download_hub_raw(params, tmp_path, load_fn=stream)
     assert counts == {"train_pairs": 2, "test_pairs": 1}
     rows, _ = read_raw(tmp_path, "train")

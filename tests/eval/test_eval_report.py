@@ -174,3 +174,31 @@ def test_write_evaluation_writes_every_output(tmp_path, images, policies):
     assert mlflow_metrics(outputs.results)["grpo_minus_sft/geoscore"] == outputs.results["grpo_minus_sft"]["geoscore"]
     leftovers = [p for p in tmp_path.rglob("*") if p.name.startswith(".")]
     assert leftovers == []
+
+
+def test_ood_records_get_their_own_metrics_beside_the_in_distribution_ones(tmp_path, images, policies):
+    # the OOD split: the same samples answered worse (a shift), so every OOD column differs from its test column
+    ood = {p: [{**r, "id": f"ood-{r['id']}", "reward": r["reward"] / 2} for r in records]
+           for p, records in policies.items()}
+    outputs = write_evaluation("geospot", policies, images, out_root=tmp_path, n_resamples=50,
+                               env_params=GeospotParams(map_base_points=0),
+                               metric_options={"reverse_geocoder": nowhere}, ood_records_by_policy=ood)
+    expected = evaluate_policies("geospot", ood, n_resamples=50, reverse_geocoder=nowhere)
+    assert set(outputs.results) == {"sft", "grpo", "grpo_minus_sft", "sft_test_ood", "grpo_test_ood",
+                                    "grpo_minus_sft_test_ood"}
+    for key in ("sft", "grpo", "grpo_minus_sft"):
+        assert outputs.results[f"{key}_test_ood"] == expected[key]
+    assert outputs.results["grpo_test_ood"]["mean_reward"] == pytest.approx(0.35)
+    saved = json.loads(outputs.files["metrics"].read_text())
+    assert saved["sft_test_ood"]["mean_reward"] == pytest.approx(0.1)
+    table = outputs.files["table"].read_text()
+    heading = "## In distribution (test) and out of it (test_ood: test's places rendered in fog or at night"
+    assert heading in table
+    side = table[table.index(heading):]
+    assert "| metric | sft (test) | sft (test_ood) | grpo (test) | grpo (test_ood) | grpo_minus_sft (test) | " \
+           "grpo_minus_sft (test_ood) |" in side
+    assert "| mean reward | 0.200 [0.200, 0.200] | 0.100 [0.100, 0.100] |" in side
+    page = outputs.files["html"].read_text()
+    assert "<th>grpo_minus_sft (test_ood)</th>" in page and "out of it (test_ood" in page
+    # the gallery stays in-distribution: OOD ids are not shown
+    assert "ood-" not in page

@@ -14,6 +14,7 @@ import csv
 import json
 from pathlib import Path
 
+import pytest
 import yaml
 from pipeline_helpers import STAGES, run_checked, stages_run
 
@@ -48,8 +49,9 @@ def test_data_and_models(pipeline):
     from vlmgym.data.shards import read_split
 
     root = pipeline["root"]
-    train, val, test = (read_split(root / "data/shards", split) for split in ("train", "val", "test"))
-    assert (len(train), len(val), len(test)) == (56, 8, 16)  # shard.val_samples: 8 held out of the 64
+    train, val, test, ood = (read_split(root / "data/shards", split) for split in ("train", "val", "test", "test_ood"))
+    assert (len(train), len(val), len(test), len(ood)) == (56, 8, 16, 8)  # shard.val_samples: 8 held out of the 64
+    assert not {s.key for s in ood} & {s.key for s in [*train, *val, *test]}
     for name in ("jax/base", "jax/sft", "jax/grpo"):
         assert (root / "models" / name / "vlmgym_checkpoint.json").exists(), name
     from transformers import Qwen3VLForConditionalGeneration
@@ -72,16 +74,30 @@ def test_rollouts_cover_the_test_split(pipeline):
             assert 1 <= len(record["tokens"]) <= 16 and record["finish_reason"] in ("eos", "length")
             assert set(record["truth"]) >= {"latitude", "longitude", "country"}
             assert 0.0 <= record["reward"] <= 1.0 and record["distance_km"] >= 0
+    # the out-of-distribution split (micro: data.ood_images 8, fog), answered greedy beside test
+    ood_keys = {s.key for s in read_split(root / "data/shards", "test_ood")}
+    for policy in POLICIES:
+        records = read_jsonl(root / "outputs/rollouts/test_ood" / f"{policy}.jsonl")
+        assert {r["id"] for r in records} == ood_keys and all(r["policy"] == policy for r in records)
     summary = json.loads((root / "outputs/rollouts/summary.json").read_text())
     assert set(summary) == set(POLICIES)
     for figures in summary.values():  # no speeds: they differ on every run (they are in MLflow)
-        assert set(figures) == {"answers", "format_ok_rate", "generated_tokens", "mean_reward", "samples"}
+        assert set(figures) == {"answers", "format_ok_rate", "generated_tokens", "mean_reward", "samples",
+                                "test_ood_mean_reward", "test_ood_samples"}
+        assert figures["test_ood_samples"] == 8
 
 
 def test_metrics_plots_and_reports(pipeline):
+    from vlmgym.eval.records import read_jsonl
+
     root = pipeline["root"]
     metrics = json.loads((root / "metrics/eval.json").read_text())
-    assert set(metrics) == {*POLICIES, "grpo_minus_sft", "hf_baseline"}
+    ood = {f"{key}_test_ood" for key in (*POLICIES, "grpo_minus_sft")}
+    assert set(metrics) == {*POLICIES, "grpo_minus_sft", "hf_baseline", *ood}
+    for policy in POLICIES:
+        assert metrics[f"{policy}_test_ood"]["n"] == 8
+        ood_rewards = [r["reward"] for r in read_jsonl(root / "outputs/rollouts/test_ood" / f"{policy}.jsonl")]
+        assert metrics[f"{policy}_test_ood"]["mean_reward"] == pytest.approx(sum(ood_rewards) / len(ood_rewards))
     for policy in POLICIES:
         for name in ("geoscore", "mean_km", "median_km", "acc_25km", "acc_country", "format_valid_rate",
                      "mean_reward"):
@@ -98,7 +114,9 @@ def test_metrics_plots_and_reports(pipeline):
         assert [int(row["step"]) for row in csv.DictReader(handle)] == [1, 2]  # train.steps: 2
     page = (root / "reports/eval.html").read_text()
     assert "data:image/jpeg;base64," in page and "data:image/png;base64," in page and "hf_baseline" in page
-    assert "grpo_minus_sft" in (root / "reports/eval.md").read_text()
+    table = (root / "reports/eval.md").read_text()
+    assert "grpo_minus_sft" in table and "| sft (test) | sft (test_ood) |" in table and "fog or at night" in table
+    assert "grpo_minus_sft (test_ood)" in page
     for sections in (yaml.safe_load((root / "metrics/sft.json").read_text()),
                      yaml.safe_load((root / "metrics/train.json").read_text())):
         assert sections

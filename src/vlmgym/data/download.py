@@ -29,7 +29,7 @@ def build_raw(params: DataParams, env: Any, raw_dir: Path | None = None,
         if missing:
             raise RuntimeError(f"raw builder for {env.name}/{params.source} wrote no CSV for split(s) {missing}")
         stats = {"dataset": env.name, "source": params.source, "details": details}
-        for split in layout.SPLITS:
+        for split in layout.present_splits(tmp):
             stats[f"{split}_rows"] = sum(1 for _ in layout.iter_csv(layout.csv_path(tmp, split)))
             stats[f"{split}_zips"] = len(layout.split_zips(tmp, split))
         stats["bytes"] = layout.tree_bytes(tmp)

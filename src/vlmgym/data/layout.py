@@ -15,7 +15,10 @@ from pathlib import Path, PurePosixPath
 
 from vlmgym.atomic import atomic_file
 
-SPLITS = ("train", "test")
+SPLITS = ("train", "test")  # every raw layout has these
+# Written only by a generator that defines a distribution shift (Env docs: the out-of-distribution test split);
+# the shard, rollout and evaluate stages carry it through when it is there.
+OPTIONAL_SPLITS = ("test_ood",)
 
 OSV5M_COLUMNS = (
     "id", "latitude", "longitude", "thumb_original_url", "country", "sequence", "captured_at", "lon_bin",
@@ -37,6 +40,11 @@ class RawLayoutError(ValueError):
 def csv_path(raw_dir: Path, split: str) -> Path:
     """Path of a split's CSV in the raw layout."""
     return Path(raw_dir) / f"{split}.csv"
+
+
+def present_splits(raw_dir: Path) -> list[str]:
+    """The required splits, then each optional split whose CSV the raw layout holds."""
+    return [*SPLITS, *(s for s in OPTIONAL_SPLITS if csv_path(raw_dir, s).exists())]
 
 
 def zip_dir(raw_dir: Path, split: str) -> Path:

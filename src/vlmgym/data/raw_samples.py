@@ -38,16 +38,20 @@ def generate_samples(env_cls: Any, n: int, *, seed: int = 0, split: str = "train
 
     if n < 1:
         raise ValueError(f"{env_cls.name}.generate: n must be >= 1, got {n}")
-    if split not in layout.SPLITS:
-        raise ValueError(f"{env_cls.name}.generate: split must be one of {layout.SPLITS}, got {split!r}")
+    splits = (*layout.SPLITS, *layout.OPTIONAL_SPLITS)
+    if split not in splits:
+        raise ValueError(f"{env_cls.name}.generate: split must be one of {splits}, got {split!r}")
     if env_cls.schema is None:
         raise ValueError(f"env {env_cls.name!r} declares no row schema, so its raw rows cannot become samples")
     # The other split gets one sample: a generator may make one split depend on the other (test places kept
     # away from train ones).
     data = replace(data or DataParams(), source="synthetic", seed=seed,
-                   train_images=n if split == "train" else 1, test_images=n if split == "test" else 1)
+                   train_images=n if split == "train" else 1, test_images=n if split == "test" else 1,
+                   ood_images=n if split == "test_ood" else 0)
     with tempfile.TemporaryDirectory(prefix=f"vlmgym-{env_cls.name}-") as tmp:
         env_cls.write_synthetic(data, Path(tmp))
+        if not layout.csv_path(Path(tmp), split).exists():
+            raise ValueError(f"env {env_cls.name!r}: its generator defines no {split} split")
         samples = read_raw_split(Path(tmp), split, env_cls.schema)
     if not samples:
         raise ShardError(f"env {env_cls.name!r}: its generator wrote no valid {split} row")

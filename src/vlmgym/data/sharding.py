@@ -168,7 +168,7 @@ def shard_splits(raw_dir: Path, split: str, schema: RowSchema, params: ShardPara
     parts = {split: rows}
     if "val" in out_dirs:
         parts[split], parts["val"] = hold_out(rows, params.val_samples)
-    caps = {"train": params.max_train, "test": params.max_test, "val": 0}
+    caps = {"train": params.max_train, "test": params.max_test, "test_ood": params.max_test, "val": 0}
     if "val" in parts and not parts["val"]:
         raise ShardError(f"{split}: {len(rows)} valid rows are too few to hold out a val split; "
                          "set shard.val_samples: 0")
@@ -222,11 +222,11 @@ def _write_rows(rows: list[Row], split: str, cap: int, index: layout.ZipIndex, s
 
 
 def shard_raw(raw_dir: Path, out_dir: Path, schema: RowSchema, params: ShardParams) -> dict:
-    """Shard both splits of a raw layout (and the val split held out of train) into out_dir (swapped in
-    atomically) with manifest.json; returns it."""
+    """Shard every split of a raw layout (train, test, and test_ood where the generator wrote it; the val split
+    held out of train) into out_dir (swapped in atomically) with manifest.json; returns it."""
     manifest = {"dataset": schema.name, "params": asdict(params), "splits": {}}
     with atomic_dir(Path(out_dir)) as tmp:
-        for split in layout.SPLITS:
+        for split in layout.present_splits(Path(raw_dir)):
             out_dirs = {split: tmp / split}
             if split == "train" and params.val_samples:
                 out_dirs["val"] = tmp / "val"

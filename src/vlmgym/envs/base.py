@@ -15,6 +15,8 @@ samples need no instance):
   memory from the same generator.
 - shard: `schema` (vlmgym.data.rows.RowSchema: CSV columns, images, row validation).
 - sft / train / rollout: `prompt`, `score`, `ideal_answer`, `corpus` (the tokenizer's texts).
+- download, rollout, evaluate: `ood_note`, when the generator also writes an out-of-distribution test split
+  (test_ood); the rollout stage answers it too and the evaluate stage reports it beside test.
 - evaluate: `record_fields` / `finish_record` (the per-sample record), `task_statistics` (metrics as
   bootstrap-able arrays), `metric_rows` (their table labels), `truth_text` / `outcome_text` (gallery rows),
   `report_html` and `write_report_files` (task plots and page sections), `reward_levels` (the training reward's
@@ -76,6 +78,11 @@ class Env(abc.ABC):
     # total, because a curriculum that shifts weight to harder levels makes the total fall while every level
     # holds or improves. Empty: the env's reward has no levels and the report shows the total alone.
     reward_levels: ClassVar[dict[str, tuple[str, str | None]]] = {}
+    # What the out-of-distribution split test_ood shifts, for report headings ("" : the env's generator writes
+    # none). A generator that defines one writes test_ood beside train and test when data.ood_images > 0: test's
+    # task under a shift that train never shows, so a policy's ID-to-OOD drop measures how far what it learned
+    # carries over.
+    ood_note: ClassVar[str] = ""
 
     def __init__(self, samples: Sequence[SampleLike] | None = None, *, shards_dir: str = "data/shards",
                  split: str = "train", limit: int | None = None, tokenizer: Any = None, params: Any = None):

@@ -61,7 +61,9 @@ def write_evaluation(env: Any, records_by_policy: Mapping[str, Sequence[Mapping[
                      env_params: Any = None, metric_options: Mapping[str, Any] | None = None,
                      title: str = "vlmgym evaluation",
                      extra_metrics: Mapping[str, Mapping[str, float]] | None = None,
-                     start_policies: Sequence[str] = ()) -> EvaluationOutputs:
+                     start_policies: Sequence[str] = (),
+                     ood_records_by_policy: Mapping[str, Sequence[Mapping[str, Any]]] | None = None,
+                     ood_split: str = "test_ood", in_split: str = "test") -> EvaluationOutputs:
     """Compute every metric and write the stage's outputs under `out_root` (each file atomically).
 
     `env` is an Env class or name; `env_params` its own params section (None: its defaults), `metric_options`
@@ -72,6 +74,9 @@ def write_evaluation(env: Any, records_by_policy: Mapping[str, Sequence[Mapping[
     curves go to metrics/plots/val_reward.csv and onto the total's panel). `extra_metrics`
     ({key: {figure: value}}, e.g. the HF baseline) go into metrics/eval.json under their keys and into both
     reports as their own tables.
+    `ood_records_by_policy` (the greedy records of the env's out-of-distribution split `ood_split`) get the same
+    metrics and comparisons, under `<policy>_<ood_split>` keys (e.g. `sft_test_ood`, `grpo_minus_sft_test_ood`),
+    and both reports a table of each column in-distribution (`in_split`) and out of it, side by side.
     Every policy also gets `answers_distinct_share` and `answers_top_share` (the answer collapse check, see
     answer_collapse; `start_policies` are exempt from its warnings), and both reports an "Answer collapse check"
     table; the warnings are returned in EvaluationOutputs.warnings.
@@ -87,6 +92,10 @@ def write_evaluation(env: Any, records_by_policy: Mapping[str, Sequence[Mapping[
     root = Path(out_root)
     results = evaluate_policies(env, records_by_policy, comparisons=comparisons, n_resamples=n_resamples, seed=seed,
                                 confidence=confidence, **(metric_options or {}))
+    ood_results = {}
+    if ood_records_by_policy:
+        ood_results = evaluate_policies(env, ood_records_by_policy, comparisons=comparisons, n_resamples=n_resamples,
+                                        seed=seed, confidence=confidence, **(metric_options or {}))
     spreads, warnings = answer_collapse(records_by_policy, start_policies)
     for policy, spread in spreads.items():
         results[policy]["answers_distinct_share"] = spread["distinct_share"]
@@ -94,10 +103,14 @@ def write_evaluation(env: Any, records_by_policy: Mapping[str, Sequence[Mapping[
     files = {"metrics": root / "metrics" / "eval.json", "table": root / "reports" / "eval.md",
              "html": root / "reports" / "eval.html"}
     sections = {key: dict(values) for key, values in (extra_metrics or {}).items()}
-    write_metrics_json(files["metrics"], {**results, **sections})
+    ood_keyed = {f"{key}_{ood_split}": values for key, values in ood_results.items()}
+    write_metrics_json(files["metrics"], {**results, **ood_keyed, **sections})
     collapse = collapse_section(spreads, warnings)
+    tables = {}
+    if ood_results:
+        tables[shift_heading(env, in_split, ood_split)] = side_by_side(results, ood_results, in_split, ood_split)
     write_markdown(files["table"], env, results, title=f"{title} ({env.name})", confidence=confidence,
-                   sections={**sections, **collapse})
+                   sections={**sections, **collapse}, tables=tables)
     env_files, figures = env.write_report_files(root, records_by_policy, env_params)
     files.update(env_files)
     curves = reward_curve if isinstance(reward_curve, RewardCurves) else RewardCurves(total=reward_curve or ())
@@ -117,8 +130,25 @@ def write_evaluation(env: Any, records_by_policy: Mapping[str, Sequence[Mapping[
         notes["Training reward"] = reward_curve_note(curves)
     write_html(files["html"], env, results, records_by_policy, images, env_params=env_params, title=title,
                confidence=confidence, max_samples=max_samples, sections={**sections, **collapse}, figures=figures,
-               figure_notes=notes)
-    return EvaluationOutputs({**results, **sections}, files, warnings)
+               figure_notes=notes, tables=tables)
+    return EvaluationOutputs({**results, **ood_keyed, **sections}, files, warnings)
+
+
+def side_by_side(results: Mapping[str, Mapping[str, float]], ood_results: Mapping[str, Mapping[str, float]],
+                 in_split: str, ood_split: str) -> dict[str, Mapping[str, float]]:
+    """Results columns in pairs: each policy (and difference) on `in_split`, then on `ood_split`."""
+    columns: dict[str, Mapping[str, float]] = {}
+    for key in results:
+        if key in ood_results:
+            columns[f"{key} ({in_split})"] = results[key]
+            columns[f"{key} ({ood_split})"] = ood_results[key]
+    return columns
+
+
+def shift_heading(env: Any, in_split: str, ood_split: str) -> str:
+    """The side-by-side table's heading, naming the env's shift (Env.ood_note)."""
+    note = env.ood_note or "the env's out-of-distribution split"
+    return f"In distribution ({in_split}) and out of it ({ood_split}: {note})"
 
 
 def collapse_section(spreads: Mapping[str, Mapping[str, Any]], warnings: Sequence[str]) -> dict[str, dict[str, Any]]:

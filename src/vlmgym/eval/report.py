@@ -106,10 +106,19 @@ def sections_markdown(sections: Sections | None) -> str:
     return "\n".join(parts)
 
 
+Tables = Mapping[str, Mapping[str, Mapping[str, float]]]  # more summary tables: heading -> results columns
+
+
+def tables_markdown(env: Any, tables: Tables | None, confidence: float = 0.95) -> str:
+    """More summary tables (e.g. in and out of distribution side by side), each under its heading."""
+    return "\n".join(f"## {heading}\n\n{markdown_table(env, columns, confidence)}"
+                     for heading, columns in (tables or {}).items())
+
+
 def write_markdown(path: str | Path, env: Any, results: Mapping[str, Mapping[str, float]], title: str = "Evaluation",
-                   confidence: float = 0.95, sections: Sections | None = None) -> None:
-    """Write reports/eval.md: a title, the summary table and any extra sections."""
-    extra = sections_markdown(sections)
+                   confidence: float = 0.95, sections: Sections | None = None, tables: Tables | None = None) -> None:
+    """Write reports/eval.md: a title, the summary table, any more tables and any extra sections."""
+    extra = "\n".join(part for part in (tables_markdown(env, tables, confidence), sections_markdown(sections)) if part)
     with atomic_file(Path(path)) as tmp:
         tmp.write_text(f"# {title}\n\n{markdown_table(env, results, confidence)}" + (f"\n{extra}" if extra else ""))
 
@@ -199,7 +208,7 @@ def render_html(env: Any, results: Mapping[str, Mapping[str, float]],
                 images: Mapping[str, Sequence[Image.Image]], *, env_params: Any = None,
                 title: str = "vlmgym evaluation", confidence: float = 0.95, max_samples: int | None = None,
                 sections: Sections | None = None, figures: Mapping[str, str | Path] | None = None,
-                figure_notes: Mapping[str, str] | None = None) -> str:
+                figure_notes: Mapping[str, str] | None = None, tables: Tables | None = None) -> str:
     """The whole self-contained page as a string; maps and gallery show at most `max_samples` samples (None: all).
 
     `sections` adds two-column tables after the summary; `figures` ({caption: PNG path}) embeds images, each
@@ -207,14 +216,12 @@ def render_html(env: Any, results: Mapping[str, Mapping[str, float]],
     (an Env class or name) adds its own part before the gallery (Env.report_html, with its params `env_params`).
     """
     env = env_class(env)
-    header, rows = summary_rows(env, results)
-    table = ["<table><tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in header) + "</tr>"]
-    table += ["<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>" for row in rows]
-    table.append("</table>")
     body = [f"<h1>{html.escape(title)}</h1>",
             f"<p>Environment <b>{html.escape(env.name)}</b>. Each cell: value [{100 * confidence:.0f}% percentile "
             "bootstrap interval]; <code>a_minus_b</code> columns are paired differences on the same samples.</p>",
-            "".join(table)]
+            _html_table(env, results)]
+    for heading, columns in (tables or {}).items():
+        body.append(f"<h2>{html.escape(heading)}</h2>{_html_table(env, columns)}")
     for heading, values in (sections or {}).items():
         rows_html = "".join(f"<tr><td>{html.escape(str(name))}</td><td>{html.escape(_figure_text(value))}</td></tr>"
                             for name, value in values.items())
@@ -237,15 +244,22 @@ def render_html(env: Any, results: Mapping[str, Mapping[str, float]],
             f"<style>{_STYLE}</style></head><body>{''.join(body)}</body></html>\n")
 
 
+def _html_table(env: Any, results: Mapping[str, Mapping[str, float]]) -> str:
+    header, rows = summary_rows(env, results)
+    table = ["<table><tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in header) + "</tr>"]
+    table += ["<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>" for row in rows]
+    return "".join(table) + "</table>"
+
+
 def write_html(path: str | Path, env: Any, results: Mapping[str, Mapping[str, float]],
                records_by_policy: Mapping[str, Sequence[Mapping[str, Any]]],
                images: Mapping[str, Sequence[Image.Image]], *, env_params: Any = None,
                title: str = "vlmgym evaluation", confidence: float = 0.95, max_samples: int | None = None,
                sections: Sections | None = None, figures: Mapping[str, str | Path] | None = None,
-               figure_notes: Mapping[str, str] | None = None) -> None:
+               figure_notes: Mapping[str, str] | None = None, tables: Tables | None = None) -> None:
     """Write reports/eval.html atomically (see render_html)."""
     page = render_html(env, results, records_by_policy, images, env_params=env_params, title=title,
                        confidence=confidence, max_samples=max_samples, sections=sections, figures=figures,
-                       figure_notes=figure_notes)
+                       figure_notes=figure_notes, tables=tables)
     with atomic_file(Path(path)) as tmp:
         tmp.write_text(page, encoding="utf-8")

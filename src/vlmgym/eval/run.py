@@ -15,6 +15,14 @@ from vlmgym.eval.records import read_jsonl
 from vlmgym.params import EnvParams, EvalParams, ModelParams, ParamsError, RolloutParams
 
 
+def read_ood_rollouts(rollouts_dir: str | Path, policies: list[str],
+                      split: str) -> dict[str, list[dict]]:
+    """{policy: greedy records} of the out-of-distribution split (`<rollouts>/<split>/<policy>.jsonl`, written
+    when the shards hold it); empty when the rollout stage wrote none."""
+    folder = Path(rollouts_dir) / split
+    return read_rollouts(folder, policies) if split and folder.is_dir() else {}
+
+
 def read_rollouts(rollouts_dir: str | Path, policies: list[str]) -> dict[str, list[dict]]:
     """{policy: greedy records}, each file checked to hold one record per sample of that policy."""
     out = {}
@@ -84,7 +92,10 @@ def evaluate_pipeline(eval_params: EvalParams, rollout: RolloutParams, model: Mo
                                n_resamples=eval_params.n_resamples, seed=eval_params.seed,
                                confidence=eval_params.confidence, max_samples=eval_params.gallery_samples or None,
                                env_params=env_params.settings(), extra_metrics=extra,
-                               start_policies=start_policies(rollout, model))
+                               start_policies=start_policies(rollout, model),
+                               ood_records_by_policy=read_ood_rollouts(eval_params.rollouts_dir, rollout.policies,
+                                                                       rollout.ood_split),
+                               ood_split=rollout.ood_split, in_split=rollout.split)
     for warning in outputs.warnings:
         print(f"evaluate: WARNING: {warning}", file=sys.stderr)
     return outputs, train_run, timing

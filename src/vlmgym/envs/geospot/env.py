@@ -73,6 +73,7 @@ class GeospotEnv(Env):
     }
     # k_<level> is exp(-d / tau) before the curriculum's weight w_<level> (reward.score's reward_components)
     reward_levels = {level: (f"k_{level}", f"w_{level}") for level in LEVELS}
+    ood_note = "test's places rendered in fog or at night (data.geospot.ood_shift), which train never shows"
 
     def __init__(self, samples: Sequence[SampleLike] | None = None, *, shards_dir: str = "data/shards",
                  split: str = "train", limit: int | None = None, tokenizer: Any = None,

@@ -15,6 +15,9 @@ class GeospotDataParams:
     num_countries: int = spec(8, ge=1, le=250, doc="countries picked when `countries` is empty")
     cities_per_country: int = spec(12, ge=1, le=500, doc="anchor places per country of the synthetic world")
     jitter_km: float = spec(2.0, gt=0, le=50, doc="std-dev of the synthetic coordinates around their anchor place")
+    ood_shift: str = spec("fog", choices=("fog", "night"),
+                          doc="rendering of the out-of-distribution split (data.ood_images): weather or time of day "
+                              "that train never shows")
 
 
 @dataclass(frozen=True)

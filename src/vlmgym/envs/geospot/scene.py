@@ -16,6 +16,11 @@ image is a function of the truth plus nuisance):
 Nuisance: camera pitch/roll/yaw, lighting and colour cast, clouds, trees,
 poles, pedestrians, car colours and positions, banner position and size,
 sensor noise, JPEG quality.
+
+Shifts (`SHIFTS`, the out-of-distribution test split's rendering; train never shows them): `fog` veils the scene
+in grey, thickest at the horizon where the banner, signs and buildings stand; `night` darkens everything and turns
+it blue. Every cue stays in the image, fainter; a shift draws nothing from the RNG, so the nuisance is the same
+as without it.
 """
 
 from __future__ import annotations
@@ -86,8 +91,16 @@ def climate(latitude: float, longitude: float) -> tuple[float, float]:
     return warmth, min(1.0, max(0.0, wet))
 
 
-def render_scene(place: Place, rng: np.random.Generator, width: int, height: int) -> Image.Image:
-    """Render one street scene for `place`; `rng` draws the nuisance."""
+SHIFTS = ("fog", "night")
+FOG_RGB = (196, 199, 204)
+
+
+def render_scene(place: Place, rng: np.random.Generator, width: int, height: int,
+                 shift: str | None = None) -> Image.Image:
+    """Render one street scene for `place`; `rng` draws the nuisance; `shift` (one of SHIFTS) the weather or time
+    of day of the out-of-distribution split."""
+    if shift is not None and shift not in SHIFTS:
+        raise ValueError(f"render_scene: unknown shift {shift!r}; expected one of {SHIFTS}")
     warmth, wetness = climate(place.latitude, place.longitude)
     horizon = int(height * (0.42 + rng.uniform(-0.06, 0.06)))  # camera pitch
     vanish_x = width * (0.5 + rng.uniform(-0.15, 0.15))  # camera yaw
@@ -104,7 +117,21 @@ def render_scene(place: Place, rng: np.random.Generator, width: int, height: int
     _draw_cars(draw, place.country, rng, width, height, horizon, vanish_x)
     _draw_signs(draw, place, rng, width, height, horizon)
     _draw_banner(draw, place.country, rng, width, height, horizon)
+    if shift is not None:
+        image = _apply_shift(image, shift, horizon)
     return _camera_and_sensor(image, rng)
+
+
+def _apply_shift(image: Image.Image, shift: str, horizon: int) -> Image.Image:
+    pixels = np.asarray(image, np.float32)
+    if shift == "fog":
+        rows = np.arange(pixels.shape[0], dtype=np.float32)
+        # 0.5 of the scene's contrast left in the foreground, 0.2 at the horizon
+        veil = 0.5 + 0.3 * np.exp(-np.abs(rows - horizon) / (0.2 * pixels.shape[0]))
+        pixels = pixels * (1 - veil[:, None, None]) + np.asarray(FOG_RGB, np.float32) * veil[:, None, None]
+    else:  # night: a third of the light, tinted blue
+        pixels = pixels * np.asarray((0.28, 0.32, 0.42), np.float32) + np.asarray((4, 6, 18), np.float32)
+    return Image.fromarray(pixels.clip(0, 255).astype(np.uint8))
 
 
 def _paint_sky(pixels: np.ndarray, horizon: int, sun_elevation: float, longitude: float) -> None:

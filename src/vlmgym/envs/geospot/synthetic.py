@@ -7,7 +7,9 @@ places per country and labelled exactly as OSV-5M labelled its images: by
 sub-region = admin2, city = name). Train and test share anchor places but are
 disjoint the way OSV-5M's splits are: every test coordinate is at least
 TEST_MIN_DISTANCE_KM from every train coordinate. Every image is a function of
-(seed, split, index) only.
+(seed, split, index) only. With data.ood_images > 0 a third split, test_ood, is
+drawn like test (same anchors, same distance from train) and rendered with the
+shift data.geospot.ood_shift (fog or night), which train never shows.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ TEST_MIN_DISTANCE_KM = 1.0
 MIN_PLACES_PER_COUNTRY = 300  # candidates for num_countries: enough towns for many anchors
 IMAGES_PER_ZIP = 1000  # hub zips hold ~50k; small zips keep the multi-zip path exercised
 MAX_REDRAWS = 200
-SPLIT_CODES = {"train": 0, "test": 1}
+SPLIT_CODES = {"train": 0, "test": 1, "test_ood": 2}
 
 
 @dataclass(frozen=True)
@@ -158,7 +160,7 @@ def sample_split(params: DataParams, world: GeospotDataParams, split: str, count
                  avoid: np.ndarray | None) -> list[list[str]]:
     """Coordinates and labels of one split; test points keep TEST_MIN_DISTANCE_KM from `avoid` (train points)."""
     table = gazetteer()
-    count = params.train_images if split == "train" else params.test_images
+    count = {"train": params.train_images, "test": params.test_images, "test_ood": params.ood_images}[split]
     anchors = {c: pick_anchors(c, world.cities_per_country) for c in countries}
     rngs = [np.random.default_rng([params.seed, SPLIT_CODES[split], i]) for i in range(count)]
     lat, lon = np.zeros(count), np.zeros(count)
@@ -194,14 +196,15 @@ def sample_split(params: DataParams, world: GeospotDataParams, split: str, count
     return [osv5m_row(image_id(params.seed, split, i), lat[i], lon[i], labels[i]) for i in range(count)]
 
 
-def render_row(row: list[str], params: DataParams, split: str, index: int) -> bytes:
-    """JPEG bytes of the scene for one CSV row (its own RNG, so any image can be regenerated alone)."""
+def render_row(row: list[str], params: DataParams, split: str, index: int, shift: str | None = None) -> bytes:
+    """JPEG bytes of the scene for one CSV row (its own RNG, so any image can be regenerated alone), rendered with
+    `shift` (scene.SHIFTS) when given."""
     column = {name: k for k, name in enumerate(layout.OSV5M_COLUMNS)}
     place = Place(latitude=float(row[column["latitude"]]), longitude=float(row[column["longitude"]]),
                   country=row[column["country"]], unique_region=row[column["unique_region"]],
                   unique_city=row[column["unique_city"]])
     rng = np.random.default_rng([params.seed, SPLIT_CODES[split], index, 1])
-    image = render_scene(place, rng, params.image_width, params.image_height)
+    image = render_scene(place, rng, params.image_width, params.image_height, shift=shift)
     buffer = io.BytesIO()
     image.save(buffer, format="JPEG", quality=int(rng.integers(80, 96)))
     return buffer.getvalue()
@@ -209,14 +212,16 @@ def render_row(row: list[str], params: DataParams, split: str, index: int) -> by
 
 def write_synthetic_raw(params: DataParams, out_dir: Path, world: GeospotDataParams | None = None) -> dict:
     """Write the synthetic world (`world`: data.geospot; None: params' section or its defaults) into `out_dir` in
-    the OSV-5M raw layout; returns counts per split."""
+    the OSV-5M raw layout (train, test, and test_ood when data.ood_images > 0); returns counts per split."""
     out_dir = Path(out_dir)
     world = world or params.sections.get("geospot") or GeospotDataParams()
     countries = pick_countries(world)
     stats: dict = {"countries": countries}
     train_points = None
     seen_ids: set[str] = set()
-    for split in layout.SPLITS:
+    splits = [*layout.SPLITS, *(["test_ood"] if params.ood_images else [])]
+    for split in splits:
+        shift = world.ood_shift if split == "test_ood" else None
         rows = sample_split(params, world, split, countries, train_points)
         ids = [r[0] for r in rows]
         if len(set(ids)) != len(ids) or seen_ids & set(ids):
@@ -226,7 +231,7 @@ def write_synthetic_raw(params: DataParams, out_dir: Path, world: GeospotDataPar
             train_points = unit_vectors(np.array([float(r[1]) for r in rows]), np.array([float(r[2]) for r in rows]))
         for first in range(0, len(rows), IMAGES_PER_ZIP):
             chunk = range(first, min(first + IMAGES_PER_ZIP, len(rows)))
-            members = [(f"{rows[i][0]}.jpg", render_row(rows[i], params, split, i))
+            members = [(f"{rows[i][0]}.jpg", render_row(rows[i], params, split, i, shift))
                        for i in tqdm(chunk, desc=f"render {split} {layout.zip_name(first // IMAGES_PER_ZIP)}",
                                      unit="img", leave=False)]
             layout.write_zip(layout.zip_dir(out_dir, split) / layout.zip_name(first // IMAGES_PER_ZIP), members)

@@ -17,7 +17,9 @@ sizes on a tinted, noisy background; statements come from templates (counting, "
 relations, comparisons across the two images, existence) and their truth is computed from the scene descriptions.
 Exactly half of each split is true; the template is drawn before the label so it does not give the answer away.
 `data.nlvr2` (NLVR2DataParams) picks the templates, what descriptions name, how many and how large the shapes are;
-its defaults are the full generator (all nine templates, full descriptions, 1-6 shapes at scale 1).
+its defaults are the full generator (all nine templates, full descriptions, 1-6 shapes at scale 1). With
+`data.ood_images` > 0 it also writes test_ood: the same statements over shapes of another size
+(`data.nlvr2.ood_object_scale`, 0.6 by default), which train never shows.
 Hub: the first N rows of the train and test splits of `data.hub_repo` (default HuggingFaceM4/NLVR2), images
 re-encoded as JPEG; its label is a ClassLabel with names ["True", "False"], so a stored 0 means True.
 """
@@ -446,6 +448,9 @@ class NLVR2DataParams:
     object_scale: float = spec(1.0, gt=0, le=2, doc="the shapes' radii relative to 6.5% / 11% (small / large) of "
                                                      "the image's shorter side")
     train_pairs: int = spec(0, ge=0, doc="pairs in the train split (0: data.train_images)")
+    ood_object_scale: float = spec(0.6, gt=0, le=2, doc="the shapes' scale in the out-of-distribution split "
+                                                        "test_ood (data.ood_images pairs; train and test use "
+                                                        "object_scale)")
 
     def knobs(self) -> dict[str, Any]:
         """The generate_split keywords of these settings."""
@@ -455,11 +460,18 @@ class NLVR2DataParams:
 
 def write_synthetic_raw(params: DataParams, out_dir: str | Path,
                         settings: NLVR2DataParams | None = None) -> dict[str, int]:
-    """Render train_images / test_images synthetic pairs into the raw layout; returns counts."""
+    """Render train_images / test_images synthetic pairs (and ood_images pairs of test_ood, whose shapes have
+    another size) into the raw layout; returns counts."""
     settings = settings or NLVR2DataParams()
     counts: dict[str, int] = {}
-    for split, count in (("train", settings.train_pairs or params.train_images), ("test", params.test_images)):
-        pairs = generate_split(params.seed, split, count, params.image_width, params.image_height, **settings.knobs())
+    splits = [("train", settings.train_pairs or params.train_images), ("test", params.test_images)]
+    if params.ood_images:
+        splits.append(("test_ood", params.ood_images))
+    for split, count in splits:
+        knobs = settings.knobs()
+        if split == "test_ood":
+            knobs["object_scale"] = settings.ood_object_scale
+        pairs = generate_split(params.seed, split, count, params.image_width, params.image_height, **knobs)
         records = _synthetic_records(pairs, params.seed, split, params.image_width, params.image_height)
         counts[f"{split}_pairs"] = write_raw_split(out_dir, split, records)
         counts[f"{split}_true"] = sum(p.label for p in pairs)

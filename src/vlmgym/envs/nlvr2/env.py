@@ -67,6 +67,7 @@ class NLVR2Env(Env):
     schema = RowSchema("nlvr2", ("id", "sentence", "label", "left", "right"), ("left.jpg", "right.jpg"), parse_row)
     # the overall accuracy, then one per statement type (synthetic templates; the real NLVR2 has only the first)
     metric_rows = {"accuracy": ("accuracy", "rate"), **nlvr2_types.metric_rows()}
+    ood_note = "the statements over shapes of another size (data.nlvr2.ood_object_scale), which train never shows"
 
     def __init__(self, samples: Sequence[SampleLike] | None = None, **kwargs: Any) -> None:
         super().__init__(samples, **kwargs)
