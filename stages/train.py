@@ -1,4 +1,4 @@
-"""train stage: GRPO (or PPO, or online DPO: train.algorithm) from the sft model on the train split -> models/jax/grpo/.
+"""train stage: GRPO (or RLOO, PPO, DPO: train.algorithm) from the sft model on the train split -> models/jax/grpo/.
 
 Each step samples `train.group_size` answers for `train.batch_prompts` prompts with the rollout engine, scores
 them with the env (its curriculum follows step / total steps), and takes `train.num_iterations` clipped-surrogate
@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
         env = envs.from_params(env_params, shards_dir=train.shards_dir, split="train",
                                tokenizer=policy.processor.tokenizer)
         val_env = validation_env("train", train, env_params, policy.processor.tokenizer)
-        trainer_class = PPOTrainer if train.algorithm == "ppo" else GRPOTrainer  # GRPOTrainer also runs dpo
+        trainer_class = PPOTrainer if train.algorithm == "ppo" else GRPOTrainer  # GRPOTrainer also runs rloo, dpo
         trainer = trainer_class(policy, env, params, train, checkpoints,
                                 metrics_callback=lambda step, metrics: run.log_metrics(metrics, step=step),
                                 samples_callback=run.log_sample_table, val_env=val_env)

@@ -1,9 +1,10 @@
 """vlmgym compare: training algorithms from one start policy at a matched budget, compared on the held-out splits.
 
-    vlmgym compare [--params params.yaml] [--arms sft_longer grpo ppo dpo] [--out outputs/compare]
+    vlmgym compare [--params params.yaml] [--arms sft_longer grpo ppo dpo [rloo]] [--out outputs/compare]
 
 Arms (each against `sft`, the start policy itself: `train.init_dir`, the pipeline's SFT model):
-- grpo, ppo, dpo: the train section with `train.algorithm` set to the arm, everything else as configured
+- grpo, ppo, dpo (and rloo, on request): the train section with `train.algorithm` set to the arm, everything
+  else as configured
   (validation and `select` included). The budget is matched in sampled completions: every RL arm samples, scores
   and learns from train.steps x batch_prompts x group_size answers (DPO learns from the best/worst pair of each).
 - sft_longer: SFT continued from the same start on the env's ideal answers for as many training sequences as an
@@ -30,7 +31,8 @@ from typing import Any
 
 import numpy as np
 
-ARMS = ("sft_longer", "grpo", "ppo", "dpo")
+ARMS = ("sft_longer", "grpo", "ppo", "dpo", "rloo")
+DEFAULT_ARMS = ("sft_longer", "grpo", "ppo", "dpo")  # rloo on request: GRPO with another baseline
 CONTROL = "sft"
 SPLITS = ("test", "test_ood")
 HEADLINE = "mean_reward"
@@ -195,7 +197,8 @@ def main(argv: list[str] | None = None) -> int:
     """Train every arm, answer the held-out splits, write the comparison and log it to MLflow."""
     parser = argparse.ArgumentParser(prog="vlmgym compare", description=__doc__.splitlines()[0])
     parser.add_argument("--params", default="params.yaml", help="params file (the pipeline's)")
-    parser.add_argument("--arms", nargs="+", default=list(ARMS), choices=ARMS, help="arms besides sft")
+    parser.add_argument("--arms", nargs="+", default=list(DEFAULT_ARMS), choices=ARMS,
+                        help=f"arms besides sft (default: {' '.join(DEFAULT_ARMS)})")
     parser.add_argument("--out", default="outputs/compare", help="models and answers, one folder per arm")
     args = parser.parse_args(argv)
     import mlflow

@@ -80,7 +80,7 @@ class ShardParams:
     jpeg_quality: int = spec(90, ge=1, le=100, doc="JPEG quality of re-encoded images")
     max_train: int = spec(0, ge=0, doc="cap on train samples (0: all)")
     max_test: int = spec(0, ge=0, doc="cap on test samples, and on test_ood samples (0: all)")
-    val_samples: int = spec(64, ge=0, doc="train samples held out as the val split for validation during training (at "
+    val_samples: int = spec(256, ge=0, doc="train samples held out as the val split for validation during training (at "
                                           "most a quarter of train; 0: none), chosen by a hash of their key")
     out_dir: str = spec("data/shards", doc="shard output folder")
 
@@ -165,9 +165,11 @@ class SFTParams:
 class TrainParams:
     """train stage: GRPO (or online DPO) from the sft model."""
 
-    algorithm: str = spec("grpo", choices=("grpo", "ppo", "dpo"),
-                          doc="grpo; ppo (value head, GAE; the same sampled groups, each answer its own episode); "
-                              "or online dpo (each group's best vs worst answer, against the start policy)")
+    algorithm: str = spec("grpo", choices=("grpo", "rloo", "ppo", "dpo"),
+                          doc="grpo; rloo (GRPO's loss with a leave-one-out baseline: each answer against the mean "
+                              "of the others in its group); ppo (value head, GAE; the same sampled groups, each "
+                              "answer its own episode); or online dpo (each group's best vs worst answer, against "
+                              "the start policy)")
     steps: int = spec(150, ge=1, doc="GRPO steps (one batch of prompts each)")
     batch_prompts: int = spec(8, ge=1, doc="prompts per step")
     group_size: int = spec(8, ge=1, doc="completions sampled per prompt (the GRPO group)")

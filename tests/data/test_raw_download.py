@@ -78,7 +78,7 @@ def test_stage_scripts_log_to_mlflow(tmp_path, monkeypatch):
         "shard": {"shard_max_bytes": 65536}}))
     assert load_stage("download").main([]) == 0
     assert load_stage("shard").main([]) == 0
-    # shard.val_samples (64) is capped at a quarter of train: 3 of the 12 rows become the val split
+    # shard.val_samples (256) is capped at a quarter of train: 3 of the 12 rows become the val split
     train, val = read_split("data/shards", "train"), read_split("data/shards", "val")
     assert len(train) == 9 and len(val) == 3 and not {s.key for s in train} & {s.key for s in val}
     client = MlflowClient()

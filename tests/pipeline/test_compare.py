@@ -23,8 +23,11 @@ def test_compare_trains_every_arm_and_writes_the_paired_comparison(pipeline, tmp
     first = run_checked(["vlmgym", "compare", "--arms", *ARMS], root, env, timeout=1200)
     out = root / "outputs/compare"
     results = json.loads((out / "compare.json").read_text())
-    assert list(results) == ["test"]  # the micro world has no OOD split
+    assert list(results) == ["test", "test_ood"]  # micro: 8 OOD samples (fog)
     test = results["test"]
+    assert set(results["test_ood"]) == set(test) and results["test_ood"]["dpo_minus_sft"]["n"] == 8
+    for arm in ARMS:
+        assert len((out / arm / "test_ood.jsonl").read_text().splitlines()) == 8
     assert set(test) == {"sft", *ARMS, *(f"{arm}_minus_sft" for arm in ARMS)}
     for arm in ARMS:
         difference = test[f"{arm}_minus_sft"]
@@ -34,7 +37,7 @@ def test_compare_trains_every_arm_and_writes_the_paired_comparison(pipeline, tmp
         assert (out / arm / "model" / "vlmgym_checkpoint.json").exists()
         assert len((out / arm / "test.jsonl").read_text().splitlines()) == 16
     table = (out / "compare.md").read_text()
-    assert "## test" in table and "dpo_minus_sft" in table and "sampled completions" in table
+    assert "## test" in table and "## test_ood" in table and "dpo_minus_sft" in table and "sampled completions" in table
     assert (out / "compare.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert first.stdout.strip().endswith(table.strip().splitlines()[-1])  # the table is printed too
     # The pipeline's own outputs are untouched.

@@ -28,6 +28,19 @@ def test_group_advantages_two_groups_batch_and_none():
                                [-0.5 / 0.5001, 0.5 / 0.5001, 0.0, 0.0], rtol=1e-6)
 
 
+def test_leave_one_out_baseline_is_the_mean_of_the_other_answers():
+    rewards = jnp.array([1.0, 2.0, 3.0, 6.0, 5.0, 5.0])
+    # by hand: each reward minus the mean of the two others in its group of three
+    expected = [1 - 2.5, 2 - 2.0, 3 - 1.5, 6 - 5.0, 5 - 5.5, 5 - 5.5]
+    np.testing.assert_allclose(grpo.group_advantages(rewards, 3, "none", leave_one_out=True), expected, rtol=1e-6)
+    # std scaling divides the same numbers; a group of one has no other answer and gets 0
+    std = float(np.std([1.0, 2.0, 3.0]))
+    np.testing.assert_allclose(grpo.group_advantages(rewards, 3, "group", leave_one_out=True)[:3],
+                               np.array(expected[:3]) / (std + 1e-4), rtol=1e-6)
+    np.testing.assert_array_equal(grpo.group_advantages(jnp.array([0.3, 0.9]), 1, "none", leave_one_out=True),
+                                  [0.0, 0.0])
+
+
 def test_group_advantages_rejects_bad_input():
     with pytest.raises(ValueError, match="scale_rewards"):
         grpo.group_advantages(jnp.zeros(4), 2, "median")

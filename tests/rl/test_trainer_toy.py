@@ -198,3 +198,16 @@ def test_final_weights_reward_is_logged_beside_the_reward_as_trained(tmp_path):
     assert early["reward/stops"] > 0
     assert late["final_reward_mean"] == pytest.approx(late["reward_mean"])
     assert trainer.env.progress == pytest.approx(3 / 4)  # scoring at progress 1 left the env's progress alone
+
+
+def test_rloo_learns_and_takes_exactly_the_leave_one_out_step(tmp_path, uninterrupted):
+    # RLOO's advantages are GRPO's (scale_rewards none) times G / (G - 1): with plain SGD-like scaling the first
+    # update differs, and the run learns like GRPO does.
+    rloo = _run(tmp_path, "rloo", algorithm="rloo")
+    rewards = [m["reward_mean"] for m in rloo.history]
+    assert np.mean(rewards[-3:]) > rewards[0] + 0.2, rewards
+    grpo_none = _run(tmp_path, "none", steps=1, scale_rewards="none")
+    rloo_none = _run(tmp_path, "rloo_none", steps=1, scale_rewards="none", algorithm="rloo")
+    # Same samples at step 1 (same seed, same start): the same rewards, a larger advantage magnitude.
+    assert rloo_none.history[0]["reward_mean"] == grpo_none.history[0]["reward_mean"]
+    assert rloo_none.history[0]["grad_norm"] == pytest.approx(grpo_none.history[0]["grad_norm"] * 8 / 7, rel=1e-4)

@@ -142,9 +142,9 @@ def policy_logprobs(params: Any, batch: Any, *, policy: Policy, compiles: Compil
     return policy.logprobs(params, batch)
 
 
-@partial(jax.jit, static_argnames=("group_size", "scale_rewards"))
-def _advantages(rewards: jax.Array, group_size: int, scale_rewards: str) -> jax.Array:
-    return grpo.group_advantages(rewards, group_size, scale_rewards)
+@partial(jax.jit, static_argnames=("group_size", "scale_rewards", "leave_one_out"))
+def _advantages(rewards: jax.Array, group_size: int, scale_rewards: str, leave_one_out: bool = False) -> jax.Array:
+    return grpo.group_advantages(rewards, group_size, scale_rewards, leave_one_out=leave_one_out)
 
 
 @jax.jit
@@ -343,7 +343,8 @@ class GRPOTrainer(TrainingLoop):
             return self._finish_step(step, collected, mask, tokens, *self._dpo_updates(
                 groups, rewards, mask, tokens, sampler_logprobs), started)
         real = np.repeat([i < len(groups) - collected["num_padding"] for i in range(len(groups))], c.group_size)
-        advantages = np.asarray(_advantages(rewards[real], c.group_size, c.scale_rewards))
+        advantages = np.asarray(_advantages(rewards[real], c.group_size, c.scale_rewards,
+                                            leave_one_out=c.algorithm == "rloo"))
         advantages = np.concatenate([advantages, np.zeros(int((~real).sum()), np.float32)])
         normalizer = jnp.float32(grpo.aggregation_normalizer(mask, c.loss_aggregation))
         micro_batches = []
@@ -452,7 +453,7 @@ class GRPOTrainer(TrainingLoop):
             # Clip fractions, KL and ratios say most after the last iteration (the first is on-policy).
             out[name] = values[-1] if name in ("clip_fraction_low", "clip_fraction_high", "approx_kl_behaviour",
                                                "ratio_mean", "ratio_max", "ratio_min") else float(np.mean(values))
-        if self.config.beta == 0 or self.config.algorithm != "grpo":
+        if self.config.beta == 0 or self.config.algorithm not in ("grpo", "rloo"):
             out.pop("kl_to_reference", None)
         return out
 
