@@ -152,7 +152,16 @@ def write_report(report: Path, env_name: str, results: dict[str, dict], arms: li
              f"training sequences on ideal answers. Greedy answers; `arm_minus_sft` columns are paired differences.",
              ""]
     for split, split_results in results.items():
-        lines += [f"## {split}", "", markdown_table(env, split_results, confidence)]
+        note = f" ({env.ood_note})" if split != "test" and env.ood_note else ""
+        lines += [f"## {split}{note}", "", markdown_table(env, split_results, confidence)]
+    if len(results) > 1:
+        from vlmgym.eval.outputs import side_by_side
+
+        (ood, ood_results), differences = list(results.items())[1], {k for k in results["test"] if "_minus_" in k}
+        lines += [f"## Each arm's gain over {CONTROL}, in distribution and out of it", "",
+                  "Does what an arm gained on test carry over to the shifted split?", "",
+                  markdown_table(env, side_by_side({k: v for k, v in results["test"].items() if k in differences},
+                                                   ood_results, "test", ood), confidence)]
     files = {"md": report.with_suffix(".md"), "json": report.with_suffix(".json"), "png": report.with_suffix(".png")}
     write_text_atomically(files["md"], "\n".join(lines))
     write_text_atomically(files["json"], json.dumps(results, indent=1, sort_keys=True) + "\n")

@@ -37,7 +37,9 @@ def test_compare_trains_every_arm_and_writes_the_paired_comparison(pipeline, tmp
         assert (out / arm / "model" / "vlmgym_checkpoint.json").exists()
         assert len((out / arm / "test.jsonl").read_text().splitlines()) == 16
     table = (out / "compare.md").read_text()
-    assert "## test" in table and "## test_ood" in table and "dpo_minus_sft" in table and "sampled completions" in table
+    assert "## test" in table and "## test_ood (test's places rendered in fog" in table and "dpo_minus_sft" in table
+    assert "sampled completions" in table
+    assert "| metric | sft_longer_minus_sft (test) | sft_longer_minus_sft (test_ood) | grpo_minus_sft (test) |" in table
     assert (out / "compare.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert first.stdout.strip().endswith(table.strip().splitlines()[-1])  # the table is printed too
     # The pipeline's own outputs are untouched.
