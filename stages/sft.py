@@ -13,10 +13,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from vlmgym import envs, tracking
+from vlmgym import tracking
 from vlmgym.params import load_section
-from vlmgym.rl.run import load_policy, resume_dir, save_model, selection_summary, validation_env, write_json_atomically
-from vlmgym.rl.trainer import SFTTrainer
+from vlmgym.rl.run import resume_dir, save_model, selection_summary, stage_policy, stage_trainer, write_json_atomically
 
 METRICS_FILE = "metrics/sft.json"
 
@@ -34,14 +33,11 @@ def main(argv: list[str] | None = None) -> int:
                    if sft.steps > 0 else None)
     with tracking.stage_run("sft", sft, extra_params=logged, params_file=args.params,
                             resume_folder=checkpoints) as run:
-        policy, params = load_policy(sft.init_dir, model, sft.max_target_tokens, mesh_shape=tuple(sft.mesh))
+        policy, params = stage_policy("sft", sft, model)
         summary = {"steps": sft.steps}
         if checkpoints is not None:
-            env = envs.from_params(env_params, shards_dir=sft.shards_dir, split="train",
-                                   tokenizer=policy.processor.tokenizer)
-            val_env = validation_env("sft", sft, env_params, policy.processor.tokenizer)
-            trainer = SFTTrainer(policy, env, params, sft, checkpoints, val_env=val_env,
-                                 metrics_callback=lambda step, metrics: run.log_metrics(metrics, step=step))
+            trainer = stage_trainer("sft", sft, policy, params, env_params, checkpoints,
+                                    metrics_callback=lambda step, metrics: run.log_metrics(metrics, step=step))
             params = trainer.run()
             recent = trainer.restored_history + trainer.history
             last = recent[-1] if recent else {}

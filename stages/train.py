@@ -15,20 +15,18 @@ from __future__ import annotations
 import argparse
 import sys
 
-from vlmgym import envs, tracking
+from vlmgym import tracking
 from vlmgym.params import load_section
 from vlmgym.rl.loop import RECENT_METRICS
-from vlmgym.rl.ppo_trainer import PPOTrainer
 from vlmgym.rl.run import (
     history_summary,
-    load_policy,
     resume_dir,
     save_model,
     selection_summary,
-    validation_env,
+    stage_policy,
+    stage_trainer,
     write_json_atomically,
 )
-from vlmgym.rl.trainer import GRPOTrainer
 
 METRICS_FILE = "metrics/train.json"
 # Figures of the final steps summarised into the DVC metrics file (mean over the last SUMMARY_STEPS steps, which
@@ -49,16 +47,10 @@ def main(argv: list[str] | None = None) -> int:
     checkpoints = resume_dir(train.checkpoint_dir, train, model, env_params, init_dir=train.init_dir)
     with tracking.stage_run("train", train, extra_params=logged, params_file=args.params,
                             resume_folder=checkpoints) as run:
-        policy, params = load_policy(train.init_dir, model, train.max_new_tokens, temperature=train.temperature,
-                                     top_k=train.top_k, top_p=train.top_p, mesh_shape=tuple(train.mesh),
-                                     share_prefix=train.share_prefix)
-        env = envs.from_params(env_params, shards_dir=train.shards_dir, split="train",
-                               tokenizer=policy.processor.tokenizer)
-        val_env = validation_env("train", train, env_params, policy.processor.tokenizer)
-        trainer_class = PPOTrainer if train.algorithm == "ppo" else GRPOTrainer  # GRPOTrainer also runs rloo, dpo
-        trainer = trainer_class(policy, env, params, train, checkpoints,
+        policy, params = stage_policy("train", train, model)
+        trainer = stage_trainer("train", train, policy, params, env_params, checkpoints,
                                 metrics_callback=lambda step, metrics: run.log_metrics(metrics, step=step),
-                                samples_callback=run.log_sample_table, val_env=val_env)
+                                samples_callback=run.log_sample_table)
         params = trainer.run()
         out = save_model(train.out_dir, policy, params, train.init_dir)
         summary = history_summary(trainer.restored_history + trainer.history, SUMMARY, SUMMARY_STEPS)

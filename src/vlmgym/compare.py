@@ -57,25 +57,13 @@ def arm_config(arm: str, sections: dict[str, Any], out: Path) -> Any:
 
 def train_arm(arm: str, config: Any, sections: dict[str, Any], log_metrics: Any) -> Path:
     """Train one arm as the sft / train stage would and save its model folder; returns it."""
-    from vlmgym import envs
-    from vlmgym.rl.ppo_trainer import PPOTrainer
-    from vlmgym.rl.run import load_policy, resume_dir, save_model, validation_env
-    from vlmgym.rl.trainer import GRPOTrainer, SFTTrainer
+    from vlmgym.rl.run import resume_dir, save_model, stage_policy, stage_trainer
 
     model, env_params = sections["model"], sections["env"]
-    supervised = arm == "sft_longer"
-    if supervised:
-        policy, params = load_policy(config.init_dir, model, config.max_target_tokens, mesh_shape=tuple(config.mesh))
-    else:
-        policy, params = load_policy(config.init_dir, model, config.max_new_tokens, temperature=config.temperature,
-                                     top_k=config.top_k, top_p=config.top_p, mesh_shape=tuple(config.mesh),
-                                     share_prefix=config.share_prefix)
-    tokenizer = policy.processor.tokenizer
-    env = envs.from_params(env_params, shards_dir=config.shards_dir, split="train", tokenizer=tokenizer)
-    val_env = validation_env("sft" if supervised else "train", config, env_params, tokenizer)
+    stage = "sft" if arm == "sft_longer" else "train"
+    policy, params = stage_policy(stage, config, model)
     checkpoints = resume_dir(config.checkpoint_dir, config, model, env_params, init_dir=config.init_dir)
-    trainer_class = SFTTrainer if supervised else PPOTrainer if arm == "ppo" else GRPOTrainer
-    trainer = trainer_class(policy, env, params, config, checkpoints, val_env=val_env, metrics_callback=log_metrics)
+    trainer = stage_trainer(stage, config, policy, params, env_params, checkpoints, metrics_callback=log_metrics)
     params = trainer.run()
     return save_model(config.out_dir, policy, params, config.init_dir)
 

@@ -53,6 +53,32 @@ def validation_env(stage: str, section: Any, env_params: Any, tokenizer: Any) ->
     return envs.from_params(env_params, shards_dir=section.shards_dir, split="val", tokenizer=tokenizer)
 
 
+def stage_policy(stage: str, section: Any, model_params: Any) -> tuple[Qwen3VLPolicy, Any]:
+    """(policy, params) of `section.init_dir` as stage `stage` (sft: teacher-forced targets; train: sampling)
+    needs it."""
+    if stage == "sft":
+        return load_policy(section.init_dir, model_params, section.max_target_tokens, mesh_shape=tuple(section.mesh))
+    return load_policy(section.init_dir, model_params, section.max_new_tokens, temperature=section.temperature,
+                       top_k=section.top_k, top_p=section.top_p, mesh_shape=tuple(section.mesh),
+                       share_prefix=section.share_prefix)
+
+
+def stage_trainer(stage: str, section: Any, policy: Any, params: Any, env_params: Any, checkpoints: Path,
+                  **callbacks: Any) -> Any:
+    """The trainer of stage `stage` (sft: SFTTrainer; train: GRPOTrainer, or PPOTrainer for `algorithm: ppo`) over
+    the train split, validating on the val split when `section.val_every` says so."""
+    from vlmgym import envs
+    from vlmgym.rl.ppo_trainer import PPOTrainer
+    from vlmgym.rl.trainer import GRPOTrainer, SFTTrainer
+
+    tokenizer = policy.processor.tokenizer
+    env = envs.from_params(env_params, shards_dir=section.shards_dir, split="train", tokenizer=tokenizer)
+    val_env = validation_env(stage, section, env_params, tokenizer)
+    # GRPOTrainer also runs rloo and dpo
+    trainer_class = SFTTrainer if stage == "sft" else PPOTrainer if section.algorithm == "ppo" else GRPOTrainer
+    return trainer_class(policy, env, params, section, checkpoints, val_env=val_env, **callbacks)
+
+
 def folder_identity(folder: str | Path) -> str:
     """A cheap identity of a model folder: hash of its small files plus the sizes and names of the rest."""
     digest = hashlib.sha256()
