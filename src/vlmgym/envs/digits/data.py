@@ -1,0 +1,235 @@
+"""digits data: real handwritten digits (scikit-learn's bundled copy of the UCI digits) composed onto a canvas.
+
+Writes the digits raw layout that the shard stage reads:
+
+    {raw}/{split}.csv             columns id,task,digits,answer,image
+    {raw}/images/{split}/NN.zip   the jpgs named in the image column
+
+Each image holds 1 to `data.digits.max_digits` handwritten digits, each upscaled smoothly to a random height
+(`min_scale`..`max_scale` pixels) and placed without overlap, dark ink on a light, noisy background. Each sample
+asks either to sort the digits (answer "1, 3, 7") or to add them (answer "11"); the two tasks alternate in a
+seeded order, so each split is balanced. `digits` lists the digits left to right as drawn.
+
+The 1,797 8x8 scans are split once, by a hash of their index (about 80/20), into a train pool and a test pool:
+train images use only train-pool scans and test / test_ood images only test-pool ones, so a policy never sees a
+test digit's handwriting in training. With `data.ood_images` > 0, test_ood draws test-pool digits with a shift
+train never shows (`data.digits.ood_shift`: inverted colours, light ink on a dark background, by default; or
+digits rotated 20-40 degrees either way).
+
+Everything is deterministic per (seed, split, index): a rerun writes byte-identical files.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import io
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from PIL import Image
+
+from vlmgym.data import layout
+from vlmgym.params import DataParams, spec
+
+TASKS = ("sort", "sum")
+MAX_DIGITS = 4  # the most a canvas holds; metric_rows has a row per count up to this
+CSV_COLUMNS = ("id", "task", "digits", "answer", "image")
+IMAGES_PER_ZIP = 10_000
+JPEG_QUALITY = 92
+TEST_POOL_PERCENT = 20
+OOD_SHIFTS = ("invert", "rotate")
+ROTATE_DEGREES = (20.0, 40.0)
+# Placement tries per digit before every digit of the image is shrunk by SHRINK and placed again: only a canvas
+# too small for the scale range needs it, and shrinking always ends in a fit.
+PLACE_TRIES = 100
+SHRINK = 0.8
+MIN_DIGIT_PIXELS = 8
+
+
+@dataclass(frozen=True)
+class DigitsDataParams:
+    """digits' generator: how many digits per image, how large, and the shift of the test_ood split."""
+
+    max_digits: int = spec(3, ge=1, le=MAX_DIGITS, doc="digits per image at most (1 to this many, uniformly)")
+    min_scale: int = spec(24, ge=MIN_DIGIT_PIXELS, le=1024, doc="smallest digit height in pixels")
+    max_scale: int = spec(64, ge=MIN_DIGIT_PIXELS, le=1024, doc="largest digit height in pixels (>= min_scale)")
+    ood_shift: str = spec("invert", choices=OOD_SHIFTS,
+                          doc="what test_ood shifts: invert (light ink on a dark background) or rotate (each digit "
+                              "turned 20-40 degrees either way); train and test show neither")
+
+    def __post_init__(self) -> None:
+        if self.max_scale < self.min_scale:
+            raise ValueError(f"data.digits: max_scale {self.max_scale} is below min_scale {self.min_scale}")
+
+
+@functools.cache
+def _scans() -> tuple[np.ndarray, np.ndarray]:
+    """The UCI digits as (images (1797, 8, 8) in [0, 1], labels): bundled with scikit-learn, no network."""
+    from sklearn.datasets import load_digits
+
+    bunch = load_digits()
+    return np.asarray(bunch.images, np.float64) / 16.0, np.asarray(bunch.target, np.int64)
+
+
+def in_test_pool(index: int) -> bool:
+    """Whether scan `index` belongs to the test pool: a hash of the index alone, so the pools never depend on the
+    seed and never overlap."""
+    digest = hashlib.sha256(f"digits-pool-{index}".encode()).digest()
+    return int.from_bytes(digest[:4], "big") % 100 < TEST_POOL_PERCENT
+
+
+@functools.cache
+def pool(split: str) -> tuple[int, ...]:
+    """Scan indices usable by `split`: the train pool for train, the test pool for test and test_ood."""
+    test = split != "train"
+    return tuple(i for i in range(len(_scans()[1])) if in_test_pool(i) == test)
+
+
+def answer_text(task: str, digits: list[int]) -> str:
+    """The canonical answer: the digits ascending, comma-separated ("1, 3, 7"), or their sum ("11")."""
+    if task == "sort":
+        return ", ".join(str(d) for d in sorted(digits))
+    if task == "sum":
+        return str(sum(digits))
+    raise ValueError(f"digits: unknown task {task!r}; known: {TASKS}")
+
+
+@dataclass(frozen=True)
+class DigitsSample:
+    """One generated sample: which scans, where they go (x, y, height, angle) and the question."""
+
+    id: str
+    task: str
+    digits: tuple[int, ...]  # left to right
+    scans: tuple[int, ...]
+    boxes: tuple[tuple[int, int, int, float], ...]
+
+    @property
+    def answer(self) -> str:
+        return answer_text(self.task, list(self.digits))
+
+
+def balanced_tasks(count: int, seed: int, split: str) -> list[str]:
+    """Half sort, half sum (sort gets the odd one), in a seeded order."""
+    tasks = [TASKS[i % 2] for i in range(count)]
+    random.Random(f"digits-tasks-{seed}-{split}").shuffle(tasks)
+    return tasks
+
+
+def _place(rng: random.Random, heights: list[int], width: int, height: int) -> list[tuple[int, int, int]]:
+    """Non-overlapping square boxes (x, y, size) for digits of the given sizes, shrinking them until they fit."""
+    sizes = [max(MIN_DIGIT_PIXELS, min(h, width, height)) for h in heights]
+    while True:
+        boxes: list[tuple[int, int, int]] = []
+        for size in sizes:
+            for _ in range(PLACE_TRIES):
+                x, y = rng.randint(0, width - size), rng.randint(0, height - size)
+                if all(x + size <= bx or bx + bs <= x or y + size <= by or by + bs <= y for bx, by, bs in boxes):
+                    boxes.append((x, y, size))
+                    break
+            else:
+                break
+        if len(boxes) == len(sizes):
+            return boxes
+        if max(sizes) <= MIN_DIGIT_PIXELS:
+            raise ValueError(f"digits: {len(sizes)} digits of {MIN_DIGIT_PIXELS} px do not fit on a "
+                             f"{width}x{height} canvas")
+        sizes = [max(MIN_DIGIT_PIXELS, int(s * SHRINK)) for s in sizes]
+
+
+def generate_sample(seed: int, split: str, index: int, task: str, width: int, height: int,
+                    settings: DigitsDataParams) -> DigitsSample:
+    """One sample's description (nothing rendered): digit count, scans from the split's pool, boxes, angles."""
+    rng = random.Random(f"digits-{seed}-{split}-{index}")
+    count = rng.randint(1, settings.max_digits)
+    candidates = pool(split)
+    scans = [candidates[rng.randrange(len(candidates))] for _ in range(count)]
+    heights = [rng.randint(settings.min_scale, settings.max_scale) for _ in range(count)]
+    boxes = _place(rng, heights, width, height)
+    rotate = split == "test_ood" and settings.ood_shift == "rotate"
+    angles = [rng.choice((-1, 1)) * rng.uniform(*ROTATE_DEGREES) if rotate else 0.0 for _ in range(count)]
+    # left to right (then top to bottom), the order a reader lists them in
+    order = sorted(range(count), key=lambda i: (boxes[i][0], boxes[i][1]))
+    labels = _scans()[1]
+    return DigitsSample(f"{split}-{index:06d}", task, tuple(int(labels[scans[i]]) for i in order),
+                        tuple(scans[i] for i in order), tuple((*boxes[i], angles[i]) for i in order))
+
+
+def generate_split(seed: int, split: str, count: int, width: int, height: int,
+                   settings: DigitsDataParams | None = None) -> list[DigitsSample]:
+    """`count` deterministic samples of `split`, balanced between the tasks."""
+    settings = settings or DigitsDataParams()
+    tasks = balanced_tasks(count, seed, split)
+    return [generate_sample(seed, split, i, tasks[i], width, height, settings) for i in range(count)]
+
+
+def render(sample: DigitsSample, seed: int, split: str, width: int, height: int,
+           settings: DigitsDataParams | None = None) -> Image.Image:
+    """The sample's RGB image: each scan upscaled bicubically into its box over a light noisy background (dark
+    for test_ood under the invert shift)."""
+    settings = settings or DigitsDataParams()
+    rng = np.random.default_rng(int.from_bytes(hashlib.sha256(f"digits-render-{seed}-{split}-{sample.id}"
+                                                              .encode()).digest()[:8], "big"))
+    paper = rng.uniform(215, 245, 3)
+    ink = rng.uniform(10, 70, 3)
+    canvas = np.broadcast_to(paper, (height, width, 3)).copy()
+    images = _scans()[0]
+    for scan, (x, y, size, angle) in zip(sample.scans, sample.boxes):
+        glyph = Image.fromarray((images[scan] * 255).astype(np.uint8), "L").resize((size, size), Image.BICUBIC)
+        if angle:  # same box size, so placement stays non-overlapping; the 8x8 scans have empty margins
+            glyph = glyph.rotate(angle, resample=Image.BICUBIC)
+        alpha = np.asarray(glyph, np.float64)[..., None] / 255.0
+        region = canvas[y:y + size, x:x + size]
+        canvas[y:y + size, x:x + size] = region * (1 - alpha) + ink * alpha
+    canvas += rng.normal(0, 8, canvas.shape)
+    if split == "test_ood" and settings.ood_shift == "invert":
+        canvas = 255 - canvas
+    return Image.fromarray(canvas.clip(0, 255).round().astype(np.uint8), "RGB")
+
+
+def encode_jpeg(image: Image.Image) -> bytes:
+    """RGB JPEG bytes of a PIL image."""
+    buffer = io.BytesIO()
+    image.convert("RGB").save(buffer, "JPEG", quality=JPEG_QUALITY)
+    return buffer.getvalue()
+
+
+def write_raw_split(out_dir: Path, split: str, samples: list[DigitsSample], seed: int, width: int, height: int,
+                    settings: DigitsDataParams) -> int:
+    """{split}.csv and images/{split}/NN.zip for `samples`; returns the rows written."""
+    rows = []
+    members = []
+    for sample in samples:
+        name = f"{sample.id}.jpg"
+        rows.append([sample.id, sample.task, " ".join(map(str, sample.digits)), sample.answer, name])
+        members.append((name, encode_jpeg(render(sample, seed, split, width, height, settings))))
+    zips = [layout.zip_dir(out_dir, split) / layout.zip_name(i)
+            for i in range(max(1, -(-len(members) // IMAGES_PER_ZIP)))]
+    for i, path in enumerate(zips):
+        layout.write_zip(path, members[i * IMAGES_PER_ZIP:(i + 1) * IMAGES_PER_ZIP])
+    for stale in set(layout.split_zips(out_dir, split)) - set(zips):  # left by an earlier, larger run
+        stale.unlink()
+    # the CSV last: a split whose CSV exists has its images
+    layout.write_csv(layout.csv_path(out_dir, split), CSV_COLUMNS, rows)
+    return len(rows)
+
+
+def write_synthetic_raw(params: DataParams, out_dir: str | Path,
+                        settings: DigitsDataParams | None = None) -> dict[str, Any]:
+    """Write train_images / test_images samples (and ood_images of test_ood) into the raw layout; returns counts."""
+    settings = settings or DigitsDataParams()
+    out_dir = Path(out_dir)
+    splits = [("train", params.train_images), ("test", params.test_images)]
+    if params.ood_images:
+        splits.append(("test_ood", params.ood_images))
+    counts: dict[str, Any] = {"train_pool": len(pool("train")), "test_pool": len(pool("test"))}
+    for split, count in splits:
+        samples = generate_split(params.seed, split, count, params.image_width, params.image_height, settings)
+        counts[f"{split}_samples"] = write_raw_split(out_dir, split, samples, params.seed, params.image_width,
+                                                     params.image_height, settings)
+        counts[f"{split}_sort"] = sum(s.task == "sort" for s in samples)
+    return counts
