@@ -1,7 +1,7 @@
 """Environment registry: names -> Env classes, imported only when first made (so importing vlmgym.envs is cheap).
 
 An env is found by `env.name` in three ways:
-- a built-in name (geospot, nlvr2) or one added with `register(name, "package.module:Class")`;
+- a built-in name (geospot, nlvr2, digits) or one added with `register(name, "package.module:Class")`;
 - an entry point of group `vlmgym.envs` of an installed package, e.g. in its pyproject.toml
   `[project.entry-points."vlmgym.envs"]` then `colour = "my_package.colour:ColourEnv"`;
 - `package.module:Class` itself (importable from sys.path; the working directory is tried too, so a module
@@ -20,11 +20,16 @@ from vlmgym.envs.base import Env
 
 ENTRY_POINT_GROUP = "vlmgym.envs"
 DEFAULT_ENV = "geospot"
-# The envs shipped with vlmgym; the tiny tokenizer is trained on their texts (plus the active env's).
+# The envs shipped with vlmgym.
 BUILTIN: dict[str, str] = {
     "geospot": "vlmgym.envs.geospot:GeospotEnv",
     "nlvr2": "vlmgym.envs.nlvr2:NLVR2Env",
+    "digits": "vlmgym.envs.digits:DigitsEnv",
 }
+# The envs whose texts the tiny tokenizer is always trained on, fixed rather than all of BUILTIN: the default
+# tokenizer, and so the default model and every committed result, stays the same when an env is added. Any other
+# active env (a later built-in or a plug-in) adds its texts after these.
+TOKENIZER_ENVS = ("geospot", "nlvr2")
 
 _REGISTRY: dict[str, str | type[Env]] = dict(BUILTIN)
 
@@ -112,14 +117,14 @@ def make(name: str, **kwargs) -> Env:
 
 
 def corpus(active: str | None = None) -> list[str]:
-    """The tokenizer corpus: the built-in envs' texts in name order, then the active env's when it is another one
-    (so installing a plug-in package never changes the default tokenizer)."""
+    """The tokenizer corpus: the TOKENIZER_ENVS' texts in name order, then the active env's when it is another one
+    (so neither a new built-in env nor an installed plug-in package changes the default tokenizer)."""
     texts: list[str] = []
-    for name in sorted(BUILTIN):
+    for name in sorted(TOKENIZER_ENVS):
         texts.extend(env_class(name).corpus())
     if active is not None:
         cls = env_class(active)
-        if cls.name not in BUILTIN:
+        if cls.name not in TOKENIZER_ENVS:
             texts.extend(cls.corpus())
     return texts
 
