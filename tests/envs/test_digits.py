@@ -20,7 +20,7 @@ from vlmgym.envs.digits import DigitsEnv, read_integers, sort_credit
 from vlmgym.envs.digits import data as digits_data
 from vlmgym.envs.digits.env import PROMPTS, DigitsParams, parse_row
 from vlmgym.eval.bootstrap import Statistic
-from vlmgym.params import DataParams, ShardParams
+from vlmgym.params import DataParams, ParamsError, ShardParams
 
 SMALL = DataParams(source="synthetic", seed=3, train_images=8, test_images=6, ood_images=4,
                    image_width=128, image_height=96)
@@ -121,7 +121,7 @@ def test_no_ood_split_without_ood_images(tmp_path):
 
 
 def test_settings_reject_an_empty_scale_range():
-    with pytest.raises(ValueError, match="max_scale 20 is below min_scale 30"):
+    with pytest.raises(ParamsError, match="max_scale 20 is below min_scale 30"):
         digits_data.DigitsDataParams(min_scale=30, max_scale=20)
 
 

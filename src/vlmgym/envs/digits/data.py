@@ -33,7 +33,7 @@ import numpy as np
 from PIL import Image
 
 from vlmgym.data import layout
-from vlmgym.params import DataParams, spec
+from vlmgym.params import DataParams, ParamsError, spec
 
 TASKS = ("sort", "sum")
 MAX_DIGITS = 4  # the most a canvas holds; metric_rows has a row per count up to this
@@ -63,7 +63,7 @@ class DigitsDataParams:
 
     def __post_init__(self) -> None:
         if self.max_scale < self.min_scale:
-            raise ValueError(f"data.digits: max_scale {self.max_scale} is below min_scale {self.min_scale}")
+            raise ParamsError(f"data.digits: max_scale {self.max_scale} is below min_scale {self.min_scale}")
 
 
 @functools.cache
