@@ -1,0 +1,71 @@
+"""The built-in digits env runs the whole pipeline: a fresh checkout with the micro preset, `env.name: digits`,
+one `dvc repro`, then its real outputs: shards, rollout records, metrics with intervals, the report's rows."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+from pipeline_helpers import STAGES, micro_checkout, run_checked, stages_run
+
+POLICIES = ("base", "sft", "grpo")
+TASK_METRICS = ("accuracy", "accuracy_sort", "accuracy_sum")
+
+
+@pytest.fixture(scope="module")
+def digits_pipeline(tmp_path_factory):
+    root = tmp_path_factory.mktemp("digits")
+    env = micro_checkout(root)
+    overlay = root / "digits.yaml"
+    overlay.write_text(yaml.safe_dump({"env": {"name": "digits"}, "eval": {"hf_samples": 2}}))
+    run_checked(["vlmgym", "preset", overlay.name], root, env)
+    run_checked(["git", "add", "-A"], root, env)
+    run_checked(["git", "commit", "-qm", "digits env"], root, env)
+    # the micro run takes ~5 min on 2 quiet cores; the margin is for a machine shared with other jobs
+    return root, env, run_checked(["dvc", "repro"], root, env, timeout=1800).stdout
+
+
+def _records(path):
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_every_stage_ran_on_digits(digits_pipeline):
+    root, _, output = digits_pipeline
+    assert stages_run(output) == STAGES
+    manifest = json.loads((root / "data" / "shards" / "manifest.json").read_text())
+    assert manifest["dataset"] == "digits"
+    # micro: 16 test samples, 8 out-of-distribution (inverted colours), 64 train less the 8 held out for val
+    assert manifest["splits"]["test"]["kept"] == 16 and manifest["splits"]["test_ood"]["kept"] == 8
+    assert sorted(p.name for p in (root / "data" / "shards" / "test").glob("*.tar"))
+
+
+def test_rollouts_hold_digits_records(digits_pipeline):
+    root, _, _ = digits_pipeline
+    for policy in POLICIES:
+        records = _records(root / "outputs" / "rollouts" / f"{policy}.jsonl")
+        assert len(records) == 16
+        for record in records:
+            assert record["env"] == "digits" and record["policy"] == policy
+            assert record["truth"]["task"] in ("sort", "sum") and 1 <= len(record["truth"]["digits"]) <= 3
+            assert set(record["reward_components"]) == {"format", "correct"} and 0 <= record["reward"] <= 1
+            assert "numbers" in record["parsed"]
+        assert len(_records(root / "outputs" / "rollouts" / "test_ood" / f"{policy}.jsonl")) == 8
+
+
+def test_metrics_and_report_name_the_digits_metrics(digits_pipeline):
+    root, _, _ = digits_pipeline
+    metrics = json.loads((root / "metrics" / "eval.json").read_text())
+    counts = {len(r["truth"]["digits"]) for r in _records(root / "outputs" / "rollouts" / "sft.jsonl")}
+    names = [*TASK_METRICS, *(f"accuracy_{n}digit" for n in sorted(counts))]
+    for policy in POLICIES:
+        assert metrics[policy]["n"] == 16 and metrics[f"{policy}_test_ood"]["n"] == 8
+        for name in names:
+            low, point, high = (metrics[policy][f"{name}{end}"] for end in ("_ci_low", "", "_ci_high"))
+            assert 0 <= low <= point <= high <= 1, (policy, name)
+        assert "geoscore" not in metrics[policy]
+    assert all(name in metrics["grpo_minus_sft"] for name in TASK_METRICS)
+    table = (root / "reports" / "eval.md").read_text()
+    for label in ("| accuracy |", "| accuracy, sort |", "| accuracy, sum |", "grpo_minus_sft", "inverted colours"):
+        assert label in table, label
+    assert "Environment <b>digits</b>" in (root / "reports" / "eval.html").read_text()
