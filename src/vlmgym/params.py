@@ -163,14 +163,14 @@ class SFTParams:
 
 @dataclass(frozen=True)
 class TrainParams:
-    """train stage: GRPO (or online DPO) from the sft model."""
+    """train stage: GRPO (or RLOO, PPO, online DPO: `algorithm`) from the sft model."""
 
     algorithm: str = spec("grpo", choices=("grpo", "rloo", "ppo", "dpo"),
                           doc="grpo; rloo (GRPO's loss with a leave-one-out baseline: each answer against the mean "
                               "of the others in its group); ppo (value head, GAE; the same sampled groups, each "
                               "answer its own episode); or online dpo (each group's best vs worst answer, against "
                               "the start policy)")
-    steps: int = spec(150, ge=1, doc="GRPO steps (one batch of prompts each)")
+    steps: int = spec(150, ge=1, doc="training steps (one batch of prompts each)")
     batch_prompts: int = spec(8, ge=1, doc="prompts per step")
     group_size: int = spec(8, ge=1, doc="completions sampled per prompt (the GRPO group)")
     num_iterations: int = spec(1, ge=1, doc="optimizer updates per sampled batch (>1: off-policy, clipped)")

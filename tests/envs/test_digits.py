@@ -9,18 +9,17 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
+from shard_helpers import build_shards
 
 from vlmgym import envs
 from vlmgym.data import layout
-from vlmgym.data.download import build_raw
 from vlmgym.data.rows import RowSkip
-from vlmgym.data.sharding import shard_raw
 from vlmgym.envs import registry
 from vlmgym.envs.digits import DigitsEnv, read_integers, sort_credit
 from vlmgym.envs.digits import data as digits_data
 from vlmgym.envs.digits.env import PROMPTS, DigitsParams, parse_row
 from vlmgym.eval.bootstrap import Statistic
-from vlmgym.params import DataParams, ParamsError, ShardParams
+from vlmgym.params import DataParams, ParamsError
 
 SMALL = DataParams(source="synthetic", seed=3, train_images=8, test_images=6, ood_images=4,
                    image_width=128, image_height=96)
@@ -305,11 +304,7 @@ def test_default_tokenizer_corpus_is_unchanged_by_digits():
 
 @pytest.fixture(scope="module")
 def shards(tmp_path_factory):
-    root = tmp_path_factory.mktemp("pipeline")
-    params = replace(SMALL, raw_dir=str(root / "raw"))
-    build_raw(params, "digits")
-    manifest = shard_raw(root / "raw", root / "shards", envs.env_class("digits").schema, ShardParams(val_samples=0))
-    return params, root / "shards", manifest
+    return build_shards(tmp_path_factory.mktemp("pipeline"), SMALL, "digits")
 
 
 def test_env_serves_the_generated_samples_from_shards(shards):

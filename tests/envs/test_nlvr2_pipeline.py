@@ -4,22 +4,17 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from shard_helpers import build_shards
 
 from vlmgym import envs
-from vlmgym.data.download import build_raw
-from vlmgym.data.sharding import shard_raw
 from vlmgym.envs.nlvr2 import data as nlvr2
-from vlmgym.params import DataParams, ShardParams
+from vlmgym.params import DataParams
 
 
 @pytest.fixture(scope="module")
 def shards(tmp_path_factory):
-    root = tmp_path_factory.mktemp("pipeline")
-    params = DataParams(source="synthetic", seed=2, train_images=6, test_images=10,
-                        image_width=128, image_height=96, raw_dir=str(root / "raw"))
-    build_raw(params, "nlvr2")
-    manifest = shard_raw(root / "raw", root / "shards", envs.env_class("nlvr2").schema, ShardParams(val_samples=0))
-    return params, root / "shards", manifest
+    params = DataParams(source="synthetic", seed=2, train_images=6, test_images=10, image_width=128, image_height=96)
+    return build_shards(tmp_path_factory.mktemp("pipeline"), params, "nlvr2")
 
 
 def test_env_serves_the_generated_pairs_from_shards(shards):

@@ -171,6 +171,15 @@ def write_csv(path: Path, header: list[str] | tuple[str, ...], rows: list[list[s
         writer.writerows(rows)
 
 
+def encode_jpeg(image, quality: int = 92) -> bytes:
+    """RGB JPEG bytes of a PIL image, as the synthetic generators store their images."""
+    import io
+
+    buffer = io.BytesIO()
+    image.convert("RGB").save(buffer, "JPEG", quality=quality)
+    return buffer.getvalue()
+
+
 def write_zip(path: Path, members: list[tuple[str, bytes]]) -> None:
     """Write a zip of stored (uncompressed: JPEGs do not shrink) members with fixed timestamps, atomically."""
     with atomic_file(path) as tmp, zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_STORED) as archive:

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import io
 import random
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,7 +38,6 @@ TASKS = ("sort", "sum")
 MAX_DIGITS = 4  # the most a canvas holds; metric_rows has a row per count up to this
 CSV_COLUMNS = ("id", "task", "digits", "answer", "image")
 IMAGES_PER_ZIP = 10_000
-JPEG_QUALITY = 92
 TEST_POOL_PERCENT = 20
 OOD_SHIFTS = ("invert", "rotate")
 ROTATE_DEGREES = (20.0, 40.0)
@@ -191,13 +189,6 @@ def render(sample: DigitsSample, seed: int, split: str, width: int, height: int,
     return Image.fromarray(canvas.clip(0, 255).round().astype(np.uint8), "RGB")
 
 
-def encode_jpeg(image: Image.Image) -> bytes:
-    """RGB JPEG bytes of a PIL image."""
-    buffer = io.BytesIO()
-    image.convert("RGB").save(buffer, "JPEG", quality=JPEG_QUALITY)
-    return buffer.getvalue()
-
-
 def write_raw_split(out_dir: Path, split: str, samples: list[DigitsSample], seed: int, width: int, height: int,
                     settings: DigitsDataParams) -> int:
     """{split}.csv and images/{split}/NN.zip for `samples`; returns the rows written."""
@@ -206,7 +197,7 @@ def write_raw_split(out_dir: Path, split: str, samples: list[DigitsSample], seed
     for sample in samples:
         name = f"{sample.id}.jpg"
         rows.append([sample.id, sample.task, " ".join(map(str, sample.digits)), sample.answer, name])
-        members.append((name, encode_jpeg(render(sample, seed, split, width, height, settings))))
+        members.append((name, layout.encode_jpeg(render(sample, seed, split, width, height, settings))))
     zips = [layout.zip_dir(out_dir, split) / layout.zip_name(i)
             for i in range(max(1, -(-len(members) // IMAGES_PER_ZIP)))]
     for i, path in enumerate(zips):

@@ -57,7 +57,6 @@ ATTRIBUTES = ("size", "colour", "shape")  # what a description ("a large red cir
 CSV_COLUMNS = ("id", "sentence", "label", "left", "right")
 IMAGES_PER_ZIP = 10_000
 DEFAULT_HUB_REPO = "HuggingFaceM4/NLVR2"
-JPEG_QUALITY = 92
 # Scenes tried per statement, and statements tried per pair, until the truth matches the pair's label. Every
 # template can be true and false, so running out of statements means a bug, not bad luck.
 SCENE_TRIES = 200
@@ -383,13 +382,6 @@ class RawRecord:
     right_jpg: bytes
 
 
-def encode_jpeg(image: Image.Image) -> bytes:
-    """RGB JPEG bytes of a PIL image."""
-    buffer = io.BytesIO()
-    image.convert("RGB").save(buffer, "JPEG", quality=JPEG_QUALITY)
-    return buffer.getvalue()
-
-
 def write_raw_split(out_dir: str | Path, split: str, records: Iterable[RawRecord]) -> int:
     """Write {split}.csv and images/{split}/NN.zip atomically; returns the number of rows written."""
     out_dir = Path(out_dir)
@@ -427,7 +419,7 @@ def _synthetic_records(pairs: list[SyntheticPair], seed: int, split: str, width:
                        height: int) -> Iterator[RawRecord]:
     for i, pair in enumerate(pairs):
         rng = random.Random(f"nlvr2-render-{seed}-{split}-{i}")
-        left, right = (encode_jpeg(render_scene(s, width, height, rng)) for s in (pair.left, pair.right))
+        left, right = (layout.encode_jpeg(render_scene(s, width, height, rng)) for s in (pair.left, pair.right))
         yield RawRecord(pair.id, pair.sentence, pair.label, left, right)
 
 
@@ -557,7 +549,7 @@ def _hub_records(rows: Iterable[dict], features: Any, split: str, limit: int,
             reason = "duplicate_id"
         else:
             try:
-                jpgs = [encode_jpeg(_as_image(row[key])) for key in ("left_image", "right_image")]
+                jpgs = [layout.encode_jpeg(_as_image(row[key])) for key in ("left_image", "right_image")]
             except (OSError, ValueError, KeyError, Image.DecompressionBombError):
                 reason = "bad_image"
         if reason is not None:
