@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
 import yaml
 
-from vlmgym.params import ParamsError, load_all
+from vlmgym.params import ParamsError, TrainParams, load_all
 from vlmgym.presets import apply_preset, merge
 
 REPO = Path(__file__).resolve().parents[2]
@@ -27,7 +28,8 @@ def test_micro_preset_applies_to_the_repo_params(tmp_path):
     assert sections["train"].steps == 2 and sections["model"].tiny_num_layers == 2
     assert load_all(params)["sft"].steps == 4  # what was written reads back the same
     assert params.read_text().startswith("# vlmgym pipeline parameters")  # header comment kept
-    assert "# GRPO steps" in params.read_text()  # every key keeps its doc comment
+    steps_doc = next(f.metadata["doc"] for f in dataclasses.fields(TrainParams) if f.name == "steps")
+    assert f"steps: 2  # {steps_doc}" in params.read_text()  # every key keeps its doc comment
 
 
 def test_a_bad_preset_leaves_params_untouched(tmp_path):
