@@ -5,6 +5,7 @@ from pathlib import Path
 import pytest
 
 from vlmgym import params
+from vlmgym.envs import Env, registry
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -40,7 +41,7 @@ def test_defaults_fill_missing_keys(tmp_path):
         ("env:\n  geospot:\n    tau_kms: [1]\n", ["env.geospot.tau_kms", "unknown key", "tau_km"]),
         ("env:\n  geospot:\n    format_weight: 2\n", ["env.geospot.format_weight", "<= 1"]),
         ("env:\n  geospot:\n    tau_km: [1.0]\n", ["env.geospot.tau_km", "expected 4 values"]),
-        ("env:\n  nlvr2:\n    x: 1\n", ["env.nlvr2", "takes no settings"]),
+        ("env:\n  nlvr2:\n    x: 1\n", ["env.nlvr2.x", "unknown key", "think"]),
         ("env:\n  name: colour\n", ["env.name", "unknown env 'colour'", "geospot, nlvr2"]),
         ("env:\n  name: no_such_module:Env\n", ["env.name", "cannot load"]),
         ("eval:\n  comparisons: [[grpo]]\n", ["eval.comparisons", "[treatment, control]"]),
@@ -91,8 +92,28 @@ def test_env_sections_render_and_read_back(tmp_path):
     assert params.to_dict(again["env"])["geospot"]["format_weight"] == 0.1
 
 
+class NoSettingsEnv(Env):
+    """An env without a Params section."""
+
+    name = "no_settings"
+
+    def prompt(self, sample):
+        return "?"
+
+    def score(self, state, text):
+        return 0.0, {}
+
+
+def test_an_env_without_params_takes_no_settings(tmp_path, monkeypatch):
+    monkeypatch.setattr(registry, "_REGISTRY", {**registry._REGISTRY, "no_settings": NoSettingsEnv})
+    env = params.load_section("env", write(tmp_path, "env:\n  name: no_settings\n"))
+    assert env.settings() is None
+    with pytest.raises(params.ParamsError, match="env.no_settings.*takes no settings"):
+        params.load_all(write(tmp_path, "env:\n  name: no_settings\n  no_settings:\n    x: 1\n"))
+
+
 def test_settings_fall_back_to_the_env_defaults(tmp_path):
     env = params.load_section("env", write(tmp_path, "env:\n  name: nlvr2\n"))
-    assert env.settings() is None  # nlvr2 takes no settings
+    assert env.settings().think is False  # nlvr2's only settings: the think/answer option
     env = params.load_section("env", write(tmp_path, "env:\n  name: geospot\n"))
     assert env.settings().format_weight == 0.1

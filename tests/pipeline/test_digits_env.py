@@ -1,5 +1,8 @@
 """The built-in digits env runs the whole pipeline: a fresh checkout with the micro preset, `env.name: digits`,
-one `dvc repro`, then its real outputs: shards, rollout records, metrics with intervals, the report's rows."""
+one `dvc repro`, then its real outputs: shards, rollout records, metrics with intervals, the report's rows.
+
+It runs with the R1 think/answer option on (`env.digits.think: true`), so the same run also carries that option
+through every stage: SFT on tagged targets, prompts with the instruction, the structure's reward component."""
 
 from __future__ import annotations
 
@@ -18,7 +21,9 @@ def digits_pipeline(tmp_path_factory):
     root = tmp_path_factory.mktemp("digits")
     env = micro_checkout(root)
     overlay = root / "digits.yaml"
-    overlay.write_text(yaml.safe_dump({"env": {"name": "digits"}, "eval": {"hf_samples": 2}}))
+    # the tagged SFT target is ~20 tokens: room for it in training and rollouts
+    overlay.write_text(yaml.safe_dump({"env": {"name": "digits", "digits": {"think": True}}, "eval": {"hf_samples": 2},
+                                       "train": {"max_new_tokens": 32}, "rollout": {"max_new_tokens": 32}}))
     run_checked(["vlmgym", "preset", overlay.name], root, env)
     run_checked(["git", "add", "-A"], root, env)
     run_checked(["git", "commit", "-qm", "digits env"], root, env)
@@ -48,7 +53,8 @@ def test_rollouts_hold_digits_records(digits_pipeline):
         for record in records:
             assert record["env"] == "digits" and record["policy"] == policy
             assert record["truth"]["task"] in ("sort", "sum") and 1 <= len(record["truth"]["digits"]) <= 3
-            assert set(record["reward_components"]) == {"format", "correct"} and 0 <= record["reward"] <= 1
+            assert set(record["reward_components"]) == {"format", "correct", "think_format"}
+            assert 0 <= record["reward"] <= 1 and record["reward_components"]["think_format"] in (0.0, 0.1)
             assert "numbers" in record["parsed"]
         assert len(_records(root / "outputs" / "rollouts" / "test_ood" / f"{policy}.jsonl")) == 8
 

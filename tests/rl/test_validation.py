@@ -136,6 +136,26 @@ def test_sft_validation_loss_is_the_mean_token_nll_of_the_ideal_answers(tmp_path
     assert len(losses) == 2 and losses[-1] < loss  # steps 2 and 4; SFT on the same targets lowers it
 
 
+class ReversedTargetEnv(ToyEnv):
+    """SFT's target is the env's sft_target (e.g. the answer in R1 tags), not ideal_answer itself."""
+
+    def sft_target(self, meta: dict) -> str:
+        return " ".join(reversed(self.ideal_answer(meta).split()))
+
+
+def test_sft_trains_and_validates_on_the_envs_sft_target(tmp_path):
+    config = SFTParams(steps=1, batch_size=3, lr=0.03, warmup_steps=0, save_every=4, val_every=2)
+    val_env = ReversedTargetEnv(num_prompts=5)
+    trainer = SFTTrainer(POLICY, ReversedTargetEnv(), _params(), config, tmp_path / "sft", progress_bar=False,
+                         val_env=val_env)
+    targets = [val_env.sft_target(val_env.reset(i)[0].meta) for i in range(5)]
+    assert targets[0] != val_env.ideal_answer(val_env.reset(0)[0].meta)
+    tokens, mask = POLICY.encode_targets(targets)
+    logprobs = np.asarray(POLICY.logprobs(_params(), {"prompt": np.arange(5), "tokens": tokens, "mask": mask}))
+    assert trainer.validation_loss(_params())["val/loss"] == pytest.approx(-(logprobs * mask).sum() / mask.sum(),
+                                                                           rel=1e-6)
+
+
 def test_validation_settings_reject_selection_without_validation(tmp_path):
     with pytest.raises(ValueError, match="val_every > 0"):
         ValidationSettings(every=0, batch_size=4, select="best_val")

@@ -14,7 +14,8 @@ samples need no instance):
   dataset, where one exists), both writing the raw layout (vlmgym.data.layout); `generate(n)` makes samples in
   memory from the same generator.
 - shard: `schema` (vlmgym.data.rows.RowSchema: CSV columns, images, row validation).
-- sft / train / rollout: `prompt`, `score`, `ideal_answer`, `corpus` (the tokenizer's texts).
+- sft / train / rollout: `prompt`, `score`, `ideal_answer`, `corpus` (the tokenizer's texts). A `Params` with
+  the fields of vlmgym.envs.think.ThinkParams (every built-in env's) adds the R1 think/answer option on top.
 - download, rollout, evaluate: `ood_note`, when the generator also writes an out-of-distribution test split
   (test_ood); the rollout stage answers it too and the evaluate stage reports it beside test.
 - evaluate: `record_fields` / `finish_record` (the per-sample record), `task_statistics` (metrics as
@@ -121,7 +122,10 @@ class Env(abc.ABC):
     def observation(self, sample: SampleLike) -> dict:
         """Images plus one HF-style user message: an image part per image, then the prompt text."""
         content = [{"type": "image"} for _ in sample.images]
-        content.append({"type": "text", "text": self.prompt(sample)})
+        question = self.prompt(sample)
+        from vlmgym.envs import think as r1  # here, not at the top: think imports vlmgym.params, which imports this
+
+        content.append({"type": "text", "text": r1.prompt(question) if self.think else question})
         return {"images": list(sample.images), "messages": [{"role": "user", "content": content}]}
 
     def step(self, state: State, action_tokens) -> tuple[State, list, float, bool, dict]:
@@ -136,9 +140,29 @@ class Env(abc.ABC):
         return self.step_text(state, text)
 
     def step_text(self, state: State, text: str) -> tuple[State, list, float, bool, dict]:
-        """Score a text answer: (state marked done, no further observation, reward, done=True, info)."""
-        reward, info = self.score(state, text)
+        """Score a text answer: (state marked done, no further observation, reward, done=True, info); with the
+        think option, the env scores the answer block and the structure adds its share (vlmgym.envs.think)."""
+        if not self.think:
+            reward, info = self.score(state, text)
+        else:
+            from vlmgym.envs import think as r1
+
+            text = text if isinstance(text, str) else ""
+            reward, info = self.score(state, r1.answer(text))
+            reward, info = r1.combine(reward, info, r1.structure_ok(text), self.params.think_format_weight)
         return replace(state, done=True, answer=text), [], float(reward), True, info
+
+    @property
+    def think(self) -> bool:
+        """Whether this env runs with the R1 think/answer convention (its settings' `think`)."""
+        return bool(getattr(self.params, "think", False))
+
+    def sft_target(self, meta: dict) -> str:
+        """What SFT teaches for a sample: the ideal answer, inside the R1 tags with the think option."""
+        from vlmgym.envs import think as r1
+
+        ideal = self.ideal_answer(meta)
+        return r1.target(ideal) if self.think else ideal
 
     # --- interaction: what a subclass provides -------------------------------
 

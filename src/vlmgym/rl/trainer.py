@@ -508,7 +508,7 @@ class SFTTrainer(TrainingLoop):
             for index in range(start, min(start + size, len(env))):
                 state, obs = env.reset(index)
                 try:
-                    rows.append(self.policy.encode_targets([env.ideal_answer(state.meta)]))
+                    rows.append(self.policy.encode_targets([env.sft_target(state.meta)]))
                 except ValueError:
                     continue  # too long for the budget: skipped in training too
                 observations.append(obs)
@@ -529,7 +529,7 @@ class SFTTrainer(TrainingLoop):
             for index in self.data.take(self.config.batch_size - len(rows)):
                 state, obs = self.env.reset(index)
                 try:
-                    rows.append(self.policy.encode_targets([self.env.ideal_answer(state.meta)]))
+                    rows.append(self.policy.encode_targets([self.env.sft_target(state.meta)]))
                 except ValueError:
                     # A target longer than the token budget would teach an answer without its end: skip it.
                     skipped += 1

@@ -29,6 +29,7 @@ import numpy as np
 from vlmgym.data.rows import SAFE_KEY, Row, RowSchema, RowSkip
 from vlmgym.envs.base import Env, SampleLike, State
 from vlmgym.envs.digits import data as digits_data
+from vlmgym.envs.think import ThinkParams
 from vlmgym.eval.bootstrap import Statistic
 from vlmgym.eval.metrics import record_field, record_where
 from vlmgym.params import spec
@@ -47,7 +48,7 @@ COUNTS = range(1, digits_data.MAX_DIGITS + 1)
 
 
 @dataclass(frozen=True)
-class DigitsParams:
+class DigitsParams(ThinkParams):
     """digits reward: correctness plus a share for answering in the expected shape."""
 
     format_weight: float = spec(0.1, ge=0, le=1, doc="share of the reward for an answer of the expected shape "

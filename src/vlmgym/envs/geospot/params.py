@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from vlmgym.envs.think import ThinkParams
 from vlmgym.params import ParamsError, spec
 
 
@@ -21,7 +22,7 @@ class GeospotDataParams:
 
 
 @dataclass(frozen=True)
-class GeospotParams:
+class GeospotParams(ThinkParams):
     """geospot reward and report: k = exp(-d / tau) per level (country, region, city, coordinates), weighted."""
 
     tau_km: list[float] = spec(default_factory=lambda: [2000.0, 500.0, 100.0, 25.0], gt=0,

@@ -18,6 +18,7 @@ from vlmgym.data.rows import Row, RowSchema, RowSkip
 from vlmgym.envs.base import Env, SampleLike, State
 from vlmgym.envs.nlvr2 import data as nlvr2_data
 from vlmgym.envs.nlvr2 import types as nlvr2_types
+from vlmgym.envs.think import ThinkParams
 from vlmgym.eval.bootstrap import Statistic
 from vlmgym.eval.metrics import record_field, record_where
 
@@ -63,6 +64,7 @@ class NLVR2Env(Env):
     """Decide whether a statement about a left and a right image is true; samples come from webdataset shards."""
 
     name = "nlvr2"
+    Params = ThinkParams  # nlvr2's reward has no settings of its own: only the R1 think/answer option
     DataParams = nlvr2_data.NLVR2DataParams
     schema = RowSchema("nlvr2", ("id", "sentence", "label", "left", "right"), ("left.jpg", "right.jpg"), parse_row)
     # the overall accuracy, then one per statement type (synthetic templates; the real NLVR2 has only the first)
