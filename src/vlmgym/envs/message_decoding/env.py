@@ -1,0 +1,234 @@
+"""message_decoding: decode a coded English word with the letter table in the image.
+
+The message decoding task of r1_vlm: the image is a decoder table (each coded letter over the plain letter it stands
+for, a fresh permutation of a-z per sample) and the prompt gives a common English word in that code; the answer is
+the plain word. Data: data.py (words, code, splits) and render.py (the table); synthetic source only, there is no
+hub loader, so `data.source: hub` stops with the base class's MissingPart error.
+
+Reward, in [0, 1] for any text: format_weight x format_ok + (1 - format_weight) x correctness (format_weight:
+`env.message_decoding.format_weight`, 0.1 by default).
+- The word read: the answer's last run of letters, lowercased (any script's letters count, so a wrong accented
+  letter costs only its place; digits, spaces and punctuation separate runs). The last, like digits' sum reads the
+  last integer, so "The word is house." reads "house"; one of more than MAX_WORD_LETTERS letters is unreadable (None).
+- correctness: position-wise matching letters / max(len(word read), len(truth)), case-insensitive: 1 exactly for the
+  right word, and a missing, extra or misplaced letter each costs a share, so padding with guesses does not pay.
+  Nothing read scores 0.
+- format_ok: the whole answer is one word of at most MAX_WORD_LETTERS letters A-Z / a-z (either case), give or take
+  surrounding whitespace, a quote on either side and one final full stop; several words, digits or other scripts
+  are not.
+Garbage with no letters scores 0; a wrong word of letters can still earn the letters that happen to sit in place.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from vlmgym.data.rows import SAFE_KEY, Row, RowSchema, RowSkip
+from vlmgym.envs.base import Env, SampleLike, State
+from vlmgym.envs.message_decoding import data as md_data
+from vlmgym.eval.bootstrap import Statistic
+from vlmgym.eval.metrics import record_field, record_where
+from vlmgym.params import spec
+
+PROMPT = ('The image is a decoder table: each coded letter above maps to the plain letter below. Decode the message '
+          '"{coded}". Answer with the decoded word.')
+MAX_WORD_LETTERS = 64  # answers have at most 14; a longer run is not read (nor well-formed), so records stay small
+LETTERS = re.compile(r"[^\W\d_]+")  # a run of letters of any script
+FORMAT = re.compile(rf"\s*[\"'“”‘’`]?[A-Za-z]{{1,{MAX_WORD_LETTERS}}}[\"'“”‘’`]?\.?\s*", re.ASCII)
+MAX_ANSWER = md_data.MAX_LENGTH + md_data.OOD_EXTRA_LETTERS
+ANSWER = re.compile(rf"[a-z]{{1,{MAX_ANSWER}}}")
+# exact accuracy by word length, two lengths a group: 3-4, 5-6, 7-8 (train and test), 9-10 (test_ood's long words)
+LENGTH_GROUPS = tuple((low, low + 1) for low in range(1, MAX_ANSWER + 1, 2))
+CORPUS_WORDS = 2000  # train words in the tokenizer corpus, most frequent first
+CORPUS_PROMPTS = 200  # prompts with a coded word in the corpus
+
+
+@dataclass(frozen=True)
+class MessageDecodingParams:
+    """message_decoding reward: per-letter correctness plus a share for answering with one bare word."""
+
+    format_weight: float = spec(0.1, ge=0, le=1, doc="share of the reward for an answer of the expected shape "
+                                                     "(one word of letters)")
+
+
+def read_word(text: Any) -> tuple[str | None, int]:
+    """(the last run of letters in `text`, lowercased, or None when there is none or it is implausibly long; how
+    many runs there are)."""
+    last, count = None, 0
+    for match in LETTERS.finditer(text if isinstance(text, str) else ""):
+        last, count = match, count + 1
+    if last is None:
+        return None, 0
+    word = last.group().lower()
+    return (word if len(word) <= MAX_WORD_LETTERS else None), count
+
+
+def char_credit(predicted: str | None, truth: str) -> float:
+    """Position-wise matching letters / max(len(predicted), len(truth)): 1 exactly when they are equal."""
+    if not predicted or not truth:
+        return 0.0
+    return sum(p == t for p, t in zip(predicted, truth)) / max(len(predicted), len(truth))
+
+
+def length_group(length: int) -> str:
+    """The metric of exact accuracy for words of `length` letters, e.g. accuracy_5to6."""
+    low = length - (length + 1) % 2
+    return f"accuracy_{low}to{low + 1}"
+
+
+def parse_row(rec: dict[str, str]) -> Row:
+    """One raw row (id, coded, decoder, answer, image) as a sample; anything inconsistent is a counted skip."""
+    sample_id = rec["id"].strip()
+    if not SAFE_KEY.match(sample_id):
+        raise RowSkip("bad_id", f"id {rec['id']!r} is not a plain token (letters, digits, _ and -)")
+    decoder = rec["decoder"].strip()
+    if not md_data.is_permutation(decoder):
+        raise RowSkip("bad_decoder", f"decoder {rec['decoder']!r} is not a permutation of a-z")
+    coded = rec["coded"].strip()
+    if not ANSWER.fullmatch(coded):
+        raise RowSkip("bad_coded", f"coded {rec['coded']!r} is not 1-{MAX_ANSWER} letters a-z")
+    answer = md_data.decode(coded, decoder)
+    if rec["answer"].strip() != answer:
+        raise RowSkip("bad_answer", f"answer {rec['answer']!r} is not {coded!r} decoded ({answer!r})")
+    if not rec["image"].strip():
+        raise RowSkip("image_missing", "empty image name")
+    return Row(sample_id, (rec["image"].strip(),), {"id": sample_id, "coded": coded, "decoder": decoder,
+                                                    "answer": answer})
+
+
+class MessageDecodingEnv(Env):
+    """Decode a coded word with the table in one image; samples come from webdataset shards.
+
+    Data: the embedded generator only (data.py); `data.source: hub` raises the base class's MissingPart."""
+
+    name = "message_decoding"
+    Params = MessageDecodingParams
+    DataParams = md_data.MessageDecodingDataParams
+    schema = RowSchema("message_decoding", md_data.CSV_COLUMNS, ("jpg",), parse_row)
+    metric_rows = {"accuracy": ("accuracy", "rate"), "char_accuracy": ("character accuracy", "rate"),
+                   **{length_group(low): (f"accuracy, {low}-{high} letters", "rate") for low, high in LENGTH_GROUPS}}
+    ood_note = (f"words longer than train ever uses (max_length + 1 to + {md_data.OOD_EXTRA_LETTERS} letters, 9-10 by "
+                "default; data.message_decoding.ood_shift: long, or shuffled, the table's cells out of alphabetical "
+                "order), from the test word pool")
+
+    def __init__(self, samples: Sequence[SampleLike] | None = None, **kwargs: Any) -> None:
+        super().__init__(samples, **kwargs)
+        for sample in self.samples:
+            _check_sample(sample)
+
+    def prompt(self, sample: SampleLike) -> str:
+        """The question, with the coded word."""
+        return PROMPT.format(coded=sample.meta["coded"])
+
+    def prepare_truth(self, sample: SampleLike) -> str:
+        """The plain word."""
+        return sample.meta["answer"]
+
+    def score(self, state: State, text: str) -> tuple[float, dict]:
+        """format_weight x format_ok + (1 - format_weight) x correctness (module docstring); never raises."""
+        text = text if isinstance(text, str) else ""
+        truth = state.truth if state.truth is not None else state.meta["answer"]
+        word, n_words = read_word(text)
+        correctness = char_credit(word, truth)
+        format_ok = FORMAT.fullmatch(text) is not None
+        weight = self.params.format_weight
+        components = {"format": weight * format_ok, "correct": (1 - weight) * correctness}
+        reward = min(1.0, max(0.0, components["format"] + components["correct"]))
+        info = {
+            "answer": word,
+            "n_words": n_words,
+            "correctness": correctness,
+            "exact": word is not None and word == truth,
+            "format_ok": format_ok,
+            "parse_failed": word is None,
+            "reward_components": components,
+        }
+        return reward, info
+
+    @staticmethod
+    def ideal_answer(meta: dict[str, Any]) -> str:
+        """The SFT target: the plain word."""
+        return meta["answer"]
+
+    @classmethod
+    def corpus(cls) -> list[str]:
+        """The alphabet, the most frequent default train words and prompts with coded words (tokenizer training);
+        never a test word."""
+        words = md_data.pool("train", md_data.MessageDecodingDataParams())[:CORPUS_WORDS]
+        decoder = md_data.ALPHABET[::-1]  # any fixed code: the prompts' coded words are letter soup either way
+        return [*md_data.ALPHABET, *words,
+                *(PROMPT.format(coded=md_data.encode(w, decoder)) for w in words[:CORPUS_PROMPTS])]
+
+    @classmethod
+    def write_synthetic(cls, data: Any, out_dir: Path) -> dict:
+        """Coded common words with their tables; `data.train_images` / `test_images` / `ood_images` count samples."""
+        return md_data.write_synthetic_raw(data, out_dir, cls.data_settings(data))
+
+    @classmethod
+    def record_fields(cls, info: Mapping[str, Any], meta: Mapping[str, Any]) -> dict[str, Any]:
+        """What the parser read (the word, how many words, the letter credit) and the truth (coded word, table,
+        answer)."""
+        return {"parsed": {"word": info.get("answer"), "n_words": info.get("n_words"),
+                           "correctness": info.get("correctness")},
+                "pred_answer": info.get("answer"),
+                "truth": {"coded": meta.get("coded"), "decoder": meta.get("decoder"), "answer": meta.get("answer")}}
+
+    @classmethod
+    def usable_prediction(cls, record: Mapping[str, Any]) -> bool:
+        """An answer in which a word was read."""
+        return isinstance(record.get("pred_answer"), str)
+
+    @classmethod
+    def task_statistics(cls, records: Sequence[Mapping[str, Any]], **options: Any) -> dict[str, Statistic]:
+        """Exact-match accuracy, mean letter credit (char_accuracy), and exact accuracy per word-length group as
+        ratios over all records (another group's record adds 0 / 0), so the shared bootstrap resamples whole test
+        sets and differences stay paired; groups absent from `records` are left out."""
+        correct, credit, groups = [], [], []
+        for i, record in enumerate(records):
+            where = record_where(record, i)
+            truth = record_field(record, "truth", where)
+            answer = truth.get("answer") if isinstance(truth, Mapping) else None
+            if not isinstance(answer, str) or not ANSWER.fullmatch(answer):
+                raise ValueError(f"{where}: truth.answer must be 1-{MAX_ANSWER} letters a-z, got {answer!r}")
+            predicted = record.get("pred_answer")
+            predicted = predicted if isinstance(predicted, str) else None
+            correct.append(predicted == answer)
+            credit.append(char_credit(predicted, answer))
+            groups.append(length_group(len(answer)))
+        correct = np.asarray(correct, np.float64)
+        stats = {"accuracy": Statistic("mean", correct), "char_accuracy": Statistic("mean", np.asarray(credit))}
+        for low, _ in LENGTH_GROUPS:
+            metric = length_group(low)
+            member = np.array([g == metric for g in groups], np.float64)
+            if member.any():
+                stats[metric] = Statistic("ratio", member * correct, member)
+        return stats
+
+    @classmethod
+    def truth_text(cls, truth: Mapping[str, Any]) -> str:
+        """The coded word and its answer."""
+        return f"{truth.get('coded')} -> {truth.get('answer')}"
+
+    @classmethod
+    def outcome_text(cls, record: Mapping[str, Any]) -> str:
+        """correct, partial (some letters in place) or wrong."""
+        if record.get("pred_answer") is not None and record.get("pred_answer") == record["truth"].get("answer"):
+            return "correct"
+        credit = (record.get("parsed") or {}).get("correctness")
+        return f"partial {credit:.2f}" if isinstance(credit, float) and 0 < credit < 1 else "wrong"
+
+
+def _check_sample(sample: SampleLike) -> None:
+    if len(sample.images) != 1:
+        raise ValueError(f"message_decoding: sample {sample.key} has {len(sample.images)} images, expected 1")
+    coded, decoder, answer = (sample.meta.get(k) for k in ("coded", "decoder", "answer"))
+    if not (isinstance(decoder, str) and md_data.is_permutation(decoder) and isinstance(coded, str)
+            and ANSWER.fullmatch(coded) and answer == md_data.decode(coded, decoder)):
+        raise ValueError(f"message_decoding: sample {sample.key} has coded {coded!r}, decoder {decoder!r} and answer "
+                         f"{answer!r}, expected a-z letters, a permutation of a-z and the decoded word")
