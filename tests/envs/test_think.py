@@ -12,7 +12,7 @@ from vlmgym import envs
 from vlmgym.envs import think
 from vlmgym.params import EnvParams, ParamsError, from_dict
 
-BUILTIN = ("geospot", "nlvr2", "digits")
+BUILTIN = ("geospot", "nlvr2", "digits", "message_decoding")
 
 
 def _env(name: str, on: bool = True, weight: float = 0.1, n: int = 4):
@@ -78,7 +78,8 @@ def test_rewards_of_the_structure_and_the_answer_block(name, weight):
         assert untidy == pytest.approx((1 - weight) * plain) and not info["format_ok"]
         # the structure around a wrong answer: the structure's share plus whatever the env gives the answer
         wrong, info = env.step_text(state, "<think>hm</think><answer>zzz</answer>")[2::2]
-        assert wrong == pytest.approx(weight + (1 - weight) * info["answer_reward"]) and info["answer_reward"] == 0
+        assert wrong == pytest.approx(weight + (1 - weight) * info["answer_reward"]) and info["answer_reward"] < plain
+        assert info["answer_reward"] == off.step_text(state, "zzz")[2]
 
 
 @pytest.mark.parametrize("name", BUILTIN)

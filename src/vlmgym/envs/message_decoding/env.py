@@ -32,6 +32,7 @@ import numpy as np
 from vlmgym.data.rows import SAFE_KEY, Row, RowSchema, RowSkip
 from vlmgym.envs.base import Env, SampleLike, State
 from vlmgym.envs.message_decoding import data as md_data
+from vlmgym.envs.think import ThinkParams
 from vlmgym.eval.bootstrap import Statistic
 from vlmgym.eval.metrics import record_field, record_where
 from vlmgym.params import spec
@@ -50,7 +51,7 @@ CORPUS_PROMPTS = 200  # prompts with a coded word in the corpus
 
 
 @dataclass(frozen=True)
-class MessageDecodingParams:
+class MessageDecodingParams(ThinkParams):
     """message_decoding reward: per-letter correctness plus a share for answering with one bare word."""
 
     format_weight: float = spec(0.1, ge=0, le=1, doc="share of the reward for an answer of the expected shape "
