@@ -129,9 +129,9 @@ class SyntheticPair:
 
 
 def sample_scene(rng: random.Random, width: int, height: int, mentioned: Statement | None = None,
-                 max_objects: int = MAX_OBJECTS, object_scale: float = 1.0) -> Scene:
-    """1..max_objects shapes that neither overlap nor line up, so counts and relations are visible; `object_scale`
-    multiplies the shapes' radii."""
+                 max_objects: int = MAX_OBJECTS, object_scale: float = 1.0, min_objects: int = 1) -> Scene:
+    """min_objects..max_objects shapes that neither overlap nor line up, so counts and relations are visible;
+    `object_scale` multiplies the shapes' radii. (The rec env draws its scenes here too, with more objects.)"""
     base = min(width, height)
     radii = {"small": 0.065 * object_scale * base, "large": 0.11 * object_scale * base}
     gap = 0.04 * base  # also the minimum x and y offset between centres: no ambiguous left/right/above/below
@@ -143,7 +143,7 @@ def sample_scene(rng: random.Random, width: int, height: int, mentioned: Stateme
         # then come out true or false often enough that the wording never has to be redrawn to fit the label.
         colours = sorted(set(colours) | set(mentioned.colours))
         shapes = sorted(set(shapes) | set(mentioned.shapes))
-    count = rng.randint(1, max_objects)
+    count = rng.randint(min_objects, max_objects)
     for _ in range(100):
         objects: list[SceneObject] = []
         for _ in range(count):
