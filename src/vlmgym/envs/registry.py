@@ -1,7 +1,8 @@
 """Environment registry: names -> Env classes, imported only when first made (so importing vlmgym.envs is cheap).
 
 An env is found by `env.name` in three ways:
-- a built-in name (geospot, nlvr2, digits, message_decoding) or one added with `register(name, "package.module:Class")`;
+- a built-in name (geospot, nlvr2, digits, message_decoding, rec) or one added with
+  `register(name, "package.module:Class")`;
 - an entry point of group `vlmgym.envs` of an installed package, e.g. in its pyproject.toml
   `[project.entry-points."vlmgym.envs"]` then `colour = "my_package.colour:ColourEnv"`;
 - `package.module:Class` itself (importable from sys.path; the working directory is tried too, so a module
@@ -26,6 +27,7 @@ BUILTIN: dict[str, str] = {
     "nlvr2": "vlmgym.envs.nlvr2:NLVR2Env",
     "digits": "vlmgym.envs.digits:DigitsEnv",
     "message_decoding": "vlmgym.envs.message_decoding:MessageDecodingEnv",
+    "rec": "vlmgym.envs.rec:RecEnv",
 }
 # The envs whose texts the tiny tokenizer is always trained on, fixed rather than all of BUILTIN: the default
 # tokenizer, and so the default model and every committed result, stays the same when an env is added. Any other

@@ -1,0 +1,236 @@
+"""rec: referring-expression comprehension, VLM-R1's headline task. Find the one object an expression describes
+("the small red circle to the left of the blue square") and answer its box in Qwen3-VL's grounding JSON,
+`[{"bbox_2d": [x1, y1, x2, y2], "label": "small red circle"}]`, coordinates 0-1000 relative to the image (boxes.py).
+
+Data (data.py): synthetic scenes of nlvr2's shapes with expressions unambiguous by construction (the default), or
+RefCOCO-family data from the hub; the truth is stored in 0-1000 units, so the shard stage's resizing leaves it right.
+
+Reward, in [0, 1] for any text: format_weight x format_ok + (1 - format_weight) x IoU (format_weight:
+`env.rec.format_weight`, 0.1 by default). IoU: of the first box in the answer with the true box, read tolerantly
+(parse.py: extra text, swapped corners, floats, values clipped to 0-1000, a bare list or dict; several boxes: the
+first is scored); a zero-area box scores 0. format_ok: the answer is exactly the JSON above, one box of integers.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from vlmgym.data.rows import SAFE_KEY, Row, RowSchema, RowSkip
+from vlmgym.envs.base import Env, SampleLike, State
+from vlmgym.envs.nlvr2.data import COLOURS, RELATIONS, SHAPES, SIZES
+from vlmgym.envs.rec import data as rec_data
+from vlmgym.envs.rec import report
+from vlmgym.envs.rec import scene as rec_scene
+from vlmgym.envs.rec.boxes import SCALE, answer_json, iou, pixels_to_qwen
+from vlmgym.envs.rec.parse import parse_answer
+from vlmgym.eval.bootstrap import Statistic
+from vlmgym.eval.metrics import record_field, record_where
+from vlmgym.params import spec
+
+PROMPT = ('Find the object this expression refers to: "{expression}". Answer with its bounding box as JSON, '
+          '[{{"bbox_2d": [x1, y1, x2, y2], "label": "..."}}], with coordinates from 0 to 1000 relative to the '
+          "image's width and height.")
+IOU_THRESHOLDS = (0.5, 0.75)  # accuracy at IoU >= 0.5 is RefCOCO's (and VLM-R1's) headline metric
+MAX_IMAGE_SIDE = 100_000  # a width or height beyond this in a raw row is a broken row, not an image
+
+
+@dataclass(frozen=True)
+class RecParams:
+    """rec reward (IoU plus a share for Qwen3-VL's answer format) and report (test images drawn with boxes)."""
+
+    format_weight: float = spec(0.1, ge=0, le=1, doc="share of the reward for an answer in Qwen3-VL's form: a JSON "
+                                                     "list of one bbox_2d of four integers 0-1000 (and a label)")
+    report_boxes: int = spec(6, ge=0, doc="test samples drawn with their true and predicted boxes in "
+                                          "reports/eval.html (0: none)")
+    report_images: str = spec("data/shards/test", doc="the shard split folder those images are read from "
+                                                      "(rollout.shards_dir / rollout.split)")
+
+
+def parse_row(rec: dict[str, str]) -> Row:
+    """One raw row (id, expression, label, pixel box, image size, image) as a sample whose truth is in 0-1000
+    units; anything inconsistent is a counted skip."""
+    sample_id = rec["id"].strip()
+    if not SAFE_KEY.match(sample_id):
+        raise RowSkip("bad_id", f"id {rec['id']!r} is not a plain token (letters, digits, _ and -)")
+    expression = " ".join(rec["expression"].split())
+    if not expression:
+        raise RowSkip("missing_expression", "empty expression")
+    label = " ".join(rec["label"].split())
+    if not label:
+        raise RowSkip("missing_label", "empty label")
+    try:
+        width, height = int(rec["width"]), int(rec["height"])
+    except ValueError:
+        width = height = 0
+    if not (0 < width <= MAX_IMAGE_SIDE and 0 < height <= MAX_IMAGE_SIDE):
+        raise RowSkip("bad_size", f"image size {rec['width']!r} x {rec['height']!r} is not two positive integers")
+    try:
+        box = [float(v) for v in rec["box"].split()]
+    except ValueError:
+        box = []
+    if (len(box) != 4 or not all(math.isfinite(v) for v in box)
+            or not (0 <= box[0] < box[2] <= width and 0 <= box[1] < box[3] <= height)):
+        raise RowSkip("bad_box", f"box {rec['box']!r} is not 'x1 y1 x2 y2' with 0 <= x1 < x2 <= {width} and "
+                                 f"0 <= y1 < y2 <= {height}")
+    bbox = pixels_to_qwen(box, width, height)
+    if bbox[0] >= bbox[2] or bbox[1] >= bbox[3]:
+        raise RowSkip("degenerate_box", f"box {rec['box']!r} is under a thousandth of the {width}x{height} image")
+    if not rec["image"].strip():
+        raise RowSkip("image_missing", "empty image name")
+    return Row(sample_id, (rec["image"].strip(),), {"id": sample_id, "expression": expression, "label": label,
+                                                    "bbox_2d": list(bbox)})
+
+
+def valid_box(value: Any) -> bool:
+    """Four finite numbers in 0-1000 with x1 <= x2 and y1 <= y2 (a record's box, as JSON gives it back)."""
+    return (isinstance(value, list | tuple) and len(value) == 4
+            and all(isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) and 0 <= v <= SCALE
+                    for v in value)
+            and value[0] <= value[2] and value[1] <= value[3])
+
+
+class RecEnv(Env):
+    """Ground a referring expression in one image: answer the box of the object it describes; samples come from
+    webdataset shards."""
+
+    name = "rec"
+    Params = RecParams
+    DataParams = rec_data.RecDataParams
+    schema = RowSchema("rec", rec_data.CSV_COLUMNS, ("jpg",), parse_row)
+    metric_rows = {"mean_iou": ("mean IoU", "reward"),
+                   **{f"accuracy_iou{round(100 * t)}": (f"accuracy at IoU {t}", "rate") for t in IOU_THRESHOLDS}}
+    ood_note = ("crowded scenes of 7-9 objects (data.rec.ood_min_objects..ood_max_objects), more distractors than the "
+                "2-5 of any train scene")
+
+    def __init__(self, samples: Sequence[SampleLike] | None = None, **kwargs: Any) -> None:
+        super().__init__(samples, **kwargs)
+        for sample in self.samples:
+            _check_sample(sample)
+
+    def prompt(self, sample: SampleLike) -> str:
+        """The expression and the answer format."""
+        return PROMPT.format(expression=sample.meta["expression"])
+
+    def prepare_truth(self, sample: SampleLike) -> tuple[int, int, int, int]:
+        """The true box, 0-1000."""
+        return tuple(sample.meta["bbox_2d"])
+
+    def score(self, state: State, text: str) -> tuple[float, dict]:
+        """format_weight x format_ok + (1 - format_weight) x IoU (module docstring); never raises."""
+        truth = state.truth if state.truth is not None else tuple(state.meta["bbox_2d"])
+        parsed = parse_answer(text)
+        # rounded as the record keeps it, so the metrics recomputed from records match the reward
+        box = None if parsed.box is None else tuple(round(v, 3) for v in parsed.box)
+        overlap = iou(box, truth) if box is not None else 0.0
+        weight = self.params.format_weight
+        components = {"format": weight * parsed.format_ok, "iou": (1 - weight) * overlap}
+        reward = min(1.0, max(0.0, components["format"] + components["iou"]))
+        info = {
+            "bbox_2d": None if box is None else list(box),
+            "n_boxes": parsed.n_boxes,
+            "iou": overlap,
+            "format_ok": parsed.format_ok,
+            "parse_failed": parsed.box is None,
+            "reward_components": components,
+        }
+        return reward, info
+
+    @staticmethod
+    def ideal_answer(meta: dict[str, Any]) -> str:
+        """The SFT target: `[{"bbox_2d": [x1, y1, x2, y2], "label": "<label>"}]` with the true box."""
+        return answer_json(meta["bbox_2d"], meta["label"])
+
+    @classmethod
+    def corpus(cls) -> list[str]:
+        """The prompt, the vocabulary, example expressions and answers, and every coordinate 0-1000 (tokenizer
+        training)."""
+        vocabulary = " ".join([*SIZES, *sorted(COLOURS), *SHAPES, "object", *RELATIONS])
+        expressions = rec_scene.expression_corpus()
+        labels = [f"{s} {c} {h}" for s in SIZES for c in sorted(COLOURS) for h in SHAPES]
+        corners = [(i % 1001, (7 * i) % 1001, (13 * i) % 1001, (29 * i) % 1001) for i in range(200)]
+        answers = [answer_json((min(a, c), min(b, d), max(a, c), max(b, d)), labels[i % len(labels)])
+                   for i, (a, b, c, d) in enumerate(corners)]
+        return [PROMPT.format(expression=""), vocabulary, *expressions, *answers,
+                " ".join(str(n) for n in range(SCALE + 1))]
+
+    @classmethod
+    def write_synthetic(cls, data: Any, out_dir: Path) -> dict:
+        """Scenes with referring expressions; `data.train_images` / `data.test_images` / `data.ood_images` count
+        samples."""
+        return rec_data.write_synthetic_raw(data, out_dir, cls.data_settings(data))
+
+    @classmethod
+    def download_hub(cls, data: Any, out_dir: Path) -> dict:
+        """RefCOCO-family parquet from the hub (data.hub_repo, default lmms-lab/RefCOCO): its val split as train,
+        its test split as test, the first train_images / test_images usable rows."""
+        return rec_data.download_hub_raw(data, out_dir)
+
+    @classmethod
+    def record_fields(cls, info: Mapping[str, Any], meta: Mapping[str, Any]) -> dict[str, Any]:
+        """What the parser read (the scored box, the box count, the IoU) and the truth (expression, label, box)."""
+        return {"parsed": {"bbox_2d": info.get("bbox_2d"), "n_boxes": info.get("n_boxes"), "iou": info.get("iou")},
+                "pred_box": info.get("bbox_2d"),
+                "truth": {"expression": meta.get("expression"), "label": meta.get("label"),
+                          "bbox_2d": list(meta.get("bbox_2d") or [])}}
+
+    @classmethod
+    def usable_prediction(cls, record: Mapping[str, Any]) -> bool:
+        """An answer that held a box."""
+        return valid_box(record.get("pred_box"))
+
+    @classmethod
+    def task_statistics(cls, records: Sequence[Mapping[str, Any]], **options: Any) -> dict[str, Statistic]:
+        """Mean IoU with the true box (no box: 0) and the accuracy at IoU >= 0.5 and >= 0.75, per-sample arrays for
+        the shared bootstrap, recomputed from each record's boxes."""
+        overlaps = []
+        for i, record in enumerate(records):
+            where = record_where(record, i)
+            truth = record_field(record, "truth", where)
+            box = truth.get("bbox_2d") if isinstance(truth, Mapping) else None
+            if not valid_box(box):
+                raise ValueError(f"{where}: truth.bbox_2d must be four numbers 0-{SCALE} in order, got {box!r}")
+            predicted = record.get("pred_box")
+            overlaps.append(iou(predicted, box) if valid_box(predicted) else 0.0)
+        overlaps = np.asarray(overlaps, np.float64)
+        stats = {"mean_iou": Statistic("mean", overlaps)}
+        for threshold in IOU_THRESHOLDS:
+            stats[f"accuracy_iou{round(100 * threshold)}"] = Statistic("mean", (overlaps >= threshold).astype(float))
+        return stats
+
+    @classmethod
+    def truth_text(cls, truth: Mapping[str, Any]) -> str:
+        """The expression and the true box."""
+        return f"{truth.get('expression')} -> {list(truth.get('bbox_2d') or [])}"
+
+    @classmethod
+    def outcome_text(cls, record: Mapping[str, Any]) -> str:
+        """The IoU of the answer's box, or that it had none."""
+        overlap = (record.get("parsed") or {}).get("iou")
+        if not valid_box(record.get("pred_box")) or not isinstance(overlap, int | float):
+            return "no box"
+        return f"IoU {overlap:.2f}"
+
+    @classmethod
+    def report_html(cls, records_by_policy: Mapping[str, Sequence[Mapping[str, Any]]], params: Any) -> str:
+        """A few test images with the true box and each policy's predicted box (report.py)."""
+        params = params if params is not None else RecParams()
+        if params.report_boxes == 0:
+            return ""
+        return report.box_section_html(records_by_policy, params.report_boxes, params.report_images)
+
+
+def _check_sample(sample: SampleLike) -> None:
+    if len(sample.images) != 1:
+        raise ValueError(f"rec: sample {sample.key} has {len(sample.images)} images, expected 1")
+    expression, box = sample.meta.get("expression"), sample.meta.get("bbox_2d")
+    if not isinstance(expression, str) or not expression.strip():
+        raise ValueError(f"rec: sample {sample.key} has no expression (meta {sample.meta!r})")
+    if not valid_box(box) or not all(isinstance(v, int) for v in box) or box[0] >= box[2] or box[1] >= box[3]:
+        raise ValueError(f"rec: sample {sample.key} has bbox_2d {box!r}, expected four integers 0-{SCALE} with "
+                         "x1 < x2 and y1 < y2")
