@@ -27,6 +27,7 @@ from vlmgym.envs.rec import report as rec_report
 from vlmgym.envs.rec import scene as rec_scene
 from vlmgym.envs.rec.env import PROMPT, parse_row
 from vlmgym.eval.bootstrap import Statistic
+from vlmgym.eval.report import THUMBNAIL_PX
 from vlmgym.params import DataParams, ParamsError, ShardParams
 
 SMALL = DataParams(source="synthetic", seed=3, train_images=10, test_images=6, ood_images=4,
@@ -287,26 +288,39 @@ def test_report_draws_the_boxes_where_they_are():
     assert xs.min() == 32 and ys.min() == 24 and xs.max() == 287 and ys.max() == 215
     assert tuple(drawn[70, 33]) == (0, 180, 0) and tuple(drawn[180, 193]) == (31, 119, 180)
     assert not changed[60:100, 50:140].any() and not changed[0:20].any()  # inside the boxes, and away from them
-    assert rec_report.png_data_uri(Image.fromarray(drawn.astype(np.uint8))).startswith("data:image/png;base64,")
 
 
-def test_report_section_reads_the_test_images(shards):
+def test_the_gallery_draws_each_policys_box_and_the_legend_names_its_colour(shards):
     _, shards_dir, _ = shards
     env = envs.make("rec", shards_dir=str(shards_dir), split="test")
     records = {}
-    for policy, answer in (("sft", "ideal"), ("grpo", "[0, 0, 10, 10]")):
+    for policy, answer in (("sft", "ideal"), ("grpo", "[0, 0, 100, 100]"), ("base", "no box")):
         records[policy] = []
         for i in range(len(env)):
             state, _ = env.reset(i)
             text = env.ideal_answer(state.meta) if answer == "ideal" else answer
             _, info = env.score(state, text)
             records[policy].append({"id": state.key, **RecEnv.record_fields(info, state.meta)})
-    page = RecEnv.report_html(records, RecParams(report_boxes=4, report_images=str(shards_dir / "test")))
-    assert page.count('<div class="card rec-boxes"><img src="data:image/png;base64,') == 4
-    assert "Boxes on test images" in page and "IoU 1.00" in page and "IoU 0.00" in page
-    assert RecEnv.report_html(records, RecParams(report_boxes=0)) == ""
-    missing = RecEnv.report_html(records, RecParams(report_images=str(shards_dir / "nowhere")))
-    assert "6 of these samples have no image" in missing and "data:image/png" not in missing
+    image = env.samples[0].images[0]
+    by_policy = {policy: recs[0] for policy, recs in records.items()}
+    [drawn] = RecEnv.gallery_images([image], by_policy)
+    plain = np.asarray(rec_report.draw_boxes(image, None, [], max_px=THUMBNAIL_PX), np.int32)
+    truth_only = np.asarray(rec_report.draw_boxes(image, by_policy["sft"]["truth"]["bbox_2d"], [],
+                                                  max_px=THUMBNAIL_PX), np.int32)
+    drawn = np.asarray(drawn, np.int32)
+    assert drawn.shape == plain.shape and max(drawn.shape[:2]) == THUMBNAIL_PX
+    colours = rec_report.policy_colours(list(records))
+    # grpo's box (0-100 of 1000) is drawn in grpo's colour at the top left; sft's lies on the truth's green
+    corner = drawn[: THUMBNAIL_PX // 10, : THUMBNAIL_PX // 10]
+    grpo_rgb = tuple(int(colours["grpo"][i:i + 2], 16) for i in (1, 3, 5))
+    assert (np.abs(corner - grpo_rgb).sum(axis=2) == 0).any() and not (drawn == truth_only).all()
+    # no record for a policy (None) draws nothing for it
+    missing = np.asarray(RecEnv.gallery_images([image], {"sft": by_policy["sft"], "grpo": None, "base": None})[0],
+                         np.int32)
+    assert not (np.abs(missing[: THUMBNAIL_PX // 10, : THUMBNAIL_PX // 10] - grpo_rgb).sum(axis=2) == 0).any()
+    legend = RecEnv.report_html(records, RecParams())
+    for policy, colour in colours.items():
+        assert f'<span style="color:{colour}">{policy}</span>' in legend
 
 
 # --- the hub path, on a local parquet fixture -------------------------------------------------------

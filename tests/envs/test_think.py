@@ -12,7 +12,7 @@ from vlmgym import envs
 from vlmgym.envs import think
 from vlmgym.params import EnvParams, ParamsError, from_dict
 
-BUILTIN = ("geospot", "nlvr2", "digits", "message_decoding")
+BUILTIN = ("geospot", "nlvr2", "digits", "message_decoding", "rec")
 
 
 def _env(name: str, on: bool = True, weight: float = 0.1, n: int = 4):

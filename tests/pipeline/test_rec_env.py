@@ -20,7 +20,7 @@ def rec_pipeline(tmp_path_factory):
     root = tmp_path_factory.mktemp("rec")
     env = micro_checkout(root)
     overlay = root / "rec.yaml"
-    overlay.write_text(yaml.safe_dump({"env": {"name": "rec", "rec": {"report_boxes": 3}}, "eval": {"hf_samples": 2}}))
+    overlay.write_text(yaml.safe_dump({"env": {"name": "rec"}, "eval": {"hf_samples": 2}}))
     run_checked(["vlmgym", "preset", overlay.name], root, env)
     run_checked(["git", "add", "-A"], root, env)
     run_checked(["git", "commit", "-qm", "rec env"], root, env)
@@ -75,12 +75,13 @@ def test_metrics_and_report_name_the_iou_metrics(rec_pipeline):
         assert label in table, label
 
 
-def test_report_draws_the_boxes_on_test_images(rec_pipeline):
+def test_report_draws_the_boxes_on_the_gallery_images(rec_pipeline):
     root, _, _ = rec_pipeline
     page = (root / "reports" / "eval.html").read_text()
-    assert "Environment <b>rec</b>" in page and "<h2>Boxes on test images</h2>" in page
-    cards = re.findall(r'<div class="card rec-boxes"><img src="data:image/png;base64,[A-Za-z0-9+/=]+"', page)
-    assert len(cards) == 3  # env.rec.report_boxes
+    assert "Environment <b>rec</b>" in page and "<h2>Boxes</h2>" in page
+    colours = rec_report.policy_colours(list(POLICIES))
     for policy in POLICIES:
-        assert f"{policy}</span>" in page
-    assert "have no image" not in page  # read from data/shards/test, the split the policies answered
+        assert f'<span style="color:{colours[policy]}">{policy}</span>' in page
+    # the micro preset's gallery: 8 test samples, each with its image (boxes drawn on by RecEnv.gallery_images)
+    cards = re.findall(r'<div class="card" id="sample-[^"]+"><img src="data:image/jpeg;base64,[A-Za-z0-9+/=]+"', page)
+    assert len(cards) == 8

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import csv
 import zipfile
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
@@ -187,6 +187,35 @@ def write_zip(path: Path, members: list[tuple[str, bytes]]) -> None:
             info = zipfile.ZipInfo(name, date_time=ZIP_DATE_TIME)
             info.external_attr = 0o644 << 16
             archive.writestr(info, data)
+
+
+def write_split(out_dir: Path, split: str, columns: Sequence[str],
+                items: Iterable[tuple[list[str], list[tuple[str, bytes]]]], images_per_zip: int = 10_000) -> int:
+    """{split}.csv and images/{split}/NN.zip from (CSV row, [(image name, bytes), ...]) items, as the synthetic
+    generators write them: zips written as they fill (`images_per_zip` images each; one empty zip when there are no
+    rows), zips of an earlier, larger run removed, and the CSV last, so a split whose CSV exists has its images.
+    Returns the rows written."""
+    out_dir = Path(out_dir)
+    rows: list[list[str]] = []
+    members: list[tuple[str, bytes]] = []
+    zips: list[Path] = []
+
+    def flush() -> None:
+        zips.append(zip_dir(out_dir, split) / zip_name(len(zips)))
+        write_zip(zips[-1], members)
+        members.clear()
+
+    for row, images in items:
+        rows.append(row)
+        members.extend(images)
+        if len(members) >= images_per_zip:
+            flush()
+    if members or not zips:
+        flush()
+    for stale in set(split_zips(out_dir, split)) - set(zips):
+        stale.unlink()
+    write_csv(csv_path(out_dir, split), columns, rows)
+    return len(rows)
 
 
 def tree_bytes(path: Path) -> int:

@@ -19,9 +19,9 @@ samples need no instance):
 - download, rollout, evaluate: `ood_note`, when the generator also writes an out-of-distribution test split
   (test_ood); the rollout stage answers it too and the evaluate stage reports it beside test.
 - evaluate: `record_fields` / `finish_record` (the per-sample record), `task_statistics` (metrics as
-  bootstrap-able arrays), `metric_rows` (their table labels), `truth_text` / `outcome_text` (gallery rows),
-  `report_html` and `write_report_files` (task plots and page sections), `reward_levels` (the training reward's
-  per-level curves).
+  bootstrap-able arrays), `metric_rows` (their table labels), `truth_text` / `outcome_text` / `gallery_images`
+  (gallery rows and images), `report_html` and `write_report_files` (task plots and page sections),
+  `reward_levels` (the training reward's per-level curves).
 """
 
 from __future__ import annotations
@@ -259,6 +259,13 @@ class Env(abc.ABC):
         """How one answer did, in a gallery row (default: its reward components)."""
         components = record.get("reward_components") or {}
         return ", ".join(f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}" for k, v in components.items())
+
+    @classmethod
+    def gallery_images(cls, images: Sequence[Any], records: Mapping[str, Mapping[str, Any] | None]) -> list:
+        """The images a gallery card of reports/eval.html shows for one sample, given its record under each policy
+        (None where a policy has none; in the page's policy order); an env may draw its truth and predictions on
+        them (default: the images as they are)."""
+        return list(images)
 
     @classmethod
     def report_html(cls, records_by_policy: Mapping[str, Sequence[Mapping[str, Any]]], params: Any) -> str:

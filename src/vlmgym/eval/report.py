@@ -180,7 +180,8 @@ def _gallery(env: type, records_by_policy: Mapping[str, Sequence[Mapping[str, An
     cards = []
     for sample_id in ids:
         card = [f'<div class="card" id="sample-{html.escape(sample_id)}">']
-        for image in images.get(sample_id, ()):
+        records = {policy: recs.get(sample_id) for policy, recs in by_policy.items()}
+        for image in env.gallery_images(images.get(sample_id, ()), records):
             card.append(f'<img src="{thumbnail_data_uri(image)}" alt="sample {html.escape(sample_id)}">')
         any_record = next(recs[sample_id] for recs in by_policy.values() if sample_id in recs)
         card.append(f"<div><b>id</b> {html.escape(sample_id)}</div>")

@@ -152,21 +152,10 @@ def generate_split(seed: int, split: str, count: int,
 
 def write_raw_split(out_dir: Path, split: str, samples: list[MessageSample], width: int, height: int) -> int:
     """{split}.csv and images/{split}/NN.zip for `samples`; returns the rows written."""
-    rows = []
-    members = []
-    for sample in samples:
-        name = f"{sample.id}.jpg"
-        rows.append([sample.id, sample.coded, sample.decoder, sample.word, name])
-        members.append((name, layout.encode_jpeg(render_table(sample.decoder, sample.columns, width, height))))
-    zips = [layout.zip_dir(out_dir, split) / layout.zip_name(i)
-            for i in range(max(1, -(-len(members) // IMAGES_PER_ZIP)))]
-    for i, path in enumerate(zips):
-        layout.write_zip(path, members[i * IMAGES_PER_ZIP:(i + 1) * IMAGES_PER_ZIP])
-    for stale in set(layout.split_zips(out_dir, split)) - set(zips):  # left by an earlier, larger run
-        stale.unlink()
-    # the CSV last: a split whose CSV exists has its images
-    layout.write_csv(layout.csv_path(out_dir, split), CSV_COLUMNS, rows)
-    return len(rows)
+    items = (([s.id, s.coded, s.decoder, s.word, f"{s.id}.jpg"],
+              [(f"{s.id}.jpg", layout.encode_jpeg(render_table(s.decoder, s.columns, width, height)))])
+             for s in samples)
+    return layout.write_split(out_dir, split, CSV_COLUMNS, items, IMAGES_PER_ZIP)
 
 
 def write_synthetic_raw(params: DataParams, out_dir: str | Path,

@@ -98,31 +98,10 @@ def box_text(box: Iterable[float]) -> str:
 
 
 def write_raw_split(out_dir: str | Path, split: str, records: Iterable[RawRecord]) -> int:
-    """{split}.csv and images/{split}/NN.zip for `records` (zips written as they fill, the CSV last: a split whose
-    CSV exists has its images); returns the rows written."""
-    out_dir = Path(out_dir)
-    rows: list[list[str]] = []
-    members: list[tuple[str, bytes]] = []
-    zips: list[Path] = []
-
-    def flush() -> None:
-        zips.append(layout.zip_dir(out_dir, split) / layout.zip_name(len(zips)))
-        layout.write_zip(zips[-1], members)
-        members.clear()
-
-    for record in records:
-        name = f"{record.id}.jpg"
-        rows.append([record.id, record.expression, record.label, box_text(record.box), str(record.width),
-                     str(record.height), name])
-        members.append((name, record.jpg))
-        if len(members) == IMAGES_PER_ZIP:
-            flush()
-    if members or not zips:
-        flush()
-    for stale in set(layout.split_zips(out_dir, split)) - set(zips):  # left by an earlier, larger run
-        stale.unlink()
-    layout.write_csv(layout.csv_path(out_dir, split), CSV_COLUMNS, rows)
-    return len(rows)
+    """{split}.csv and images/{split}/NN.zip for `records` (zips written as they fill); returns the rows written."""
+    items = (([r.id, r.expression, r.label, box_text(r.box), str(r.width), str(r.height), f"{r.id}.jpg"],
+              [(f"{r.id}.jpg", r.jpg)]) for r in records)
+    return layout.write_split(Path(out_dir), split, CSV_COLUMNS, items, IMAGES_PER_ZIP)
 
 
 # --- synthetic -----------------------------------------------------------------------------

@@ -29,6 +29,7 @@ from vlmgym.envs.rec import report
 from vlmgym.envs.rec import scene as rec_scene
 from vlmgym.envs.rec.boxes import SCALE, answer_json, iou, pixels_to_qwen
 from vlmgym.envs.rec.parse import parse_answer
+from vlmgym.envs.think import ThinkParams
 from vlmgym.eval.bootstrap import Statistic
 from vlmgym.eval.metrics import record_field, record_where
 from vlmgym.params import spec
@@ -41,15 +42,11 @@ MAX_IMAGE_SIDE = 100_000  # a width or height beyond this in a raw row is a brok
 
 
 @dataclass(frozen=True)
-class RecParams:
-    """rec reward (IoU plus a share for Qwen3-VL's answer format) and report (test images drawn with boxes)."""
+class RecParams(ThinkParams):
+    """rec reward: IoU plus a share for Qwen3-VL's answer format."""
 
     format_weight: float = spec(0.1, ge=0, le=1, doc="share of the reward for an answer in Qwen3-VL's form: a JSON "
                                                      "list of one bbox_2d of four integers 0-1000 (and a label)")
-    report_boxes: int = spec(6, ge=0, doc="test samples drawn with their true and predicted boxes in "
-                                          "reports/eval.html (0: none)")
-    report_images: str = spec("data/shards/test", doc="the shard split folder those images are read from "
-                                                      "(rollout.shards_dir / rollout.split)")
 
 
 def parse_row(rec: dict[str, str]) -> Row:
@@ -217,12 +214,14 @@ class RecEnv(Env):
         return f"IoU {overlap:.2f}"
 
     @classmethod
+    def gallery_images(cls, images: Sequence[Any], records: Mapping[str, Mapping[str, Any] | None]) -> list:
+        """The sample's image with the true box and each policy's predicted box drawn on it (report.py)."""
+        return [report.gallery_image(image, records) for image in images]
+
+    @classmethod
     def report_html(cls, records_by_policy: Mapping[str, Sequence[Mapping[str, Any]]], params: Any) -> str:
-        """A few test images with the true box and each policy's predicted box (report.py)."""
-        params = params if params is not None else RecParams()
-        if params.report_boxes == 0:
-            return ""
-        return report.box_section_html(records_by_policy, params.report_boxes, params.report_images)
+        """The legend of the boxes the gallery draws."""
+        return report.legend_html(list(records_by_policy))
 
 
 def _check_sample(sample: SampleLike) -> None:

@@ -1,19 +1,17 @@
-"""rec's part of reports/eval.html: a few test images with the true box (green) and each policy's predicted box,
-drawn here and embedded as PNG data URIs (the page stays self-contained)."""
+"""rec's part of reports/eval.html: the gallery's images with the true box (green) and each policy's predicted box
+drawn on them, and the legend that says which colour is which policy."""
 
 from __future__ import annotations
 
-import base64
 import html
-import io
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 from PIL import Image, ImageDraw
 
 from vlmgym.envs.rec.boxes import qwen_to_pixels
 from vlmgym.eval.plots import POLICY_COLOURS
+from vlmgym.eval.report import THUMBNAIL_PX
 
 TRUTH_COLOUR = "#00b400"
 # The policies' colours, less the palette's green, which would read as the truth.
@@ -45,60 +43,23 @@ def draw_boxes(image: Image.Image, truth: Sequence[float] | None,
     return canvas
 
 
-def png_data_uri(image: Image.Image) -> str:
-    """The image as a PNG data URI."""
-    buffer = io.BytesIO()
-    image.save(buffer, format="PNG")
-    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode("ascii")
+def policy_colours(policies: Sequence[str]) -> dict[str, str]:
+    """Each policy's box colour, by its place in the page's policy order."""
+    return {policy: PREDICTION_COLOURS[i % len(PREDICTION_COLOURS)] for i, policy in enumerate(policies)}
 
 
-def load_images(split_dir: str | Path, ids: set[str]) -> dict[str, Image.Image]:
-    """{id: image} of the samples `ids` in a shard split folder (e.g. data/shards/test); {} when it is missing."""
-    from vlmgym.data.shards import read_split
-
-    folder = Path(split_dir)
-    try:
-        samples = read_split(folder.parent, folder.name, image_exts=("jpg",))
-    except FileNotFoundError:
-        return {}
-    return {s.key: s.images[0] for s in samples if s.key in ids and s.images}
+def gallery_image(image: Image.Image, records: Mapping[str, Mapping[str, Any] | None]) -> Image.Image:
+    """A gallery card's image: the true box and each policy's predicted box drawn at the thumbnail's size (so the
+    lines stay sharp), the truth read from whichever record there is."""
+    colours = policy_colours(list(records))
+    present = {policy: record for policy, record in records.items() if record is not None}
+    truth = next((r.get("truth") for r in present.values() if isinstance(r.get("truth"), Mapping)), {}) or {}
+    return draw_boxes(image, truth.get("bbox_2d"), [(r.get("pred_box"), colours[p]) for p, r in present.items()],
+                      max_px=THUMBNAIL_PX)
 
 
-def box_section_html(records_by_policy: Mapping[str, Sequence[Mapping[str, Any]]], count: int,
-                     split_dir: str | Path) -> str:
-    """The section: the first `count` samples (by id) drawn with their boxes, one card each."""
-    ids = sorted({str(r["id"]) for records in records_by_policy.values() for r in records})[:count]
-    if not ids:
-        return ""
-    images = load_images(split_dir, set(ids))
-    colours = {policy: PREDICTION_COLOURS[i % len(PREDICTION_COLOURS)] for i, policy in enumerate(records_by_policy)}
-    legend = ", ".join(f'<span style="color:{c}">{html.escape(p)}</span>' for p, c in colours.items())
-    parts = ['<h2>Boxes on test images</h2><p>Thick <span style="color:' + TRUTH_COLOUR + '">green</span>: the true '
-             f"box; thin: each policy's predicted box ({legend}); an answer without a box draws none.</p>"]
-    missing = [i for i in ids if i not in images]
-    if missing:
-        parts.append(f"<p>{len(missing)} of these samples have no image in {html.escape(str(split_dir))} "
-                     "(env.rec.report_images names the shard split the policies answered).</p>")
-    cards = []
-    by_policy = {p: {str(r["id"]): r for r in records} for p, records in records_by_policy.items()}
-    for sample_id in ids:
-        if sample_id not in images:
-            continue
-        records = {p: recs[sample_id] for p, recs in by_policy.items() if sample_id in recs}
-        truth = next(iter(records.values())).get("truth") or {}
-        drawn = draw_boxes(images[sample_id], truth.get("bbox_2d"),
-                           [(r.get("pred_box"), colours[p]) for p, r in records.items()])
-        lines = "".join(f'<div><span style="color:{colours[p]}">&#9632;</span> {html.escape(p)}: '
-                        f"{html.escape(_iou_text(r))}</div>" for p, r in records.items())
-        cards.append(f'<div class="card rec-boxes"><img src="{png_data_uri(drawn)}" alt="boxes of sample '
-                     f'{html.escape(sample_id)}"><div><b>id</b> {html.escape(sample_id)}</div>'
-                     f"<div><b>expression</b> {html.escape(str(truth.get('expression', '')))}</div>{lines}</div>")
-    parts.append('<div class="gallery">' + "".join(cards) + "</div>")
-    return "".join(parts)
-
-
-def _iou_text(record: Mapping[str, Any]) -> str:
-    iou = (record.get("parsed") or {}).get("iou")
-    if record.get("pred_box") is None:
-        return "no box"
-    return f"IoU {iou:.2f}" if isinstance(iou, float | int) else "box"
+def legend_html(policies: Sequence[str]) -> str:
+    """The paragraph above the gallery that says which box is which."""
+    legend = ", ".join(f'<span style="color:{c}">{html.escape(p)}</span>' for p, c in policy_colours(policies).items())
+    return (f'<h2>Boxes</h2><p>Each gallery image below shows the true box (thick, <span style="color:{TRUTH_COLOUR}">'
+            f"green</span>) and each policy's predicted box (thin: {legend}); an answer without a box draws none.</p>")
