@@ -286,7 +286,7 @@ def test_report_draws_the_boxes_where_they_are():
     ys, xs = np.nonzero(changed)
     # the truth (32, 24)-(160, 120) and the prediction (192, 144)-(288, 216), in pixels of the 320x240 copy
     assert xs.min() == 32 and ys.min() == 24 and xs.max() == 287 and ys.max() == 215
-    assert tuple(drawn[70, 33]) == (0, 180, 0) and tuple(drawn[180, 193]) == (31, 119, 180)
+    assert tuple(drawn[70, 33]) == (0, 0, 0) and tuple(drawn[180, 193]) == (31, 119, 180)
     assert not changed[60:100, 50:140].any() and not changed[0:20].any()  # inside the boxes, and away from them
 
 
@@ -310,7 +310,7 @@ def test_the_gallery_draws_each_policys_box_and_the_legend_names_its_colour(shar
     drawn = np.asarray(drawn, np.int32)
     assert drawn.shape == plain.shape and max(drawn.shape[:2]) == THUMBNAIL_PX
     colours = rec_report.policy_colours(list(records))
-    # grpo's box (0-100 of 1000) is drawn in grpo's colour at the top left; sft's lies on the truth's green
+    # grpo's box (0-100 of 1000) is drawn in grpo's colour at the top left; sft's lies on the truth's black
     corner = drawn[: THUMBNAIL_PX // 10, : THUMBNAIL_PX // 10]
     grpo_rgb = tuple(int(colours["grpo"][i:i + 2], 16) for i in (1, 3, 5))
     assert (np.abs(corner - grpo_rgb).sum(axis=2) == 0).any() and not (drawn == truth_only).all()

@@ -11,6 +11,8 @@ import pytest
 import yaml
 from pipeline_helpers import STAGES, micro_checkout, run_checked, stages_run
 
+from vlmgym.envs.rec import report as rec_report
+
 POLICIES = ("base", "sft", "grpo")
 TASK_METRICS = ("mean_iou", "accuracy_iou50", "accuracy_iou75")
 

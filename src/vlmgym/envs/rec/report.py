@@ -1,4 +1,4 @@
-"""rec's part of reports/eval.html: the gallery's images with the true box (green) and each policy's predicted box
+"""rec's part of reports/eval.html: the gallery's images with the true box (black) and each policy's predicted box
 drawn on them, and the legend that says which colour is which policy."""
 
 from __future__ import annotations
@@ -13,9 +13,11 @@ from vlmgym.envs.rec.boxes import qwen_to_pixels
 from vlmgym.eval.plots import POLICY_COLOURS
 from vlmgym.eval.report import THUMBNAIL_PX
 
-TRUTH_COLOUR = "#00b400"
-# The policies' colours, less the palette's green, which would read as the truth.
-PREDICTION_COLOURS = tuple(c for c in POLICY_COLOURS if c != "#2ca02c")
+# Black: no shape is black and the backgrounds are light, so the truth never blends into what it frames.
+TRUTH_COLOUR = "#000000"
+# The report's policy colours, in page order like its plots (the shapes' own colours are close to some of them,
+# but a thin outline still reads as a box).
+PREDICTION_COLOURS = POLICY_COLOURS
 DISPLAY_PX = 320  # the longer side of a drawn image: the 256x192 scenes are scaled up, COCO photos down
 TRUTH_WIDTH, PREDICTION_WIDTH = 4, 2
 
@@ -29,7 +31,7 @@ def _rectangle(draw: ImageDraw.ImageDraw, box: Sequence[float], size: tuple[int,
 
 def draw_boxes(image: Image.Image, truth: Sequence[float] | None,
                predictions: Sequence[tuple[Sequence[float] | None, str]], max_px: int = DISPLAY_PX) -> Image.Image:
-    """A copy of `image` scaled to `max_px` on its longer side, with the true box (0-1000 units, green, thick) and
+    """A copy of `image` scaled to `max_px` on its longer side, with the true box (0-1000 units, black, thick) and
     each (predicted box or None, colour) drawn over it."""
     scale = max_px / max(image.size)
     canvas = image.convert("RGB").resize((max(1, round(image.width * scale)), max(1, round(image.height * scale))),
@@ -37,7 +39,7 @@ def draw_boxes(image: Image.Image, truth: Sequence[float] | None,
     draw = ImageDraw.Draw(canvas)
     if truth is not None:
         _rectangle(draw, truth, canvas.size, TRUTH_COLOUR, TRUTH_WIDTH)
-    for box, colour in predictions:  # over the truth: a perfect prediction shows as a line inside the green
+    for box, colour in predictions:  # over the truth: a perfect prediction shows as a line inside the black
         if box is not None:
             _rectangle(draw, box, canvas.size, colour, PREDICTION_WIDTH)
     return canvas
@@ -62,4 +64,4 @@ def legend_html(policies: Sequence[str]) -> str:
     """The paragraph above the gallery that says which box is which."""
     legend = ", ".join(f'<span style="color:{c}">{html.escape(p)}</span>' for p, c in policy_colours(policies).items())
     return (f'<h2>Boxes</h2><p>Each gallery image below shows the true box (thick, <span style="color:{TRUTH_COLOUR}">'
-            f"green</span>) and each policy's predicted box (thin: {legend}); an answer without a box draws none.</p>")
+            f"black</span>) and each policy's predicted box (thin: {legend}); an answer without a box draws none.</p>")
