@@ -57,6 +57,27 @@ def micro_checkout(root: Path) -> dict[str, str]:
     return env
 
 
+def env_pipeline(root: Path, overlay: dict) -> tuple[Path, dict[str, str], str]:
+    """A micro checkout in `root` with `overlay` (e.g. another env.name) merged as a preset and committed, after
+    one `dvc repro`: (root, the environment, the repro's output)."""
+    import yaml
+
+    env = micro_checkout(root)
+    (root / "overlay.yaml").write_text(yaml.safe_dump(overlay))
+    run_checked(["vlmgym", "preset", "overlay.yaml"], root, env)
+    run_checked(["git", "add", "-A"], root, env)
+    run_checked(["git", "commit", "-qm", "overlay"], root, env)
+    # the micro run takes ~5 min on 2 quiet cores; the margin is for a machine shared with other jobs
+    return root, env, run_checked(["dvc", "repro"], root, env, timeout=1800).stdout
+
+
+def read_records(path: Path) -> list[dict]:
+    """The records of a JSON-lines file."""
+    import json
+
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
 def output_digests(root: Path) -> dict[str, str]:
     """md5 of every file under every stage output of dvc.yaml (outs, metrics, plots), by path from `root`."""
     import yaml

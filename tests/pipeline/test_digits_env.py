@@ -9,8 +9,7 @@ from __future__ import annotations
 import json
 
 import pytest
-import yaml
-from pipeline_helpers import STAGES, micro_checkout, run_checked, stages_run
+from pipeline_helpers import STAGES, env_pipeline, read_records, stages_run
 
 POLICIES = ("base", "sft", "grpo")
 TASK_METRICS = ("accuracy", "accuracy_sort", "accuracy_sum")
@@ -18,21 +17,10 @@ TASK_METRICS = ("accuracy", "accuracy_sort", "accuracy_sum")
 
 @pytest.fixture(scope="module")
 def digits_pipeline(tmp_path_factory):
-    root = tmp_path_factory.mktemp("digits")
-    env = micro_checkout(root)
-    overlay = root / "digits.yaml"
     # the tagged SFT target is ~20 tokens: room for it in training and rollouts
-    overlay.write_text(yaml.safe_dump({"env": {"name": "digits", "digits": {"think": True}}, "eval": {"hf_samples": 2},
-                                       "train": {"max_new_tokens": 32}, "rollout": {"max_new_tokens": 32}}))
-    run_checked(["vlmgym", "preset", overlay.name], root, env)
-    run_checked(["git", "add", "-A"], root, env)
-    run_checked(["git", "commit", "-qm", "digits env"], root, env)
-    # the micro run takes ~5 min on 2 quiet cores; the margin is for a machine shared with other jobs
-    return root, env, run_checked(["dvc", "repro"], root, env, timeout=1800).stdout
-
-
-def _records(path):
-    return [json.loads(line) for line in path.read_text().splitlines()]
+    overlay = {"env": {"name": "digits", "digits": {"think": True}}, "eval": {"hf_samples": 2},
+               "train": {"max_new_tokens": 32}, "rollout": {"max_new_tokens": 32}}
+    return env_pipeline(tmp_path_factory.mktemp("digits"), overlay)
 
 
 def test_every_stage_ran_on_digits(digits_pipeline):
@@ -45,10 +33,10 @@ def test_every_stage_ran_on_digits(digits_pipeline):
     assert sorted(p.name for p in (root / "data" / "shards" / "test").glob("*.tar"))
 
 
-def test_rollouts_hold_digits_records(digits_pipeline):
+def test_rollouts_hold_digitsread_records(digits_pipeline):
     root, _, _ = digits_pipeline
     for policy in POLICIES:
-        records = _records(root / "outputs" / "rollouts" / f"{policy}.jsonl")
+        records = read_records(root / "outputs" / "rollouts" / f"{policy}.jsonl")
         assert len(records) == 16
         for record in records:
             assert record["env"] == "digits" and record["policy"] == policy
@@ -56,13 +44,13 @@ def test_rollouts_hold_digits_records(digits_pipeline):
             assert set(record["reward_components"]) == {"format", "correct", "think_format"}
             assert 0 <= record["reward"] <= 1 and record["reward_components"]["think_format"] in (0.0, 0.1)
             assert "numbers" in record["parsed"]
-        assert len(_records(root / "outputs" / "rollouts" / "test_ood" / f"{policy}.jsonl")) == 8
+        assert len(read_records(root / "outputs" / "rollouts" / "test_ood" / f"{policy}.jsonl")) == 8
 
 
 def test_metrics_and_report_name_the_digits_metrics(digits_pipeline):
     root, _, _ = digits_pipeline
     metrics = json.loads((root / "metrics" / "eval.json").read_text())
-    counts = {len(r["truth"]["digits"]) for r in _records(root / "outputs" / "rollouts" / "sft.jsonl")}
+    counts = {len(r["truth"]["digits"]) for r in read_records(root / "outputs" / "rollouts" / "sft.jsonl")}
     names = [*TASK_METRICS, *(f"accuracy_{n}digit" for n in sorted(counts))]
     for policy in POLICIES:
         assert metrics[policy]["n"] == 16 and metrics[f"{policy}_test_ood"]["n"] == 8

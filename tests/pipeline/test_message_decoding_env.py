@@ -7,8 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
-import yaml
-from pipeline_helpers import STAGES, micro_checkout, run_checked, stages_run
+from pipeline_helpers import STAGES, env_pipeline, read_records, stages_run
 
 from vlmgym.envs.message_decoding.env import length_group
 
@@ -18,19 +17,8 @@ TASK_METRICS = ("accuracy", "char_accuracy")
 
 @pytest.fixture(scope="module")
 def message_decoding_pipeline(tmp_path_factory):
-    root = tmp_path_factory.mktemp("message_decoding")
-    env = micro_checkout(root)
-    overlay = root / "message_decoding.yaml"
-    overlay.write_text(yaml.safe_dump({"env": {"name": "message_decoding"}, "eval": {"hf_samples": 2}}))
-    run_checked(["vlmgym", "preset", overlay.name], root, env)
-    run_checked(["git", "add", "-A"], root, env)
-    run_checked(["git", "commit", "-qm", "message_decoding env"], root, env)
-    # the micro run takes ~5 min on 2 quiet cores; the margin is for a machine shared with other jobs
-    return root, env, run_checked(["dvc", "repro"], root, env, timeout=1800).stdout
-
-
-def _records(path):
-    return [json.loads(line) for line in path.read_text().splitlines()]
+    overlay = {"env": {"name": "message_decoding"}, "eval": {"hf_samples": 2}}
+    return env_pipeline(tmp_path_factory.mktemp("message_decoding"), overlay)
 
 
 def test_every_stage_ran_on_message_decoding(message_decoding_pipeline):
@@ -43,10 +31,10 @@ def test_every_stage_ran_on_message_decoding(message_decoding_pipeline):
     assert sorted(p.name for p in (root / "data" / "shards" / "test").glob("*.tar"))
 
 
-def test_rollouts_hold_message_decoding_records(message_decoding_pipeline):
+def test_rollouts_hold_message_decodingread_records(message_decoding_pipeline):
     root, _, _ = message_decoding_pipeline
     for policy in POLICIES:
-        records = _records(root / "outputs" / "rollouts" / f"{policy}.jsonl")
+        records = read_records(root / "outputs" / "rollouts" / f"{policy}.jsonl")
         assert len(records) == 16
         for record in records:
             assert record["env"] == "message_decoding" and record["policy"] == policy
@@ -55,14 +43,14 @@ def test_rollouts_hold_message_decoding_records(message_decoding_pipeline):
             assert "".join(truth["decoder"][ord(c) - ord("a")] for c in truth["coded"]) == truth["answer"]
             assert set(record["reward_components"]) == {"format", "correct"} and 0 <= record["reward"] <= 1
             assert "word" in record["parsed"]
-        ood = _records(root / "outputs" / "rollouts" / "test_ood" / f"{policy}.jsonl")
+        ood = read_records(root / "outputs" / "rollouts" / "test_ood" / f"{policy}.jsonl")
         assert len(ood) == 8 and all(9 <= len(r["truth"]["answer"]) <= 10 for r in ood)
 
 
 def test_metrics_and_report_name_the_message_decoding_metrics(message_decoding_pipeline):
     root, _, _ = message_decoding_pipeline
     metrics = json.loads((root / "metrics" / "eval.json").read_text())
-    lengths = {len(r["truth"]["answer"]) for r in _records(root / "outputs" / "rollouts" / "sft.jsonl")}
+    lengths = {len(r["truth"]["answer"]) for r in read_records(root / "outputs" / "rollouts" / "sft.jsonl")}
     names = [*TASK_METRICS, *sorted({length_group(n) for n in lengths})]
     for policy in POLICIES:
         assert metrics[policy]["n"] == 16 and metrics[f"{policy}_test_ood"]["n"] == 8

@@ -8,8 +8,7 @@ import json
 import re
 
 import pytest
-import yaml
-from pipeline_helpers import STAGES, micro_checkout, run_checked, stages_run
+from pipeline_helpers import STAGES, env_pipeline, read_records, stages_run
 
 from vlmgym.envs.rec import report as rec_report
 
@@ -19,19 +18,7 @@ TASK_METRICS = ("mean_iou", "accuracy_iou50", "accuracy_iou75")
 
 @pytest.fixture(scope="module")
 def rec_pipeline(tmp_path_factory):
-    root = tmp_path_factory.mktemp("rec")
-    env = micro_checkout(root)
-    overlay = root / "rec.yaml"
-    overlay.write_text(yaml.safe_dump({"env": {"name": "rec"}, "eval": {"hf_samples": 2}}))
-    run_checked(["vlmgym", "preset", overlay.name], root, env)
-    run_checked(["git", "add", "-A"], root, env)
-    run_checked(["git", "commit", "-qm", "rec env"], root, env)
-    # the micro run takes ~5 min on 2 quiet cores; the margin is for a machine shared with other jobs
-    return root, env, run_checked(["dvc", "repro"], root, env, timeout=1800).stdout
-
-
-def _records(path):
-    return [json.loads(line) for line in path.read_text().splitlines()]
+    return env_pipeline(tmp_path_factory.mktemp("rec"), {"env": {"name": "rec"}, "eval": {"hf_samples": 2}})
 
 
 def test_every_stage_ran_on_rec(rec_pipeline):
@@ -44,10 +31,10 @@ def test_every_stage_ran_on_rec(rec_pipeline):
     assert manifest["splits"]["train"]["kept"] == 56 and manifest["splits"]["val"]["kept"] == 8
 
 
-def test_rollouts_hold_rec_records(rec_pipeline):
+def test_rollouts_hold_recread_records(rec_pipeline):
     root, _, _ = rec_pipeline
     for policy in POLICIES:
-        records = _records(root / "outputs" / "rollouts" / f"{policy}.jsonl")
+        records = read_records(root / "outputs" / "rollouts" / f"{policy}.jsonl")
         assert len(records) == 16
         for record in records:
             assert record["env"] == "rec" and record["policy"] == policy
@@ -56,7 +43,7 @@ def test_rollouts_hold_rec_records(rec_pipeline):
             assert all(isinstance(v, int) and 0 <= v <= 1000 for v in truth["bbox_2d"])
             assert set(record["reward_components"]) == {"format", "iou"} and 0 <= record["reward"] <= 1
             assert {"bbox_2d", "n_boxes", "iou"} <= set(record["parsed"]) and "pred_box" in record
-        assert len(_records(root / "outputs" / "rollouts" / "test_ood" / f"{policy}.jsonl")) == 8
+        assert len(read_records(root / "outputs" / "rollouts" / "test_ood" / f"{policy}.jsonl")) == 8
 
 
 def test_metrics_and_report_name_the_iou_metrics(rec_pipeline):
