@@ -16,7 +16,13 @@ STAGES = ["download", "shard", "base_model", "convert", "sft", "train", "rollout
 OUTPUT_DIRS = ("data", "models", "outputs", "metrics", "reports", "checkpoints", "mlartifacts")
 
 
-def run_checked(args: list[str], cwd: Path, env: dict[str, str], timeout: int = 600) -> subprocess.CompletedProcess:
+# A guard against a hung command, not a speed check: a micro `dvc repro` takes ~5 min on 2 quiet cores and over
+# 10 on a machine shared with other jobs (a 600 s limit failed the session's pipeline fixture there).
+COMMAND_TIMEOUT_S = 1800
+
+
+def run_checked(args: list[str], cwd: Path, env: dict[str, str],
+                timeout: int = COMMAND_TIMEOUT_S) -> subprocess.CompletedProcess:
     result = subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
     if result.returncode != 0:
         raise AssertionError(f"{' '.join(args)} failed ({result.returncode}):\n{result.stdout[-4000:]}\n"
@@ -68,7 +74,7 @@ def env_pipeline(root: Path, overlay: dict) -> tuple[Path, dict[str, str], str]:
     run_checked(["git", "add", "-A"], root, env)
     run_checked(["git", "commit", "-qm", "overlay"], root, env)
     # the micro run takes ~5 min on 2 quiet cores; the margin is for a machine shared with other jobs
-    return root, env, run_checked(["dvc", "repro"], root, env, timeout=1800).stdout
+    return root, env, run_checked(["dvc", "repro"], root, env).stdout
 
 
 def read_records(path: Path) -> list[dict]:

@@ -28,7 +28,7 @@ def test_outputs_pushed_to_a_local_remote_are_pulled_into_a_fresh_clone_that_rer
     env = _env_for(first, pipeline["env"], first / "mlflow.db")
     # Brings dvc.lock up to date should an earlier test have left params changed (evaluate then finds the train
     # run in the copied MLflow store); a no-op otherwise.
-    run_checked(["dvc", "repro"], first, env, timeout=1800)
+    run_checked(["dvc", "repro"], first, env)
     expected = output_digests(first)
 
     remote = tmp_path / "remote"
