@@ -308,6 +308,7 @@ def test_the_gallery_draws_each_policys_box_and_the_legend_names_its_colour(shar
     truth_only = np.asarray(rec_report.draw_boxes(image, by_policy["sft"]["truth"]["bbox_2d"], [],
                                                   max_px=THUMBNAIL_PX), np.int32)
     drawn = np.asarray(drawn, np.int32)
+    assert rec_report.GALLERY_PX == THUMBNAIL_PX  # drawn at the size the gallery shows
     assert drawn.shape == plain.shape and max(drawn.shape[:2]) == THUMBNAIL_PX
     colours = rec_report.policy_colours(list(records))
     # grpo's box (0-100 of 1000) is drawn in grpo's colour at the top left; sft's lies on the truth's black

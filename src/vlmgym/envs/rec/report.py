@@ -11,13 +11,15 @@ from PIL import Image, ImageDraw
 
 from vlmgym.envs.rec.boxes import qwen_to_pixels
 from vlmgym.eval.plots import POLICY_COLOURS
-from vlmgym.eval.report import THUMBNAIL_PX
 
 # Black: no shape is black and the backgrounds are light, so the truth never blends into what it frames.
 TRUTH_COLOUR = "#000000"
 # The report's policy colours, in page order like its plots (the shapes' own colours are close to some of them,
 # but a thin outline still reads as a box).
 PREDICTION_COLOURS = POLICY_COLOURS
+# The gallery's thumbnail size (vlmgym.eval.report.THUMBNAIL_PX, which tests/envs/test_rec.py keeps equal): drawing
+# at it keeps the lines sharp. Not imported: the eval report module is no dependency of the stages that build envs.
+GALLERY_PX = 192
 DISPLAY_PX = 320  # the longer side of a drawn image: the 256x192 scenes are scaled up, COCO photos down
 TRUTH_WIDTH, PREDICTION_WIDTH = 4, 2
 
@@ -57,7 +59,7 @@ def gallery_image(image: Image.Image, records: Mapping[str, Mapping[str, Any] | 
     present = {policy: record for policy, record in records.items() if record is not None}
     truth = next((r.get("truth") for r in present.values() if isinstance(r.get("truth"), Mapping)), {}) or {}
     return draw_boxes(image, truth.get("bbox_2d"), [(r.get("pred_box"), colours[p]) for p, r in present.items()],
-                      max_px=THUMBNAIL_PX)
+                      max_px=GALLERY_PX)
 
 
 def legend_html(policies: Sequence[str]) -> str:
