@@ -15,6 +15,7 @@ COMMANDS: Table = {
     "clean-temps": ("vlmgym.temps:main", "remove temp outputs that killed runs left behind (live writers' kept)"),
     "compare": ("vlmgym.compare:main", "train SFT-longer, GRPO, PPO and DPO from the SFT model at one budget; compare"),
     "bench": ("vlmgym.bench:main", "benchmarks: `vlmgym bench rollout ...`, `vlmgym bench reward ...`"),
+    "plan": ("vlmgym.plan.cli:main", "per-device memory of a training step for a config and mesh (XLA, no weights)"),
 }
 
 

@@ -131,6 +131,11 @@ class EnvParams:
         return section
 
 
+REMAT_DOC = ("activation checkpointing of the learner's forward: layer recomputes each decoder layer and vision "
+             "block in the backward pass instead of keeping its activations (same gradients, less memory, more "
+             "compute; measured in BENCHMARKS.md); none keeps them")
+
+
 @dataclass(frozen=True)
 class SFTParams:
     """sft stage: supervised warm start on the env's ideal answers (0 steps: pass-through)."""
@@ -144,6 +149,7 @@ class SFTParams:
     weight_decay: float = spec(0.0, ge=0, doc="AdamW weight decay (matrices only)")
     max_grad_norm: float = spec(1.0, ge=0, doc="global-norm gradient clipping (0: off)")
     freeze: str = spec("none", choices=("none", "vision"), doc="parameters kept frozen")
+    remat: str = spec("none", choices=("none", "layer"), doc=REMAT_DOC)
     max_target_tokens: int = spec(64, ge=1, doc="answer tokens trained on (longer targets are an error)")
     seed: int = spec(0, ge=0, doc="seed of the data order")
     save_every: int = spec(100, ge=1, doc="checkpoint every this many steps (resume point)")
@@ -182,6 +188,7 @@ class TrainParams:
     weight_decay: float = spec(0.0, ge=0, doc="AdamW weight decay (matrices only)")
     max_grad_norm: float = spec(1.0, ge=0, doc="global-norm gradient clipping (0: off)")
     freeze: str = spec("none", choices=("none", "vision"), doc="parameters kept frozen")
+    remat: str = spec("none", choices=("none", "layer"), doc=REMAT_DOC)
     epsilon: float = spec(0.2, gt=0, lt=1, doc="lower clip range of the importance ratio")
     epsilon_high: float = spec(0.28, gt=0, doc="upper clip range (clip-higher)")
     beta: float = spec(0.0, ge=0, doc="k3 KL penalty to the initial policy (0: no reference model held)")

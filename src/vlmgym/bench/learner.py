@@ -161,26 +161,6 @@ def _per_copy_inputs(inputs: dict, group: int) -> dict:
             "pixel_values": pixels, "image_grid_thw": grids[order]}
 
 
-class LearnerPolicy:
-    """The learner half of `Qwen3VLPolicy` (no tokenizer or rollout engine), for a random-weight config."""
-
-    def __init__(self, cfg: Any):
-        from vlmgym.rollout.sampling import SamplingSettings
-
-        self.cfg, self.mesh = cfg, None
-        self.settings = SamplingSettings(max_new_tokens=1, eos_ids=(0,))
-
-    def logprobs(self, params: Any, batch: dict) -> Any:
-        from vlmgym.rl.policy import Qwen3VLPolicy
-
-        return Qwen3VLPolicy.logprobs(self, params, batch)
-
-    def _with_patch_layout(self, inputs: dict) -> dict:
-        from vlmgym.rl.policy import Qwen3VLPolicy
-
-        return Qwen3VLPolicy._with_patch_layout(self, inputs)
-
-
 def compiled_4b(args: argparse.Namespace) -> dict[str, Any]:
     """FLOPs and temporary bytes of the 4B update at the recipe's micro-batch, compiled for abstract weights."""
     import jax
@@ -188,6 +168,8 @@ def compiled_4b(args: argparse.Namespace) -> dict[str, Any]:
     from vlmgym.bench.common import synthetic_token_inputs
     from vlmgym.models.qwen3_vl.config import CONFIGS_DIR, load_hf_config
     from vlmgym.models.qwen3_vl.params import init_params
+    from vlmgym.rl.policy import Qwen3VLLearner
+    from vlmgym.rollout.sampling import SamplingSettings
 
     prompts, group, steps = 2, 8, 128  # configs/qwen3vl_4b_osv5m.yaml: 16 rows per micro-batch, 128 new tokens
     cfg = load_hf_config(CONFIGS_DIR / "qwen3_vl_4b.json", "bf16", "bf16")
@@ -199,7 +181,7 @@ def compiled_4b(args: argparse.Namespace) -> dict[str, Any]:
     out: dict[str, Any] = {"config": "qwen3_vl_4b (bf16)", "prompts": prompts, "group_size": group,
                            "completion_tokens": steps,
                            "prompt_tokens": int(shared_inputs["prompt_lengths"].mean())}
-    policy = LearnerPolicy(cfg)
+    policy = Qwen3VLLearner(cfg, SamplingSettings(max_new_tokens=1, eos_ids=(0,)))  # no tokenizer needed
     for name, inputs in (("per_copy", _per_copy_inputs(shared_inputs, group)), ("shared", shared_inputs)):
         inputs = policy._with_patch_layout(inputs)
         batch = {"inputs": {k: inputs[k] for k in ("input_ids", "attention_mask", "position_ids", "pixel_values",

@@ -21,6 +21,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 import optax
+from jax.sharding import NamedSharding, PartitionSpec
 
 FREEZE_CHOICES = ("none", "vision")
 # Path components that name a vision tower in the model's parameter tree.
@@ -124,6 +125,42 @@ class Optimizer:
             params, self.trainable)
         inner = self._tx(params).init(self._fp32_view(params, master))
         return OptimizerState(step=jnp.zeros((), jnp.int32), master=master, inner=inner)
+
+    def init_placed(self, params: Any) -> OptimizerState:
+        """`init`, jitted, with the state laid out like `params` (see `state_shardings`).
+
+        A plain `jax.jit(init)` leaves outputs that depend on no input value (the zero Adam moments) where XLA
+        puts them: on one device, so FSDP-sharded params would get their whole optimizer state on device 0.
+        """
+        shardings = self.state_shardings(params)
+        return jax.jit(self.init)(params) if shardings is None else jax.jit(self.init, out_shardings=shardings)(params)
+
+    def state_shardings(self, params: Any) -> Any:
+        """Shardings of `init(params)`: every state leaf that mirrors a parameter (fp32 master copy, Adam moments)
+        is placed like that parameter, the rest (step counters) replicated. `params`: arrays or ShapeDtypeStructs
+        with shardings. None (jit decides) unless the params sit on one mesh."""
+        shardings = [getattr(leaf, "sharding", None) for leaf in jax.tree.leaves(params)]
+        meshes = {s.mesh for s in shardings if isinstance(s, NamedSharding)}
+        if len(meshes) != 1:
+            return None
+        mesh = meshes.pop()
+        replicated = NamedSharding(mesh, PartitionSpec())
+        placed = jax.tree.map(lambda p: p.sharding if isinstance(p.sharding, NamedSharding) and
+                              p.sharding.mesh == mesh else replicated, params)
+        params_def = jax.tree.structure(params)
+
+        def is_masked(x: Any) -> bool:
+            return isinstance(x, optax.MaskedNode)
+
+        def mirrors(x: Any) -> bool:
+            return not is_masked(x) and jax.tree.structure(x, is_leaf=is_masked) == params_def
+
+        def place(x: Any) -> Any:
+            if mirrors(x):
+                return jax.tree.map(lambda m, s: m if is_masked(m) else s, x, placed, is_leaf=is_masked)
+            return replicated
+
+        return jax.tree.map(place, jax.eval_shape(self.init, params), is_leaf=mirrors)
 
     def _fp32_view(self, params: Any, master: Any) -> Any:
         # The fp32 values the optimizer works on: the master where one exists, else the parameter itself.

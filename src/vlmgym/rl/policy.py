@@ -22,9 +22,84 @@ from vlmgym.rollout.sampling import SamplingSettings
 
 LEARNER_KEYS = ("input_ids", "attention_mask", "position_ids", "pixel_values", "patch_layout")
 END_OF_TURN = "<|im_end|>"
+REMAT_CHOICES = ("none", "layer")  # train.remat / sft.remat
 
 
-class Qwen3VLPolicy:
+def learner_batch_shardings(batch: dict, mesh: Mesh) -> dict:
+    """Where a learner batch (`Qwen3VLPolicy.build_batch`'s layout) lives on `mesh`: prompt arrays split over the
+    data axes by prompt, completion arrays by row (a group's rows are consecutive, so sharding prompts and rows
+    alike keeps each group on one device), image patches replicated. A tree of NamedSharding parallel to `batch`
+    (its leaves may be arrays or jax.ShapeDtypeStruct)."""
+    rows, prompts = batch["completion_ids"].shape[0], batch["inputs"]["input_ids"].shape[0]
+    replicated = NamedSharding(mesh, PartitionSpec())
+
+    def where(path: tuple, x: Any) -> NamedSharding:
+        name = getattr(path[-1], "key", "")
+        ndim = len(x.shape)
+        if name == "position_ids":  # (3, prompts, length)
+            return batch_sharding(mesh, ndim, 1, prompts)
+        if name in ("input_ids", "attention_mask"):
+            return batch_sharding(mesh, ndim, 0, prompts)
+        if path[0].key != "inputs":
+            return batch_sharding(mesh, ndim, 0, rows)
+        return replicated  # image patches are not laid out per row
+
+    return jax.tree_util.tree_map_with_path(where, batch)
+
+
+class Qwen3VLLearner:
+    """The learner half of the policy: log-probs (and features) of a learner batch, and its placement on a mesh.
+
+    Needs no tokenizer: `vlmgym plan` compiles the trainer's update with it for a real config's shapes.
+    `remat`: "layer" recomputes each decoder layer's and vision block's activations in the backward pass
+    (jax.checkpoint around every scanned layer) instead of keeping them; the gradients are the same.
+    """
+
+    def __init__(self, cfg: Qwen3VLConfig, settings: SamplingSettings, *, mesh: Mesh | None = None,
+                 share_prefix: bool = True, remat: str = "none"):
+        if remat not in REMAT_CHOICES:
+            raise ValueError(f"remat={remat!r}: expected one of {REMAT_CHOICES}")
+        self.cfg, self.settings, self.mesh = cfg, settings, mesh
+        self.share_prefix, self.remat = share_prefix, remat
+
+    @property
+    def feature_size(self) -> int:
+        """Width of the features `logprobs_and_features` returns (the text hidden size)."""
+        return self.cfg.text.hidden_size
+
+    def _with_patch_layout(self, inputs: dict) -> dict:
+        # Pad the patches to a multiple of the longest image rather than the engine's power-of-two bucket: a
+        # per-copy learner batch holds group_size copies of each image, so power-of-two padding could add ~1k
+        # patches of vision work per step; the shape still stays fixed while the images keep their size.
+        grids = np.asarray(inputs["image_grid_thw"], np.int64)
+        frame = int((grids[:, 1] * grids[:, 2]).max())
+        pixels = np.asarray(inputs["pixel_values"])
+        total = -(-len(pixels) // frame) * frame
+        padding = np.zeros((total - len(pixels), pixels.shape[1]), pixels.dtype)
+        return {**inputs, "pixel_values": np.concatenate([pixels, padding]),
+                "patch_layout": patch_layout(self.cfg, grids, pad_to=total)}
+
+    def _place(self, batch: dict) -> dict:
+        return jax.device_put(batch, learner_batch_shardings(batch, self.mesh))
+
+    def logprobs(self, params: Any, batch: dict) -> jax.Array:
+        """Log-probs of the completion tokens [batch, max_new_tokens] at the sampling temperature (0 where masked)."""
+        return self._score(params, batch, with_features=False)
+
+    def logprobs_and_features(self, params: Any, batch: dict) -> tuple[jax.Array, jax.Array]:
+        """`logprobs` and the final-normed hidden state that predicts each token [batch, max_new_tokens, hidden]
+        (float32): what a PPO value head reads."""
+        return self._score(params, batch, with_features=True)
+
+    def _score(self, params: Any, batch: dict, with_features: bool) -> Any:
+        score = (shared_prefix_logprobs if batch["completion_ids"].shape[0] != batch["inputs"]["input_ids"].shape[0]
+                 else token_logprobs)
+        return score(params, self.cfg, batch["inputs"], batch["completion_ids"], batch["completion_mask"],
+                     remat=self.remat == "layer", temperature=self.settings.logprob_temperature,
+                     with_features=with_features)
+
+
+class Qwen3VLPolicy(Qwen3VLLearner):
     """Samples with the rollout engine and recomputes the same log-probs (softmax at the sampling temperature)
     with the learner.
 
@@ -33,17 +108,18 @@ class Qwen3VLPolicy:
     the caller with `sharding.shard_params`), so one code path runs on one device or many.
     With `share_prefix` (the default) a batch given one observation per group of completions runs each prompt
     once (`shared_prefix.shared_prefix_logprobs`); without it every completion gets its own copy of the prompt
-    (`model.token_logprobs`, the reference the shared forward is tested against).
+    (`model.token_logprobs`, the reference the shared forward is tested against). `remat`: see Qwen3VLLearner.
     """
 
     def __init__(self, cfg: Qwen3VLConfig, processor: Any, settings: SamplingSettings, *,
-                 buckets: Buckets | None = None, mesh: Mesh | None = None, share_prefix: bool = True):
+                 buckets: Buckets | None = None, mesh: Mesh | None = None, share_prefix: bool = True,
+                 remat: str = "none"):
+        super().__init__(cfg, settings, mesh=mesh, share_prefix=share_prefix, remat=remat)
         end_of_turn = processor.tokenizer.convert_tokens_to_ids(END_OF_TURN)
         if end_of_turn is None or end_of_turn not in settings.eos_ids:
             raise ValueError(f"sampling eos_ids {settings.eos_ids} must include {END_OF_TURN} ({end_of_turn}), "
                              "the token that ends an assistant turn")
-        self.cfg, self.processor, self.settings, self.mesh = cfg, processor, settings, mesh
-        self.share_prefix = share_prefix
+        self.processor = processor
         self.buckets = buckets or Buckets()
         self.engine = RolloutEngine(cfg, processor, settings, self.buckets)
         self.end_of_turn = int(end_of_turn)
@@ -55,11 +131,6 @@ class Qwen3VLPolicy:
     @property
     def max_new_tokens(self) -> int:
         return self.settings.max_new_tokens
-
-    @property
-    def feature_size(self) -> int:
-        """Width of the features `logprobs_and_features` returns (the text hidden size)."""
-        return self.cfg.text.hidden_size
 
     @property
     def compile_count(self) -> int:
@@ -100,50 +171,6 @@ class Qwen3VLPolicy:
                  "completion_ids": np.asarray(completion_tokens, np.int32),
                  "completion_mask": np.asarray(completion_mask, np.float32)}
         return batch if self.mesh is None else self._place(batch)
-
-    def _with_patch_layout(self, inputs: dict) -> dict:
-        # Pad the patches to a multiple of the longest image rather than the engine's power-of-two bucket: a
-        # per-copy learner batch holds group_size copies of each image, so power-of-two padding could add ~1k
-        # patches of vision work per step; the shape still stays fixed while the images keep their size.
-        grids = np.asarray(inputs["image_grid_thw"], np.int64)
-        frame = int((grids[:, 1] * grids[:, 2]).max())
-        pixels = np.asarray(inputs["pixel_values"])
-        total = -(-len(pixels) // frame) * frame
-        padding = np.zeros((total - len(pixels), pixels.shape[1]), pixels.dtype)
-        return {**inputs, "pixel_values": np.concatenate([pixels, padding]),
-                "patch_layout": patch_layout(self.cfg, grids, pad_to=total)}
-
-    def _place(self, batch: dict) -> dict:
-        rows, prompts = batch["completion_ids"].shape[0], batch["inputs"]["input_ids"].shape[0]
-        replicated = NamedSharding(self.mesh, PartitionSpec())
-
-        def place(path: tuple, x: Any) -> Any:
-            name = getattr(path[-1], "key", "")
-            # A group's rows are consecutive, so sharding prompts and rows alike keeps each group on one device.
-            if name == "position_ids":  # (3, prompts, length)
-                return jax.device_put(x, batch_sharding(self.mesh, x.ndim, 1, prompts))
-            if name in ("input_ids", "attention_mask"):
-                return jax.device_put(x, batch_sharding(self.mesh, x.ndim, 0, prompts))
-            if path[0].key != "inputs":
-                return jax.device_put(x, batch_sharding(self.mesh, x.ndim, 0, rows))
-            return jax.device_put(x, replicated)  # image patches are not laid out per row
-
-        return jax.tree_util.tree_map_with_path(place, batch)
-
-    def logprobs(self, params: Any, batch: dict) -> jax.Array:
-        """Log-probs of the completion tokens [batch, max_new_tokens] at the sampling temperature (0 where masked)."""
-        return self._score(params, batch, with_features=False)
-
-    def logprobs_and_features(self, params: Any, batch: dict) -> tuple[jax.Array, jax.Array]:
-        """`logprobs` and the final-normed hidden state that predicts each token [batch, max_new_tokens, hidden]
-        (float32): what a PPO value head reads."""
-        return self._score(params, batch, with_features=True)
-
-    def _score(self, params: Any, batch: dict, with_features: bool) -> Any:
-        score = (shared_prefix_logprobs if batch["completion_ids"].shape[0] != batch["inputs"]["input_ids"].shape[0]
-                 else token_logprobs)
-        return score(params, self.cfg, batch["inputs"], batch["completion_ids"], batch["completion_mask"],
-                     temperature=self.settings.logprob_temperature, with_features=with_features)
 
     def encode_targets(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
         """Answer texts as the tokens the model should generate: the text, then <|im_end|>; padded."""

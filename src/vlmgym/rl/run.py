@@ -22,10 +22,11 @@ from vlmgym.rollout.sampling import SamplingSettings
 
 def load_policy(model_dir: str | Path, model_params: Any, max_new_tokens: int, *, temperature: float = 1.0,
                 top_k: int = 0, top_p: float = 1.0, mesh_shape: tuple[int, ...] = (),
-                share_prefix: bool = True) -> tuple[Qwen3VLPolicy, Any]:
+                share_prefix: bool = True, remat: str = "none") -> tuple[Qwen3VLPolicy, Any]:
     """(policy, params) from a vlmgym JAX checkpoint folder, in the `model` section's dtypes.
 
     mesh_shape: (data, fsdp, tensor) device counts; empty (or all ones) keeps everything on one device.
+    remat: the learner forward's activation checkpointing ("none" or "layer", see Qwen3VLLearner).
     """
     processor = Processor.from_pretrained(model_dir)
     settings = SamplingSettings(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
@@ -37,7 +38,7 @@ def load_policy(model_dir: str | Path, model_params: Any, max_new_tokens: int, *
         shardings = param_shardings(cfg, mesh)
     cfg, params = load_checkpoint(model_dir, dtype=model_params.dtype, param_dtype=model_params.param_dtype,
                                   shardings=shardings)
-    return Qwen3VLPolicy(cfg, processor, settings, mesh=mesh, share_prefix=share_prefix), params
+    return Qwen3VLPolicy(cfg, processor, settings, mesh=mesh, share_prefix=share_prefix, remat=remat), params
 
 
 def validation_env(stage: str, section: Any, env_params: Any, tokenizer: Any) -> Any:
@@ -57,10 +58,11 @@ def stage_policy(stage: str, section: Any, model_params: Any) -> tuple[Qwen3VLPo
     """(policy, params) of `section.init_dir` as stage `stage` (sft: teacher-forced targets; train: sampling)
     needs it."""
     if stage == "sft":
-        return load_policy(section.init_dir, model_params, section.max_target_tokens, mesh_shape=tuple(section.mesh))
+        return load_policy(section.init_dir, model_params, section.max_target_tokens, mesh_shape=tuple(section.mesh),
+                           remat=section.remat)
     return load_policy(section.init_dir, model_params, section.max_new_tokens, temperature=section.temperature,
                        top_k=section.top_k, top_p=section.top_p, mesh_shape=tuple(section.mesh),
-                       share_prefix=section.share_prefix)
+                       share_prefix=section.share_prefix, remat=section.remat)
 
 
 def stage_trainer(stage: str, section: Any, policy: Any, params: Any, env_params: Any, checkpoints: Path,

@@ -68,9 +68,16 @@ def grpo_gradients(params: Any, micro: dict, normalizer: jax.Array, *, policy: P
 
 def _fp32_gradients(micro_loss: Callable, params: Any, micro: dict, normalizer: jax.Array, optimizer: Optimizer,
                     *args: Any) -> tuple[jax.Array, Any, dict]:
-    """(loss, fp32 gradients, aux) of a micro-batch loss (frozen leaves get no gradient); traced inside a jit."""
-    grad_fn = jax.value_and_grad(micro_loss, has_aux=True)
-    (loss, aux), grads = grad_fn(optimizer.stop_frozen_gradients(params), micro, normalizer, *args)
+    """(loss, fp32 gradients, aux) of a micro-batch loss (frozen leaves get no gradient); traced inside a jit.
+
+    The frozen leaves go behind stop_gradient inside the differentiated function, so the backward pass skips
+    them and keeps none of the activations only they need (a frozen vision tower's)."""
+
+    def frozen_loss(p: Any, *rest: Any) -> tuple[jax.Array, dict]:
+        return micro_loss(optimizer.stop_frozen_gradients(p), *rest)
+
+    grad_fn = jax.value_and_grad(frozen_loss, has_aux=True)
+    (loss, aux), grads = grad_fn(params, micro, normalizer, *args)
     return loss, jax.tree.map(lambda g: g.astype(jnp.float32), grads), aux
 
 
@@ -250,7 +257,7 @@ class GRPOTrainer(TrainingLoop):
         # or DPO needs it.
         holds_reference = config.beta > 0 or config.algorithm == "dpo"
         self.reference_params = jax.tree.map(jnp.copy, params) if holds_reference else None
-        self.params, self.opt_state = params, jax.jit(self.optimizer.init)(params)
+        self.params, self.opt_state = params, self.optimizer.init_placed(params)
         self.rng = jax.random.key(config.seed)
         self.data = DataOrder(len(env), config.seed)
 
@@ -489,7 +496,7 @@ class SFTTrainer(TrainingLoop):
                              f"micro_batches={config.micro_batches}")
         self.policy, self.env, self.config = policy, env, config
         self.optimizer = Optimizer(optimizer_config(config), trainable_mask(params, config.freeze))
-        self.params, self.opt_state = params, jax.jit(self.optimizer.init)(params)
+        self.params, self.opt_state = params, self.optimizer.init_placed(params)
         self.rng = jax.random.key(config.seed)  # unused by SFT itself; saved so every loop resumes alike
         self.data = DataOrder(len(env), config.seed)
 

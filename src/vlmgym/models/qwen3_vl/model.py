@@ -271,11 +271,11 @@ def repeat_cache(cache: KVCache, repeats: int) -> KVCache:
     return out
 
 
-def encode_inputs(params: Params, cfg: Qwen3VLConfig, inputs: dict[str, Any]):
+def encode_inputs(params: Params, cfg: Qwen3VLConfig, inputs: dict[str, Any], remat: bool = False):
     """Image embeds and DeepStack embeds of a batch dict with `pixel_values` + `patch_layout` (None if no images)."""
     if inputs.get("pixel_values") is None:
         return None, None
-    return encode_patches(params, cfg, inputs["pixel_values"], inputs["patch_layout"])
+    return encode_patches(params, cfg, inputs["pixel_values"], inputs["patch_layout"], remat)
 
 
 def token_logprobs(params: Params, cfg: Qwen3VLConfig, inputs: dict[str, Any], completion_ids: jax.Array,
@@ -286,14 +286,15 @@ def token_logprobs(params: Params, cfg: Qwen3VLConfig, inputs: dict[str, Any], c
 
     `inputs`: input_ids / attention_mask (B, L) prompts (left or right padded), optional position_ids (3, B, L),
     optional pixel_values + patch_layout. Completion token j sits right after the prompt block.
-    `remat=True` trades recomputation for activation memory under jax.grad. `with_features=True` also returns
-    the final-normed hidden states that predict each completion token (B, C, hidden), float32: a value head's input.
+    `remat=True` trades recomputation for activation memory under jax.grad (each decoder layer and vision block
+    is checkpointed). `with_features=True` also returns the final-normed hidden states that predict each
+    completion token (B, C, hidden), float32: a value head's input.
     """
     prompt_mask = inputs["attention_mask"].astype(jnp.int32)
     prompt_positions = inputs.get("position_ids")
     if prompt_positions is None:
         prompt_positions = text_position_ids(prompt_mask)
-    image_embeds, deepstack_embeds = encode_inputs(params, cfg, inputs)
+    image_embeds, deepstack_embeds = encode_inputs(params, cfg, inputs, remat)
     batch, length = inputs["input_ids"].shape
     steps = completion_ids.shape[1]
     first = _next_position(prompt_positions, prompt_mask)

@@ -75,7 +75,7 @@ def shared_prefix_logprobs(params: Params, cfg: Qwen3VLConfig, inputs: dict[str,
     if rows % prompts:
         raise ValueError(f"{rows} completions are not a whole number of groups of the batch's {prompts} prompts")
     group = rows // prompts
-    image_embeds, deepstack_embeds = encode_inputs(params, cfg, inputs)
+    image_embeds, deepstack_embeds = encode_inputs(params, cfg, inputs, remat)
     check_image_tokens(cfg, inputs["input_ids"], image_embeds)
     x, visual = _embed(params, cfg, inputs["input_ids"], image_embeds)
     h_prompt, (prompt_k, prompt_v) = _decoder(params, cfg, x, prompt_positions.astype(jnp.int32),

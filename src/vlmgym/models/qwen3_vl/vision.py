@@ -163,8 +163,11 @@ def _merge(cfg: Qwen3VLConfig, p: Params, x: jax.Array, norm_after_grouping: boo
 
 
 def encode_patches(params: Params, cfg: Qwen3VLConfig, pixel_values: jax.Array,
-                   layout: PatchLayout) -> tuple[jax.Array, jax.Array]:
-    """Vision tower on (N, patch_dim) pixel rows -> (N/4, hidden) image embeds and (taps, N/4, hidden) DeepStack."""
+                   layout: PatchLayout, remat: bool = False) -> tuple[jax.Array, jax.Array]:
+    """Vision tower on (N, patch_dim) pixel rows -> (N/4, hidden) image embeds and (taps, N/4, hidden) DeepStack.
+
+    `remat` recomputes each block's activations in the backward pass (jax.checkpoint) to save memory.
+    """
     v, dtype = cfg.vision, cfg.compute_dtype
     p = params["visual"]
     x = _dense(pixel_values.astype(dtype), p["patch_embed"])
@@ -175,6 +178,8 @@ def encode_patches(params: Params, cfg: Qwen3VLConfig, pixel_values: jax.Array,
 
     def body(h: jax.Array, block: Params) -> tuple[jax.Array, None]:
         return _block(cfg, block, h, cos, sin, layout), None
+
+    body = jax.checkpoint(body) if remat else body
 
     deepstack = []
     start = 0

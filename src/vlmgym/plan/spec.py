@@ -1,0 +1,51 @@
+"""What one `vlmgym plan` run plans for (no JAX import: the command sets the device count before JAX starts)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+CONFIGS = ("tiny", "2b", "4b", "8b")
+TINY_VOCAB = 2048  # the pipeline's default tiny tokenizer (model.tiny_vocab_size)
+
+
+@dataclass(frozen=True)
+class PlanSpec:
+    """One configuration to plan: model, mesh, and the train section's batch shapes."""
+
+    config: str = "tiny"
+    mesh: tuple[int, int, int] = (1, 1, 1)  # data, fsdp, tensor
+    batch: int = 16  # completions per step (train.batch_prompts x group_size; sft: batch_size)
+    seq: int = 62  # prompt tokens, image included (padded up to the engine's length bucket)
+    answer: int = 64  # completion tokens (train.max_new_tokens; sft: max_target_tokens)
+    group: int = 8  # completions per prompt (train.group_size; 1: sft, or one prompt copy per completion)
+    micro_batches: int = 1  # gradient accumulation (train.micro_batches)
+    image: tuple[int, int] = (96, 128)  # height, width of each prompt's image after the processor's resize
+    remat: str = "none"
+    algorithm: str = "grpo"  # grpo (rloo runs the same update) or sft
+    freeze: str = "none"
+    dtype: str = "fp32"
+    param_dtype: str = "fp32"
+
+    @property
+    def devices(self) -> int:
+        return int(np.prod(self.mesh))
+
+    @property
+    def micro_rows(self) -> int:
+        return self.batch // self.micro_batches
+
+    def check(self) -> None:
+        """Raise ValueError on shapes the trainer would reject."""
+        if self.config not in CONFIGS:
+            raise ValueError(f"config {self.config!r}: expected one of {CONFIGS}")
+        if self.batch % self.group or self.batch % self.micro_batches:
+            raise ValueError(f"batch {self.batch} must be whole groups of {self.group} and split into "
+                             f"{self.micro_batches} micro-batches")
+        if self.group > 1 and self.micro_rows % self.group:
+            raise ValueError(f"a micro-batch of {self.micro_rows} rows must hold whole groups of {self.group}")
+        if self.algorithm == "sft" and self.group != 1:
+            raise ValueError("sft scores one completion per prompt: use --group 1")
+        if any(side % 32 for side in self.image):
+            raise ValueError(f"image {self.image}: both sides must be multiples of 32 (the processor's resize)")

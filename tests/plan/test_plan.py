@@ -1,0 +1,53 @@
+"""`vlmgym plan`: its per-device figures for the tiny model against the live buffers of a real step, and its CLI."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from vlmgym.cli import COMMANDS
+from vlmgym.plan.cli import _with_devices, parse_args, table
+
+# XLA rounds each small output buffer up (alignment): a few hundred bytes in all on the tiny model.
+OUTPUT_SLACK = 4096
+
+
+def test_plan_matches_the_live_buffers_of_a_real_step(run_on_cpu_devices):
+    here = Path(__file__).parent
+    out = json.loads(run_on_cpu_devices(2, [here / "plan_check.py"], cwd=here).strip().splitlines()[-1])
+    plan, live = out["plan"]["programs"], out["live"]
+    for name in ("gradients", "update"):
+        # Every argument's shard, as placed for the real step, exactly.
+        assert plan[name]["live_arguments"] == live[name]["arguments"], name
+        assert abs(plan[name]["outputs"] - live[name]["outputs"]) <= OUTPUT_SLACK, name
+    assert plan["gradients"]["arguments"] == live["gradients"]["arguments"]  # the loss reads every argument
+    # The update never reads the frozen vision tower's (zero) gradients: XLA leaves them out of its count.
+    assert plan["update"]["arguments"] < live["update"]["arguments"]
+    # The optimizer state is sharded like the params (it was all on device 0 before init_placed) and as planned.
+    assert out["opt_state_like_plan"]
+    assert out["opt_state_bytes"]["device"] < 0.6 * out["opt_state_bytes"]["total"]
+    assert plan["gradients"]["temporaries"] > 0 and out["plan"]["peak"]["step"] > out["plan"]["state"]["params"]
+    # XLA:CPU keeps no allocator statistics: temporaries (and so the peak) are XLA's own estimate, unchecked.
+    assert out["memory_stats"] is None
+
+
+def test_cli_arguments(capsys):
+    assert "plan" in COMMANDS
+    spec, args = parse_args(["--config", "4b", "--mesh", "1,8,1", "--batch", "128", "--seq", "370", "--answer",
+                             "128", "--micro-batches", "8", "--remat", "layer"])
+    assert spec.devices == 8 and spec.micro_rows == 16 and spec.image == (512, 672)
+    assert (spec.param_dtype, spec.dtype, spec.remat, args.no_rollout) == ("bf16", "bf16", "layer", False)
+    tiny, _ = parse_args(["--config", "tiny", "--batch", "16", "--seq", "62"])
+    assert (tiny.param_dtype, tiny.image) == ("fp32", (96, 128))
+    for bad in (["--mesh", "2,2"], ["--batch", "12"], ["--remat", "full"], ["--image", "100x96"]):
+        with pytest.raises(SystemExit):
+            parse_args(["--config", "tiny", "--batch", "16", "--seq", "62", *bad])
+    assert _with_devices("--xla_foo=1 --xla_force_host_platform_device_count=4", 8) == (
+        "--xla_foo=1 --xla_force_host_platform_device_count=8")
+
+
+def test_table_lists_every_program():
+    program = {"arguments": 1, "live_arguments": 2, "outputs": 3, "aliases": 0, "temporaries": 4, "peak": 9}
+    text = table({"programs": {"gradients": program, "update": program}, "state": {"params": 2},
+                  "peak": {"learner": 3 * 2**30, "step": 3 * 2**30}})
+    assert text.splitlines()[0].startswith("GiB per device") and "gradients" in text and "learner 3.00" in text
