@@ -2,7 +2,20 @@
 the tokenizer corpus. Each task lives in one module or package here (geospot/, nlvr2/) or in another package."""
 
 from vlmgym.envs.base import Env, SampleLike, State
-from vlmgym.envs.registry import DEFAULT_ENV, corpus, env_class, from_params, make, names, register
+from vlmgym.envs.registry import (
+    DEFAULT_ENV,
+    corpus,
+    env_class,
+    from_params,
+    is_mixture,
+    make,
+    names,
+    part_params,
+    parts,
+    register,
+    split_dirs,
+)
 
-__all__ = ["DEFAULT_ENV", "Env", "SampleLike", "State", "corpus", "env_class", "from_params", "make", "names",
-           "register"]
+__all__ = ["DEFAULT_ENV", "Env", "SampleLike", "State", "corpus", "env_class", "from_params", "is_mixture", "make",
+           "names", "part_params", "parts", "register",
+           "split_dirs"]

@@ -39,6 +39,16 @@ if TYPE_CHECKING:
     from vlmgym.params import DataParams
 
 
+# The key of a state's meta and of a scored answer's info that names the sub-env it belongs to, in an env made of
+# several (vlmgym.envs.mixture): the trainer and validation log each sub-env's figures under `env/<name>/`.
+PART_KEY = "sub_env"
+
+
+def part_metric(part: str, metric: str) -> str:
+    """The name of a figure `metric` (e.g. reward_mean, val/reward_greedy) over one sub-env's answers alone."""
+    return f"env/{part}/{metric}"
+
+
 class SampleLike(Protocol):
     """What an env needs of a sample: `vlmgym.data.shards.Sample` or anything with the same three fields."""
 

@@ -1,7 +1,8 @@
 """Environment registry: names -> Env classes, imported only when first made (so importing vlmgym.envs is cheap).
 
 An env is found by `env.name` in three ways:
-- a built-in name (geospot, nlvr2, digits, message_decoding, rec) or one added with
+- a built-in name (geospot, nlvr2, digits, message_decoding, rec; mixture trains on several of them at once) or
+  one added with
   `register(name, "package.module:Class")`;
 - an entry point of group `vlmgym.envs` of an installed package, e.g. in its pyproject.toml
   `[project.entry-points."vlmgym.envs"]` then `colour = "my_package.colour:ColourEnv"`;
@@ -15,6 +16,8 @@ import importlib
 import importlib.metadata
 import os
 import sys
+from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from vlmgym.envs.base import Env
@@ -28,6 +31,7 @@ BUILTIN: dict[str, str] = {
     "digits": "vlmgym.envs.digits:DigitsEnv",
     "message_decoding": "vlmgym.envs.message_decoding:MessageDecodingEnv",
     "rec": "vlmgym.envs.rec:RecEnv",
+    "mixture": "vlmgym.envs.mixture:MixtureEnv",
 }
 # The envs whose texts the tiny tokenizer is always trained on, fixed rather than all of BUILTIN: the default
 # tokenizer, and so the default model and every committed result, stays the same when an env is added. Any other
@@ -119,17 +123,48 @@ def make(name: str, **kwargs) -> Env:
     return env_class(name)(**kwargs)
 
 
-def corpus(active: str | None = None) -> list[str]:
-    """The tokenizer corpus: the TOKENIZER_ENVS' texts in name order, then the active env's when it is another one
-    (so neither a new built-in env nor an installed plug-in package changes the default tokenizer)."""
+def corpus(active: str | Sequence[str] | None = None) -> list[str]:
+    """The tokenizer corpus: the TOKENIZER_ENVS' texts in name order, then each active env's (a name, or several
+    in order: a mixture's sub-envs, see parts) that is another one (so neither a new built-in env nor an installed
+    plug-in package changes the default tokenizer)."""
     texts: list[str] = []
     for name in sorted(TOKENIZER_ENVS):
         texts.extend(env_class(name).corpus())
-    if active is not None:
-        cls = env_class(active)
-        if cls.name not in TOKENIZER_ENVS:
+    seen = set(TOKENIZER_ENVS)
+    for name in [active] if isinstance(active, str) else list(active or ()):
+        cls = env_class(name)
+        if cls.name not in seen:
+            seen.add(cls.name)
             texts.extend(cls.corpus())
     return texts
+
+
+def parts(env_params: Any) -> list[str]:
+    """The envs whose data, tokenizer texts and reports the configured env uses: its own name, or a mixture's
+    sub-envs in name order (env.mixture.envs)."""
+    if env_class(env_params.name).name != "mixture":
+        return [env_params.name]
+    return sorted(env_params.settings().envs)
+
+
+def part_params(env_params: Any, name: str) -> Any:
+    """The `env` section for one sub-env `name` of a mixture on its own: its name, the same sections."""
+    import dataclasses
+
+    return dataclasses.replace(env_params, name=name)
+
+
+def split_dirs(env_params: Any, shards_dir: str | Path, split: str) -> list[Path]:
+    """The shard folders a split of the configured env is read from: shards_dir/<split>, or each sub-env's
+    shards_dir/<name>/<split> for a mixture."""
+    if not is_mixture(env_params):
+        return [Path(shards_dir) / split]
+    return [Path(shards_dir) / name / split for name in parts(env_params)]
+
+
+def is_mixture(env_params: Any) -> bool:
+    """Whether the configured env is a mixture of several (vlmgym.envs.mixture)."""
+    return env_class(env_params.name).name == "mixture"
 
 
 def from_params(env_params: Any, *, shards_dir: str, split: str, tokenizer: Any = None, limit: int = 0,
@@ -137,8 +172,12 @@ def from_params(env_params: Any, *, shards_dir: str, split: str, tokenizer: Any 
     """The configured env (params section `env`: its name and its own settings) over the first `limit` samples
     (0: all) of a split of the shards, decoding answers with `tokenizer`; scoring at a fixed curriculum
     `progress` when given (rollout and evaluation score at 1, the final reward)."""
-    env = env_class(env_params.name)(shards_dir=shards_dir, split=split, tokenizer=tokenizer, limit=limit or None,
-                                     params=env_params.settings())
+    cls = env_class(env_params.name)
+    if cls.name == "mixture":  # its sub-envs from their own sections and shard folders
+        env = cls.build(env_params, shards_dir=shards_dir, split=split, tokenizer=tokenizer, limit=limit or None)
+    else:
+        env = cls(shards_dir=shards_dir, split=split, tokenizer=tokenizer, limit=limit or None,
+                  params=env_params.settings())
     if progress is not None:
         env.set_progress(progress)
     return env
