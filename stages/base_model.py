@@ -13,7 +13,7 @@ import argparse
 import sys
 
 from vlmgym import tracking
-from vlmgym.envs import corpus
+from vlmgym.envs import corpus, parts
 from vlmgym.models.qwen3_vl.base_model import build_base_model
 from vlmgym.params import load_section
 
@@ -27,11 +27,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--params", default="params.yaml", help="params file (section `model`)")
     args = parser.parse_args(argv)
     params = load_section("model", args.params)
-    env_name = load_section("env", args.params).name
+    env_params = load_section("env", args.params)
+    env_name = env_params.name
     with tracking.stage_run("base_model", params, extra_params={"env.name": env_name},
                             params_file=args.params) as run:
-        # the built-in envs' texts, plus the active env's when it is another one (vlmgym.envs.corpus)
-        summary = build_base_model(params, corpus=corpus(active=env_name))
+        # the built-in envs' texts, plus the active env's (a mixture's: each sub-env's) when it is another one
+        # (vlmgym.envs.corpus)
+        summary = build_base_model(params, corpus=corpus(active=parts(env_params)))
         run.log_metrics({k: summary[k] for k in FIGURES if k in summary})
         run.log_dict(summary, "base_model.json")
     print(f"base_model: {summary['source']} -> {params.hf_dir} "

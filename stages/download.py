@@ -1,5 +1,7 @@
 """download stage: build data/raw/, the env's raw layout, for params `data` (its embedded generator by default).
 
+A mixture of envs (env.name: mixture) writes each sub-env's layout into data/raw/<name>/.
+
 Run: `python stages/download.py` (dvc repro runs it); ~10 s for the default 2,000 + 200 synthetic images.
 """
 
@@ -10,8 +12,8 @@ import json
 import logging
 import sys
 
-from vlmgym import tracking
-from vlmgym.data.download import build_raw, numeric_metrics
+from vlmgym import envs, tracking
+from vlmgym.data.download import build_raw, build_raw_parts, numeric_metrics
 from vlmgym.params import DEFAULT_PARAMS_FILE, load_section
 
 
@@ -25,7 +27,9 @@ def main(argv: list[str] | None = None) -> int:
     env_params = load_section("env", args.params)
     with tracking.stage_run("download", params, extra_params={"env.name": env_params.name},
                             params_file=args.params) as run:
-        stats = build_raw(params, env_params.name)
+        # an env made of several (env.name: mixture) gets each one's layout in data/raw/<name>/
+        stats = (build_raw_parts(params, envs.parts(env_params)) if envs.is_mixture(env_params)
+                 else build_raw(params, env_params.name))
         run.log_metrics(numeric_metrics(stats))
         run.log_dict(stats, "download_stats.json")
     print(json.dumps({k: v for k, v in stats.items() if k != "details"}, indent=1))

@@ -1,5 +1,7 @@
 """shard stage: validate data/raw/, resize, write webdataset tars to data/shards/{train,test}/ + manifest.json.
 
+A mixture of envs (env.name: mixture) shards each sub-env's data/raw/<name>/ into data/shards/<name>/.
+
 Run: `python stages/shard.py` (dvc repro runs it); ~3 s for the default synthetic data.
 """
 
@@ -12,7 +14,7 @@ import sys
 from pathlib import Path
 
 from vlmgym import envs, tracking
-from vlmgym.data.sharding import manifest_metrics, shard_raw
+from vlmgym.data.sharding import manifest_metrics, shard_parts, shard_raw
 from vlmgym.params import DEFAULT_PARAMS_FILE, load_section
 
 
@@ -24,12 +26,19 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     params = load_section("shard", args.params)
     data = load_section("data", args.params)
-    env = envs.env_class(load_section("env", args.params).name)
-    if env.schema is None:
-        raise ValueError(f"env {env.name!r} declares no row schema, so its raw data cannot be sharded")
-    extra = {"env.name": env.name, "data.raw_dir": data.raw_dir}
+    env_params = load_section("env", args.params)
+    schemas = {}
+    for name in envs.parts(env_params):
+        env = envs.env_class(name)
+        if env.schema is None:
+            raise ValueError(f"env {env.name!r} declares no row schema, so its raw data cannot be sharded")
+        schemas[name] = env.schema
+    extra = {"env.name": env_params.name, "data.raw_dir": data.raw_dir}
     with tracking.stage_run("shard", params, extra_params=extra, params_file=args.params) as run:
-        manifest = shard_raw(Path(data.raw_dir), Path(params.out_dir), env.schema, params)
+        if envs.is_mixture(env_params):  # each sub-env's data/raw/<name>/ into data/shards/<name>/
+            manifest = shard_parts(Path(data.raw_dir), Path(params.out_dir), schemas, params)
+        else:
+            manifest = shard_raw(Path(data.raw_dir), Path(params.out_dir), schemas[env_params.name], params)
         run.log_metrics(manifest_metrics(manifest))
         run.log_artifact(Path(params.out_dir) / "manifest.json")
     print(json.dumps(manifest_metrics(manifest), indent=1))

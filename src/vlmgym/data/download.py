@@ -37,6 +37,20 @@ def build_raw(params: DataParams, env: Any, raw_dir: Path | None = None,
     return stats
 
 
+def build_raw_parts(params: DataParams, names: list[str], raw_dir: Path | None = None) -> dict:
+    """The raw layouts of several envs (the sub-envs of one made of several), each in raw_dir/<name>/ as build_raw
+    writes it, and parts.json listing them, swapped in as one folder; returns {"parts": {name: its stats}}."""
+    import json
+
+    raw_dir = Path(raw_dir or params.raw_dir)
+    start = time.perf_counter()
+    with atomic_dir(raw_dir) as tmp:
+        stats = {name: build_raw(params, name, raw_dir=tmp / name) for name in names}
+        (tmp / "parts.json").write_text(json.dumps({"parts": list(names)}, indent=1) + "\n")
+    return {"dataset": "+".join(names), "source": params.source, "parts": stats,
+            "seconds": time.perf_counter() - start}
+
+
 def numeric_metrics(stats: dict, prefix: str = "") -> dict[str, float]:
     """The numbers in a nested stats dict, flattened to MLflow metric names."""
     out: dict[str, float] = {}

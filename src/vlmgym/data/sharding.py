@@ -235,10 +235,24 @@ def shard_raw(raw_dir: Path, out_dir: Path, schema: RowSchema, params: ShardPara
     return manifest
 
 
+def shard_parts(raw_dir: Path, out_dir: Path, schemas: dict[str, RowSchema], params: ShardParams) -> dict:
+    """Shard several envs' raw layouts (raw_dir/<name>/, see vlmgym.data.download.build_raw_parts) each into
+    out_dir/<name>/ as shard_raw does, with a top manifest.json holding each one's; swapped in as one folder."""
+    manifest = {"dataset": "+".join(schemas), "parts": {}}
+    with atomic_dir(Path(out_dir)) as tmp:
+        for name, schema in schemas.items():
+            manifest["parts"][name] = shard_raw(Path(raw_dir) / name, tmp / name, schema, params)
+        (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
+    return manifest
+
+
 def manifest_metrics(manifest: dict) -> dict[str, float]:
-    """Kept / skipped-per-reason / shard counts as flat MLflow metrics."""
+    """Kept / skipped-per-reason / shard counts as flat MLflow metrics (`<part>/...` per part of a manifest of
+    several, see shard_parts)."""
     metrics: dict[str, float] = {}
-    for split, entry in manifest["splits"].items():
+    for name, part in manifest.get("parts", {}).items():
+        metrics.update({f"{name}/{key}": value for key, value in manifest_metrics(part).items()})
+    for split, entry in manifest.get("splits", {}).items():
         metrics[f"{split}.kept"] = entry["kept"]
         metrics[f"{split}.capped"] = entry["capped"]
         metrics[f"{split}.shards"] = len(entry["shards"])
