@@ -47,10 +47,10 @@ def validation_env(stage: str, section: Any, env_params: Any, tokenizer: Any) ->
 
     if section.val_every == 0:
         return None
-    folder = Path(section.shards_dir) / "val"
-    if not folder.is_dir():
-        raise FileNotFoundError(f"{stage}.val_every={section.val_every} validates on {folder}, which the shard stage "
-                                f"did not write: set shard.val_samples > 0 (or {stage}.val_every: 0)")
+    for folder in envs.split_dirs(env_params, section.shards_dir, "val"):
+        if not folder.is_dir():
+            raise FileNotFoundError(f"{stage}.val_every={section.val_every} validates on {folder}, which the shard "
+                                    f"stage did not write: set shard.val_samples > 0 (or {stage}.val_every: 0)")
     return envs.from_params(env_params, shards_dir=section.shards_dir, split="val", tokenizer=tokenizer)
 
 

@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from vlmgym.envs.base import PART_KEY, part_metric
 from vlmgym.eval.metrics import answer_spread
 from vlmgym.rl import dpo, grpo
 from vlmgym.rl.loop import (
@@ -203,6 +204,28 @@ def final_rewards(env: Any, state: Any, tokens: np.ndarray, mask: np.ndarray, re
         return [score(env, state, t, m)[0] for t, m in zip(tokens, mask)]
     finally:
         env.set_progress(progress)
+
+
+def part_figures(infos: list[dict], rewards: np.ndarray, final: np.ndarray) -> dict[str, float]:
+    """Per sub-env figures of a step's answers, for an env made of several (infos naming their sub-env under
+    PART_KEY; none for any other env): each one's share of the answers, its mean reward (as trained and at the
+    final curriculum weights) and its reward components' means, as env/<name>/<figure> (part_metric)."""
+    groups: dict[str, list[int]] = {}
+    for row, info in enumerate(infos):
+        if info.get(PART_KEY) is not None:
+            groups.setdefault(str(info[PART_KEY]), []).append(row)
+    out: dict[str, float] = {}
+    for part, rows in sorted(groups.items()):
+        out[part_metric(part, "share")] = len(rows) / len(infos)
+        out[part_metric(part, "reward_mean")] = float(np.mean(rewards[rows]))
+        out[part_metric(part, "final_reward_mean")] = float(np.mean(final[rows]))
+        components: dict[str, list[float]] = {}
+        for row in rows:
+            for name, value in (infos[row].get("reward_components") or {}).items():
+                components.setdefault(name, []).append(float(value))
+        out.update({part_metric(part, f"reward/{name}"): float(np.mean(values))
+                    for name, values in sorted(components.items())})
+    return out
 
 
 def make_validator(policy: Policy, val_env: Any, config: Any, checkpoint_dir: str | Path, *,
@@ -450,6 +473,7 @@ class GRPOTrainer(TrainingLoop):
             for name, value in (info.get("reward_components") or {}).items():
                 components.setdefault(name, []).append(float(value))
         out.update({f"reward/{name}": float(np.mean(values)) for name, values in sorted(components.items())})
+        out.update(part_figures(collected["sampled_infos"], rewards, collected["final_rewards"]))
         active_rows = mask.sum(axis=1) > 0
         lengths = mask.sum(axis=1)[active_rows]
         out["completion_length"] = float(lengths.mean()) if lengths.size else 0.0

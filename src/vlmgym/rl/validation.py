@@ -22,6 +22,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from vlmgym import temps
+from vlmgym.envs.base import PART_KEY, part_metric
 from vlmgym.rl.checkpoint import _abstract
 from vlmgym.rl.loop import score
 
@@ -52,10 +53,23 @@ class ValidationSettings:
                              "validation: set val_every > 0")
 
 
-def answer_rewards(env: Any, samples: Any, states: Sequence[Any]) -> tuple[list[float], list[bool]]:
-    """Rewards and format flags of one answer per state (samples rows in state order)."""
+def answer_rewards(env: Any, samples: Any, states: Sequence[Any],
+                   parts: list | None = None) -> tuple[list[float], list[bool]]:
+    """Rewards and format flags of one answer per state (samples rows in state order); appends each answer's
+    sub-env (info[PART_KEY], None for an env not made of several) to `parts` when given."""
     scored = [score(env, state, tokens, mask) for state, tokens, mask in zip(states, samples.tokens, samples.mask)]
+    if parts is not None:
+        parts.extend(info.get(PART_KEY) for _, info in scored)
     return [reward for reward, _ in scored], [bool(info.get("format_ok", True)) for _, info in scored]
+
+
+def part_means(name: str, values: Sequence[float], parts: Sequence[Any]) -> dict[str, float]:
+    """The mean of `values` over each sub-env's answers, as env/<part>/<name> (none when no answer names one)."""
+    groups: dict[str, list[float]] = {}
+    for value, part in zip(values, parts):
+        if part is not None:
+            groups.setdefault(str(part), []).append(float(value))
+    return {part_metric(part, name): float(np.mean(v)) for part, v in sorted(groups.items())}
 
 
 class Validator:
@@ -87,14 +101,14 @@ class Validator:
         try:
             indices = list(range(len(self.env)))
             size = self.settings.batch_size
-            greedy, sampled, formats = [], [], []
+            greedy, sampled, formats, parts = [], [], [], []
             key = jax.random.key(self.settings.seed)
             for number, start in enumerate(range(0, len(indices), size)):
                 resets = [self.env.reset(i) for i in indices[start: start + size]]
                 states = [s for s, _ in resets]
                 observations = [o for _, o in resets]
                 observations += [observations[-1]] * (size - len(observations))  # one shape: one compile
-                rewards, ok = answer_rewards(self.env, self.policy.greedy(params, observations), states)
+                rewards, ok = answer_rewards(self.env, self.policy.greedy(params, observations), states, parts)
                 greedy += rewards
                 formats += ok
                 if self.settings.sampled:
@@ -105,6 +119,9 @@ class Validator:
         out = {"val/reward_greedy": float(np.mean(greedy)), "val/format_ok_rate": float(np.mean(formats))}
         if sampled:
             out["val/reward_sampled"] = float(np.mean(sampled))
+        out.update(part_means("val/reward_greedy", greedy, parts))  # an env made of several: each one's
+        if sampled:
+            out.update(part_means("val/reward_sampled", sampled, parts))
         if self.extra is not None:
             out.update(self.extra(params))
         return out
