@@ -76,19 +76,20 @@ def train_reward_curve(model_dir: str, metric: str, *, tracking_uri: str,
 
 
 def reward_curves(env: Any, model_dir: str, total_metric: str, *, tracking_uri: str,
-                  experiment: str) -> tuple[RewardCurves, str | None]:
+                  experiment: str, prefix: str = "") -> tuple[RewardCurves, str | None]:
     """The training reward (`total_metric`), the reward as trained when that is another metric, the validation
     curves when the run validated, and, for an env with reward levels (Env.reward_levels), each level's
-    unweighted score and weight per step, from the train run that wrote `model_dir`; (empty, None) if none."""
-    wanted = {("total", ""): total_metric}
+    unweighted score and weight per step, from the train run that wrote `model_dir`; (empty, None) if none.
+    `prefix` reads each of those metrics under that prefix (a sub-env's own figures: vlmgym.envs.base.part_metric)."""
+    wanted = {("total", ""): prefix + total_metric}
     if total_metric != AS_TRAINED_METRIC:
-        wanted[("as_trained", "")] = AS_TRAINED_METRIC
+        wanted[("as_trained", "")] = prefix + AS_TRAINED_METRIC
     for kind in VALIDATION_KINDS:
-        wanted[("validation", kind)] = f"val/reward_{kind}"
+        wanted[("validation", kind)] = f"{prefix}val/reward_{kind}"
     for level, (score, weight) in env.reward_levels.items():
-        wanted[("levels", level)] = component_metric(score)
+        wanted[("levels", level)] = prefix + component_metric(score)
         if weight is not None:
-            wanted[("weights", level)] = component_metric(weight)
+            wanted[("weights", level)] = prefix + component_metric(weight)
     curves, run_id = train_curves(model_dir, list(dict.fromkeys(wanted.values())), tracking_uri=tracking_uri,
                                   experiment=experiment)
     found = {key: curves[metric] for key, metric in wanted.items() if metric in curves}

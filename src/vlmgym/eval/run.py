@@ -64,11 +64,17 @@ def hf_baseline(eval_params: EvalParams, rollout: RolloutParams, model: ModelPar
 
 
 def evaluate_pipeline(eval_params: EvalParams, rollout: RolloutParams, model: ModelParams, env_params: EnvParams,
-                      train_out_dir: str, tracking_uri: str, experiment: str,
-                      out_root: str | Path = ".") -> tuple[EvaluationOutputs, str | None, dict[str, float]]:
+                      train_out_dir: str, tracking_uri: str, experiment: str, out_root: str | Path = ".",
+                      curve_prefix: str = "") -> tuple[EvaluationOutputs, str | None, dict[str, float]]:
     """Everything the evaluate stage computes and writes; returns the outputs, the MLflow train run whose
     reward curve was drawn (None when no run wrote train_out_dir as it is now) and the HF baseline's timing
-    (empty without the baseline), which is for MLflow only."""
+    (empty without the baseline), which is for MLflow only. An env made of several is evaluated per sub-env
+    (vlmgym.eval.parts); `curve_prefix` reads the training curves under that prefix (a sub-env's own)."""
+    if envs.is_mixture(env_params):
+        from vlmgym.eval.parts import evaluate_parts
+
+        return evaluate_parts(eval_params, rollout, model, env_params, train_out_dir, tracking_uri, experiment,
+                              out_root)
     records = read_rollouts(eval_params.rollouts_dir, rollout.policies)
     extra, timing = {}, {}
     if eval_params.hf_samples > 0:
@@ -79,7 +85,7 @@ def evaluate_pipeline(eval_params: EvalParams, rollout: RolloutParams, model: Mo
                                                    records[eval_params.hf_policy])
     env = envs.env_class(env_params.name)
     curves, train_run = reward_curves(env, train_out_dir, eval_params.reward_curve_metric, tracking_uri=tracking_uri,
-                                      experiment=experiment)
+                                      experiment=experiment, prefix=curve_prefix)
     if not curves.total:
         print(f"evaluate: no MLflow train run wrote {train_out_dir} as it is now: no training reward curve",
               file=sys.stderr)
