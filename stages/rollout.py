@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     # (name, env params, shards folder, output subfolder): the env itself, or each sub-env of a mixture, whose
     # shards are in <shards_dir>/<name>/ and whose rollouts go to <out_dir>/<name>/
     parts = ([(name, envs.part_params(env_params, name), f"{rollout.shards_dir}/{name}", name)
-              for name in envs.parts(env_params)] if envs.is_mixture(env_params)
+              for name in envs.parts(env_params)] if envs.has_parts(env_params)
              else [("", env_params, rollout.shards_dir, "")])
     with tracking.stage_run("rollout", rollout, extra_params=logged, params_file=args.params) as run:
         with atomic_dir(Path(rollout.out_dir)) as tmp:

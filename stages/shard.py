@@ -35,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
         schemas[name] = env.schema
     extra = {"env.name": env_params.name, "data.raw_dir": data.raw_dir}
     with tracking.stage_run("shard", params, extra_params=extra, params_file=args.params) as run:
-        if envs.is_mixture(env_params):  # each sub-env's data/raw/<name>/ into data/shards/<name>/
+        if envs.has_parts(env_params):  # each sub-env's data/raw/<name>/ into data/shards/<name>/
             manifest = shard_parts(Path(data.raw_dir), Path(params.out_dir), schemas, params)
         else:
             manifest = shard_raw(Path(data.raw_dir), Path(params.out_dir), schemas[env_params.name], params)

@@ -142,10 +142,10 @@ def test_bad_params_name_the_key(bad, message):
 def test_params_read_and_render():
     section = from_dict(EnvParams, {"name": "mixture", "mixture": {"envs": {"rec": 2, "digits": 1}},
                                     "digits": {"format_weight": 0.3}}, where="p: env")
-    assert envs.parts(section) == ["digits", "rec"] and envs.is_mixture(section)  # name order, always
+    assert envs.parts(section) == ["digits", "rec"] and envs.has_parts(section)  # name order, always
     assert section.settings().envs == {"rec": 2.0, "digits": 1.0}
     assert envs.part_params(section, "digits").settings().format_weight == 0.3
-    assert not envs.is_mixture(EnvParams()) and envs.parts(EnvParams()) == ["geospot"]
+    assert not envs.has_parts(EnvParams()) and envs.parts(EnvParams()) == ["geospot"]
     assert envs.parts(EnvParams(name="mixture")) == list(NAMES)  # the default mixture
     text = render_yaml({"env": section})
     assert "  mixture:  # mixture: the sub-envs" in text and "envs: {digits: 1.0, rec: 2.0}" in text

@@ -7,7 +7,7 @@ from vlmgym.envs.registry import (
     corpus,
     env_class,
     from_params,
-    is_mixture,
+    has_parts,
     make,
     names,
     part_params,
@@ -16,6 +16,6 @@ from vlmgym.envs.registry import (
     split_dirs,
 )
 
-__all__ = ["DEFAULT_ENV", "Env", "SampleLike", "State", "corpus", "env_class", "from_params", "is_mixture", "make",
+__all__ = ["DEFAULT_ENV", "Env", "SampleLike", "State", "corpus", "env_class", "from_params", "has_parts", "make",
            "names", "part_params", "parts", "register",
            "split_dirs"]

@@ -157,12 +157,12 @@ def part_params(env_params: Any, name: str) -> Any:
 def split_dirs(env_params: Any, shards_dir: str | Path, split: str) -> list[Path]:
     """The shard folders a split of the configured env is read from: shards_dir/<split>, or each sub-env's
     shards_dir/<name>/<split> for a mixture."""
-    if not is_mixture(env_params):
+    if not has_parts(env_params):
         return [Path(shards_dir) / split]
     return [Path(shards_dir) / name / split for name in parts(env_params)]
 
 
-def is_mixture(env_params: Any) -> bool:
+def has_parts(env_params: Any) -> bool:
     """Whether the configured env is a mixture of several (vlmgym.envs.mixture)."""
     return env_class(env_params.name).name == "mixture"
 

@@ -70,7 +70,7 @@ def evaluate_pipeline(eval_params: EvalParams, rollout: RolloutParams, model: Mo
     reward curve was drawn (None when no run wrote train_out_dir as it is now) and the HF baseline's timing
     (empty without the baseline), which is for MLflow only. An env made of several is evaluated per sub-env
     (vlmgym.eval.parts); `curve_prefix` reads the training curves under that prefix (a sub-env's own)."""
-    if envs.is_mixture(env_params):
+    if envs.has_parts(env_params):
         from vlmgym.eval.parts import evaluate_parts
 
         return evaluate_parts(eval_params, rollout, model, env_params, train_out_dir, tracking_uri, experiment,
