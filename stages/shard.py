@@ -33,7 +33,7 @@ def main(argv: list[str] | None = None) -> int:
         if env.schema is None:
             raise ValueError(f"env {env.name!r} declares no row schema, so its raw data cannot be sharded")
         schemas[name] = env.schema
-    extra = {"env.name": env_params.name, "data.raw_dir": data.raw_dir}
+    extra = {"env.name": envs.env_class(env_params.name).name, "data.raw_dir": data.raw_dir}
     with tracking.stage_run("shard", params, extra_params=extra, params_file=args.params) as run:
         if envs.has_parts(env_params):  # each sub-env's data/raw/<name>/ into data/shards/<name>/
             manifest = shard_parts(Path(data.raw_dir), Path(params.out_dir), schemas, params)
