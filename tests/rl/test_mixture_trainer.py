@@ -1,6 +1,8 @@
 """The GRPO and SFT loops on a mixture of two toy envs: per-env step and validation figures, batches drawn by
 weight, SFT targets dispatched to each sub-env, and an exact resume."""
 
+import dataclasses
+
 import jax
 import numpy as np
 import pytest
@@ -12,7 +14,7 @@ from vlmgym.envs.mixture import MixtureEnv, MixtureParams
 from vlmgym.params import SFTParams, TrainParams
 from vlmgym.rl.trainer import GRPOTrainer, SFTTrainer
 
-POLICY = ToyPolicy()
+POLICY = ToyPolicy(num_prompts=16)
 BASE = TrainParams(steps=6, batch_prompts=4, group_size=4, lr=0.02, warmup_steps=0, save_every=2, samples_every=5,
                    num_samples=2, val_every=3, val_batch_size=4, select="last")
 TIMING = {"step_time_s", "rollout_time_s", "update_time_s", "tokens_per_s", "sample_tokens_per_s", "compile_count"}
@@ -23,12 +25,18 @@ class ToyA(ToyEnv):
 
 
 class ToyB(ToyEnv):
-    """Another toy task: the targets of prompts 8.. (so its SFT targets differ from toy_a's)."""
+    """Another toy task: prompts 8.. (so the policy tells them from toy_a's), each with another target than
+    toy_a's for the same prompt (so toy_a's ideal answer for a toy_b sample is wrong)."""
 
     name = "toy_b"
 
+    def __init__(self, num_prompts: int = 8):
+        super().__init__(num_prompts)
+        self.samples = [dataclasses.replace(s, key=f"b{s.key}", meta={"prompt": s.meta["prompt"] + 8})
+                        for s in self.samples]
+
     def target(self, prompt: int) -> list[int]:
-        return super().target(prompt + 8)
+        return super().target(prompt + 3)
 
 
 @pytest.fixture(autouse=True)
@@ -103,5 +111,5 @@ def test_sft_teaches_each_sub_envs_own_target(tmp_path):
     for (state, _), tokens, mask in zip(resets, greedy.tokens, greedy.mask):
         _, _, reward, _, info = test.step(state, [int(t) for t, m in zip(tokens, mask) if m > 0])
         rewards[info[PART_KEY]].append(reward)
-    # both tasks learned: toy_b's targets are not toy_a's, so dispatching to one env for all would fail the other
+    # both tasks learned: each sample's target comes from its own env (toy_b scoring toy_a's targets fails)
     assert np.mean(rewards["toy_a"]) > 0.9 and np.mean(rewards["toy_b"]) > 0.9, rewards
