@@ -2,8 +2,7 @@
 
 An env is found by `env.name` in three ways:
 - a built-in name (geospot, nlvr2, digits, message_decoding, rec; mixture trains on several of them at once) or
-  one added with
-  `register(name, "package.module:Class")`;
+  one added with `register(name, "package.module:Class")`;
 - an entry point of group `vlmgym.envs` of an installed package, e.g. in its pyproject.toml
   `[project.entry-points."vlmgym.envs"]` then `colour = "my_package.colour:ColourEnv"`;
 - `package.module:Class` itself (importable from sys.path; the working directory is tried too, so a module
