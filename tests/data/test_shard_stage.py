@@ -17,7 +17,9 @@ from vlmgym.data import layout, sharding
 from vlmgym.data.shards import read_split
 from vlmgym.params import ShardParams
 
-PARAMS = ShardParams(max_pixels=96 * 72, shard_max_bytes=64 * 1024, val_samples=0)
+# One worker: these tests patch prepare_image, which worker processes would not see (tests/data/test_shard_workers.py
+# covers the pool).
+PARAMS = ShardParams(max_pixels=96 * 72, shard_max_bytes=64 * 1024, val_samples=0, workers=1)
 GEOSPOT = envs.env_class("geospot").schema
 
 

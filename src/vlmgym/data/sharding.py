@@ -17,8 +17,6 @@ import logging
 import math
 import os
 import tarfile
-import zipfile
-import zlib
 from collections import Counter
 from dataclasses import asdict
 from pathlib import Path
@@ -28,6 +26,7 @@ from tqdm import tqdm
 
 from vlmgym.atomic import atomic_dir
 from vlmgym.data import layout
+from vlmgym.data.image_pool import ImagePool, available_cores
 from vlmgym.data.rows import Row, RowSchema, RowSkip
 from vlmgym.params import ShardParams
 
@@ -158,9 +157,10 @@ def hold_out(rows: list[Row], count: int) -> tuple[list[Row], list[Row]]:
 
 
 def shard_splits(raw_dir: Path, split: str, schema: RowSchema, params: ShardParams,
-                 out_dirs: dict[str, Path]) -> dict[str, dict]:
+                 out_dirs: dict[str, Path], pool: ImagePool | None = None) -> dict[str, dict]:
     """Write a raw split's tars: into out_dirs[split], and for train with `val_samples` the held-out rows into
-    out_dirs["val"]; returns each written split's manifest entry (the CSV's skips are counted on `split`)."""
+    out_dirs["val"]; returns each written split's manifest entry (the CSV's skips are counted on `split`).
+    `pool` prepares the images (None: this process)."""
     index = layout.ZipIndex.build(layout.split_zips(raw_dir, split))
     skipped: Counter = Counter()
     examples: dict[str, list[str]] = {}
@@ -177,33 +177,31 @@ def shard_splits(raw_dir: Path, split: str, schema: RowSchema, params: ShardPara
         own_skips: Counter = skipped if name == split else Counter()
         own_examples = examples if name == split else {}
         entries[name] = _write_rows(parts[name], name, caps[name], index, schema, params, out_dirs[name],
-                                    own_skips, own_examples, raw_dir)
+                                    own_skips, own_examples, raw_dir, pool or ImagePool(1))
     return entries
 
 
 def _write_rows(rows: list[Row], split: str, cap: int, index: layout.ZipIndex, schema: RowSchema,
                 params: ShardParams, out_dir: Path, skipped: Counter, examples: dict[str, list[str]],
-                raw_dir: Path) -> dict:
+                raw_dir: Path, pool: ImagePool) -> dict:
     writer = RollingTarWriter(out_dir, params.shard_max_bytes)
     kept = 0
+    tasks = ((tuple((str(index.members[name][0]), index.members[name][1]) for name in row.images),
+              params.max_pixels, params.jpeg_quality) for row in rows)
     try:
-        with layout.ZipReader() as zips:
-            for row in tqdm(rows, desc=f"shard {split}", unit="sample"):
-                if cap and kept >= cap:
-                    break
-                try:
-                    images = [prepare_image(zips.read(*index.members[name]), params.max_pixels, params.jpeg_quality)
-                              for name in row.images]
-                except (OSError, EOFError, zipfile.BadZipFile, zlib.error, ValueError, SyntaxError,
-                        Image.DecompressionBombError) as err:
-                    skipped["image_corrupt"] += 1
-                    if len(examples.setdefault("image_corrupt", [])) < MAX_EXAMPLES:
-                        examples["image_corrupt"].append(f"{split} key {row.key}: {type(err).__name__}: {err}")
-                    continue
-                files = dict(zip(schema.image_exts, images))
-                files["json"] = json.dumps(row.meta, ensure_ascii=False, sort_keys=True).encode()
-                writer.write(row.key, files)
-                kept += 1
+        for row, (images, error) in tqdm(zip(rows, pool.prepared(tasks)), total=len(rows),
+                                         desc=f"shard {split}", unit="sample"):
+            if images is None:
+                skipped["image_corrupt"] += 1
+                if len(examples.setdefault("image_corrupt", [])) < MAX_EXAMPLES:
+                    examples["image_corrupt"].append(f"{split} key {row.key}: {error}")
+                continue
+            files = dict(zip(schema.image_exts, images))
+            files["json"] = json.dumps(row.meta, ensure_ascii=False, sort_keys=True).encode()
+            writer.write(row.key, files)
+            kept += 1
+            if cap and kept >= cap:
+                break
         writer.close()
     except BaseException:
         writer.abort()
@@ -223,14 +221,19 @@ def _write_rows(rows: list[Row], split: str, cap: int, index: layout.ZipIndex, s
 
 def shard_raw(raw_dir: Path, out_dir: Path, schema: RowSchema, params: ShardParams) -> dict:
     """Shard every split of a raw layout (train, test, and test_ood where the generator wrote it; the val split
-    held out of train) into out_dir (swapped in atomically) with manifest.json; returns it."""
-    manifest = {"dataset": schema.name, "params": asdict(params), "splits": {}}
-    with atomic_dir(Path(out_dir)) as tmp:
+    held out of train) into out_dir (swapped in atomically) with manifest.json; returns it. The images are prepared
+    by `params.workers` processes (0: one per available core)."""
+    # `workers` changes how fast, not what: leaving it out keeps the manifest the same bytes for any count.
+    settings = {k: v for k, v in asdict(params).items() if k != "workers"}
+    manifest = {"dataset": schema.name, "params": settings, "splits": {}}
+    workers = params.workers or available_cores()
+    log.info("shard: preparing images with %d worker process%s", workers, "" if workers == 1 else "es")
+    with atomic_dir(Path(out_dir)) as tmp, ImagePool(workers) as pool:
         for split in layout.present_splits(Path(raw_dir)):
             out_dirs = {split: tmp / split}
             if split == "train" and params.val_samples:
                 out_dirs["val"] = tmp / "val"
-            manifest["splits"].update(shard_splits(Path(raw_dir), split, schema, params, out_dirs))
+            manifest["splits"].update(shard_splits(Path(raw_dir), split, schema, params, out_dirs, pool))
         (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
     return manifest
 

@@ -1,0 +1,103 @@
+"""The shard stage's image work (decode, upright, resize, re-encode: sharding.prepare_image) in a pool of processes.
+
+Results come back in task order whatever the worker count, and the tars are written by the calling process alone,
+so the shards' bytes do not depend on `shard.workers` (tests/data/test_shard_workers.py). Tasks and results are
+plain tuples of strings, ints and bytes: multiprocessing's own pipes carry them, no file format is involved.
+"""
+
+from __future__ import annotations
+
+import itertools
+import multiprocessing
+import os
+import re
+import zipfile
+import zlib
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+from PIL import Image
+
+from vlmgym.data.layout import ZipReader
+
+# What a bad image raises while it is read, decoded or re-encoded: the row is skipped and counted, not fatal.
+IMAGE_ERRORS = (OSError, EOFError, zipfile.BadZipFile, zlib.error, ValueError, SyntaxError,
+                Image.DecompressionBombError)
+# Tasks handed to the pool at a time, per worker: enough to keep every worker busy, few enough that a capped split
+# (shard.max_train / max_test) stops soon after its cap instead of preparing every remaining row.
+TASKS_PER_WORKER = 32
+
+Task = tuple[tuple[tuple[str, str], ...], int, int]  # ((zip path, member) per image of a row, max_pixels, quality)
+Result = tuple[list[bytes] | None, str]  # (the row's images as JPEG bytes, "") or (None, "ErrorType: message")
+
+MEMORY_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
+
+_worker_reader: ZipReader | None = None  # one per worker process, so each zip is opened once per worker
+
+
+def available_cores() -> int:
+    """CPU cores this process may run on (its affinity mask where the OS has one)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def prepare_row(task: Task, reader: ZipReader | None = None) -> Result:
+    """One row's images, read from their zips and prepared; a bad image gives (None, its error)."""
+    from vlmgym.data import sharding  # at call time: sharding imports this module, and tests patch prepare_image
+
+    global _worker_reader
+    if reader is None:
+        _worker_reader = _worker_reader or ZipReader()
+        reader = _worker_reader
+    members, max_pixels, quality = task
+    try:
+        return [sharding.prepare_image(reader.read(Path(path), member), max_pixels, quality)
+                for path, member in members], ""
+    except IMAGE_ERRORS as err:
+        # PIL names the stream it failed on with its memory address: dropped, so the manifest that quotes the
+        # error is the same bytes on every run.
+        return None, f"{type(err).__name__}: {MEMORY_ADDRESS.sub('', str(err))}"
+
+
+class ImagePool:
+    """`prepared(tasks)` yields each task's Result in task order, from `workers` processes (1: in this process).
+
+    Used as a context manager; leaving it (also by an exception or a `break` at a cap) stops the workers."""
+
+    def __init__(self, workers: int):
+        self.workers = max(1, int(workers))
+        self._pool = None
+
+    def __enter__(self) -> ImagePool:
+        if self.workers > 1:
+            # spawn, not fork: the caller may hold threads (tqdm's monitor, a JAX runtime) that fork would copy
+            # mid-state.
+            self._pool = multiprocessing.get_context("spawn").Pool(self.workers)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._pool is not None:
+            self._pool.terminate()
+            self._pool.join()
+            self._pool = None
+
+    def prepared(self, tasks: Iterable[Task]) -> Iterator[Result]:
+        """The Results of `tasks`, in order."""
+        if self._pool is None:
+            with ZipReader() as reader:
+                for task in tasks:
+                    yield prepare_row(task, reader)
+            return
+        tasks, pending = iter(tasks), None
+        while True:
+            # The next block goes to the workers before this one's results are consumed, so they never wait for
+            # the tar writer.
+            block = list(itertools.islice(tasks, self.workers * TASKS_PER_WORKER))
+            submitted = self._pool.imap(prepare_row, block, chunksize=max(1, TASKS_PER_WORKER // 4)) if block else None
+            if pending is not None:
+                yield from pending
+            if submitted is None:
+                return
+            pending = submitted
