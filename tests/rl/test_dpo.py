@@ -10,12 +10,12 @@ from toy import ToyEnv, ToyPolicy
 
 from vlmgym.params import TrainParams
 from vlmgym.rl.dpo import dpo_loss, pair_rows, select_pairs
+from vlmgym.rl.loop import TIMING_METRICS
 from vlmgym.rl.trainer import GRPOTrainer
 
 POLICY = ToyPolicy()
 DPO = TrainParams(algorithm="dpo", steps=12, batch_prompts=4, group_size=8, lr=0.02, warmup_steps=0, save_every=4,
                   val_every=0, select="last", dpo_beta=0.5)
-TIMING = {"step_time_s", "rollout_time_s", "update_time_s", "tokens_per_s", "sample_tokens_per_s", "compile_count"}
 
 
 def test_pairs_are_each_groups_best_and_worst_and_ties_are_invalid():
@@ -85,8 +85,8 @@ def test_killed_dpo_run_resumes_exactly(uninterrupted, tmp_path):
     assert resumed.resumed_from == 4
     for a, b in zip(jax.tree.leaves(resumed.params), jax.tree.leaves(uninterrupted.params)):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
-    strip = [{k: v for k, v in m.items() if k not in TIMING} for m in resumed.history]
-    assert strip == [{k: v for k, v in m.items() if k not in TIMING} for m in uninterrupted.history[4:]]
+    strip = [{k: v for k, v in m.items() if k not in TIMING_METRICS} for m in resumed.history]
+    assert strip == [{k: v for k, v in m.items() if k not in TIMING_METRICS} for m in uninterrupted.history[4:]]
 
 
 def test_dpo_micro_batches_split_whole_pairs(tmp_path):

@@ -11,14 +11,13 @@ from toy import ToyEnv, ToyPolicy
 
 from vlmgym.params import TrainParams
 from vlmgym.rl import ppo
-from vlmgym.rl.loop import CompileCounter
+from vlmgym.rl.loop import TIMING_METRICS, CompileCounter
 from vlmgym.rl.ppo_trainer import PPOSettings, PPOTrainer, ppo_gradients
 
 POLICY = ToyPolicy()
 PPO = TrainParams(algorithm="ppo", steps=12, batch_prompts=4, group_size=8, lr=0.02, warmup_steps=0, save_every=4,
                   samples_every=5, num_samples=2, val_every=0, select="last", ppo_gamma=1.0, ppo_lambda=0.95,
                   num_iterations=2)
-TIMING = {"step_time_s", "rollout_time_s", "update_time_s", "tokens_per_s", "sample_tokens_per_s", "compile_count"}
 
 
 def test_token_rewards_put_the_score_on_the_last_counted_token_and_the_kl_on_every_one():
@@ -115,7 +114,7 @@ def test_ppo_resumes_exactly(tmp_path):
         np.testing.assert_array_equal(a, b)
 
     def deterministic(history):
-        return [{k: v for k, v in m.items() if k not in TIMING} for m in history]
+        return [{k: v for k, v in m.items() if k not in TIMING_METRICS} for m in history]
 
     assert deterministic(full.history[4:]) == deterministic(resumed.history)
 

@@ -9,13 +9,13 @@ from toy import ToyEnv, ToyPolicy
 
 from vlmgym.eval.curve import component_metric
 from vlmgym.params import SFTParams, TrainParams
+from vlmgym.rl.loop import TIMING_METRICS
 from vlmgym.rl.trainer import GRPOTrainer, SFTTrainer
 
 POLICY = ToyPolicy()
 BASE = TrainParams(val_every=0, select="last", steps=10, batch_prompts=4, group_size=8, lr=0.02, warmup_steps=0,
                    save_every=3, samples_every=5, num_samples=3)
 # Wall-clock figures differ between runs; everything else must match exactly.
-TIMING = {"step_time_s", "rollout_time_s", "update_time_s", "tokens_per_s", "sample_tokens_per_s", "compile_count"}
 
 
 def _params(dtype=None):
@@ -31,7 +31,7 @@ def _run(tmp_path, name, stop_after=None, **overrides):
 
 
 def _deterministic(history):
-    return [{k: v for k, v in m.items() if k not in TIMING} for m in history]
+    return [{k: v for k, v in m.items() if k not in TIMING_METRICS} for m in history]
 
 
 @pytest.fixture(scope="module")
@@ -211,3 +211,16 @@ def test_rloo_learns_and_takes_exactly_the_leave_one_out_step(tmp_path, uninterr
     # Same samples at step 1 (same seed, same start): the same rewards, a larger advantage magnitude.
     assert rloo_none.history[0]["reward_mean"] == grpo_none.history[0]["reward_mean"]
     assert rloo_none.history[0]["grad_norm"] == pytest.approx(grpo_none.history[0]["grad_norm"] * 8 / 7, rel=1e-4)
+
+
+def test_the_data_wait_is_logged_and_prefetching_changes_nothing(uninterrupted, tmp_path, monkeypatch):
+    first = uninterrupted[0].history[0]
+    assert "data_wait_s" in first and first["data_wait_s"] >= 0.0
+    # Without the background thread (every reset inline), the same run gives the same figures and weights.
+    from vlmgym.rl import prefetch
+
+    monkeypatch.setattr(prefetch.ResetPrefetcher, "ahead", lambda self, indices: None)
+    inline = _run(tmp_path, "inline")
+    assert _deterministic(inline.history) == _deterministic(uninterrupted[0].history)
+    for a, b in zip(jax.tree.leaves(inline.params), jax.tree.leaves(uninterrupted[0].params)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))

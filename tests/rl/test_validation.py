@@ -15,7 +15,6 @@ from vlmgym.rl.validation import ValidationSettings, Validator
 POLICY = ToyPolicy()
 BASE = TrainParams(steps=6, batch_prompts=4, group_size=8, lr=0.02, warmup_steps=0, save_every=4, samples_every=5,
                    num_samples=2, val_every=2, val_batch_size=3, select="best_val")
-TIMING = {"step_time_s", "rollout_time_s", "update_time_s", "tokens_per_s", "sample_tokens_per_s", "compile_count"}
 
 
 def _params():

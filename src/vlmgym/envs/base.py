@@ -100,10 +100,11 @@ class Env(abc.ABC):
         """Serve `samples`, or read `split` from the webdataset shards in `shards_dir` when none are given;
         `params` is the env's own section (an instance of `Params`; None: its defaults)."""
         if samples is None:
-            from vlmgym.data.shards import read_split
+            from vlmgym.data.shards import open_split
 
+            # Indexed, not decoded: a sample's images are read from its tar when an episode shows them.
             image_exts = self.schema.image_exts if self.schema is not None else None
-            samples = read_split(shards_dir, split, limit, image_exts=image_exts)
+            samples = open_split(shards_dir, split, limit, image_exts=image_exts)
             where = f"{shards_dir}/{split}"
         else:
             samples = list(samples)[:limit] if limit is not None else list(samples)

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from vlmgym import envs
-from vlmgym.data.shards import read_split
+from vlmgym.data.shards import open_split
 from vlmgym.eval.curve import reward_curves
 from vlmgym.eval.hf_baseline import run_hf_baseline
 from vlmgym.eval.outputs import EvaluationOutputs, write_evaluation
@@ -91,7 +91,7 @@ def evaluate_pipeline(eval_params: EvalParams, rollout: RolloutParams, model: Mo
               file=sys.stderr)
     ids = {r["id"] for recs in records.values() for r in recs}
     image_exts = env.schema.image_exts if env.schema is not None else None
-    images = {s.key: s.images for s in read_split(rollout.shards_dir, rollout.split, rollout.limit or None,
+    images = {s.key: s.images for s in open_split(rollout.shards_dir, rollout.split, rollout.limit or None,
                                                   image_exts=image_exts) if s.key in ids}
     outputs = write_evaluation(env, records, images=images, out_root=out_root, reward_curve=curves,
                                comparisons=[tuple(pair) for pair in eval_params.comparisons],

@@ -65,6 +65,11 @@ class Policy(Protocol):
         ...
 
 
+# Per-step figures that measure time (they differ between two runs of the same training; everything else agrees).
+TIMING_METRICS = frozenset({"step_time_s", "rollout_time_s", "update_time_s", "data_wait_s", "tokens_per_s",
+                            "sample_tokens_per_s", "compile_count"})
+
+
 class DataOrder:
     """A reproducible, resumable walk over dataset indices: a fresh seeded permutation every epoch."""
 
@@ -87,6 +92,10 @@ class DataOrder:
             out.append(int(self._order[self.position]))
             self.position += 1
         return out
+
+    def peek(self, count: int) -> list[int]:
+        """The indices the next `take(count)` will return, without moving the cursor."""
+        return DataOrder(self.size, self.seed, self.epoch, self.position).take(count)
 
     def state(self) -> dict:
         """JSON-safe cursor."""
@@ -222,6 +231,8 @@ class TrainingLoop(abc.ABC):
         finally:
             bar.close()
             self.checkpoints.close()
+            if getattr(self, "prefetch", None) is not None:
+                self.prefetch.close()
         if validator is None:
             self.final_step = done
             return self.model_params()

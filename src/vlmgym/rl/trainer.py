@@ -25,6 +25,7 @@ from vlmgym.rl.loop import (
     score,
 )
 from vlmgym.rl.optim import Optimizer, OptimizerConfig, trainable_mask
+from vlmgym.rl.prefetch import ResetPrefetcher
 from vlmgym.rl.sft import sft_loss_from_logprobs
 from vlmgym.rl.validation import BEST_DIR, ValidationSettings, Validator
 
@@ -283,6 +284,7 @@ class GRPOTrainer(TrainingLoop):
         self.params, self.opt_state = params, self.optimizer.init_placed(params)
         self.rng = jax.random.key(config.seed)
         self.data = DataOrder(len(env), config.seed)
+        self.prefetch = ResetPrefetcher(env)
 
     def loop_state(self) -> dict:
         return {"data": self.data.state()}
@@ -314,7 +316,8 @@ class GRPOTrainer(TrainingLoop):
         rollout_time = 0.0
         while len(kept) < c.batch_prompts and rounds < c.max_sample_rounds:
             indices = self.data.take(c.batch_prompts)
-            resets = [self.env.reset(i) for i in indices]
+            resets = self.prefetch.resets(indices)
+            self.prefetch.ahead(self.data.peek(c.batch_prompts))
             observations = [obs for _, obs in resets]
             started = time.perf_counter()
             samples = self.policy.sample(self.model_params(), observations, c.group_size,
@@ -448,6 +451,7 @@ class GRPOTrainer(TrainingLoop):
         statistics = _behaviour_statistics(first_logprobs, sampler_logprobs, mask)
         out.update({k: float(v) for k, v in jax.device_get(statistics).items()})
         out["rollout_time_s"] = collected["rollout_time"]
+        out["data_wait_s"] = self.prefetch.take_wait()
         out["update_time_s"] = update_time
         out["sample_tokens_per_s"] = collected["sampled_tokens"] / max(collected["rollout_time"], 1e-9)
         out["tokens_per_s"] = float(mask.sum()) * c.num_iterations / max(update_time, 1e-9)
@@ -523,6 +527,7 @@ class SFTTrainer(TrainingLoop):
         self.params, self.opt_state = params, self.optimizer.init_placed(params)
         self.rng = jax.random.key(config.seed)  # unused by SFT itself; saved so every loop resumes alike
         self.data = DataOrder(len(env), config.seed)
+        self.prefetch = ResetPrefetcher(env)
 
     def loop_state(self) -> dict:
         return {"data": self.data.state()}
@@ -557,8 +562,7 @@ class SFTTrainer(TrainingLoop):
     def step(self, step: int) -> dict[str, float]:
         observations, rows, skipped = [], [], 0
         while len(rows) < self.config.batch_size:
-            for index in self.data.take(self.config.batch_size - len(rows)):
-                state, obs = self.env.reset(index)
+            for state, obs in self.prefetch.resets(self.data.take(self.config.batch_size - len(rows))):
                 try:
                     rows.append(self.policy.encode_targets([self.env.sft_target(state.meta)]))
                 except ValueError:
@@ -568,6 +572,7 @@ class SFTTrainer(TrainingLoop):
                         raise
                     continue
                 observations.append(obs)
+        self.prefetch.ahead(self.data.peek(self.config.batch_size))
         tokens = np.concatenate([t for t, _ in rows])
         mask = np.concatenate([m for _, m in rows])
         normalizer = jnp.float32(max(float(mask.sum()), 1.0))
@@ -583,6 +588,7 @@ class SFTTrainer(TrainingLoop):
         out["loss"] = sum(float(a["loss"]) for a in auxes)
         out["tokens"] = float(mask.sum())
         out["tokens_per_s"] = out["tokens"] / max(time.perf_counter() - started, 1e-9)
+        out["data_wait_s"] = self.prefetch.take_wait()
         out["target_length"] = float(mask.sum(axis=1).mean())
         out["targets_skipped"] = float(skipped)
         return out

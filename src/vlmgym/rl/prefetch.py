@@ -1,0 +1,58 @@
+"""The next step's env resets (image decoding from the shards, the truth) run ahead in a background thread.
+
+The trainers know the next indices before they need them (DataOrder.peek), so while a step samples and updates,
+one worker thread resets the next step's samples; the step then only waits for what is not ready yet, and logs
+that wait (`data_wait_s`). The order and the resets are the same as without it, so results do not change; an env's
+reset must not depend on its training progress (Env.set_progress: scoring only), as the next step's resets run
+before its progress is set.
+"""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+
+class ResetPrefetcher:
+    """`resets(indices)` returns [env.reset(i) for i in indices], from a background run started by `ahead(indices)`
+    when the indices match, else computed now; `take_wait()` is the time spent waiting since its last call."""
+
+    def __init__(self, env: Any):
+        self.env = env
+        self._pool: ThreadPoolExecutor | None = None
+        self._ahead: tuple[tuple[int, ...], Future] | None = None
+        self._wait = 0.0
+
+    def _reset_all(self, indices: tuple[int, ...]) -> list:
+        return [self.env.reset(i) for i in indices]
+
+    def resets(self, indices: list[int]) -> list:
+        started = time.perf_counter()
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None and ahead[0] == tuple(indices):
+            out = ahead[1].result()  # a failed reset (a corrupt image) raises here, as it would inline
+        else:
+            if ahead is not None:
+                ahead[1].cancel()
+            out = self._reset_all(tuple(indices))
+        self._wait += time.perf_counter() - started
+        return out
+
+    def ahead(self, indices: list[int]) -> None:
+        """Start resetting `indices` in the background (the next `resets` call's, when it asks for the same)."""
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="vlmgym-data")
+        self._ahead = (tuple(indices), self._pool.submit(self._reset_all, tuple(indices)))
+
+    def take_wait(self) -> float:
+        """Seconds `resets` spent waiting for data since the last call."""
+        wait, self._wait = self._wait, 0.0
+        return wait
+
+    def close(self) -> None:
+        """Drop pending work and stop the thread."""
+        self._ahead = None
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None

@@ -1,0 +1,109 @@
+"""open_split: the lazy reader serves what read_split decodes (keys, order, meta, pixels) without holding images."""
+
+from __future__ import annotations
+
+import io
+import tarfile
+
+import numpy as np
+import pytest
+from data_helpers import jpeg_bytes, make_raw
+
+from vlmgym import envs
+from vlmgym.data import sharding
+from vlmgym.data.shards import StoredSample, StoredSplit, open_split, read_split
+from vlmgym.params import ShardParams
+
+PARAMS = ShardParams(max_pixels=96 * 72, shard_max_bytes=64 * 1024, val_samples=0, workers=1)
+
+
+@pytest.fixture(scope="module")
+def shards(tiny_raw, tmp_path_factory):
+    out = tmp_path_factory.mktemp("lazy") / "shards"
+    sharding.shard_raw(tiny_raw, out, envs.env_class("geospot").schema, PARAMS)
+    return out
+
+
+def same(eager, lazy):
+    assert [s.key for s in lazy] == [s.key for s in eager]
+    for a, b in zip(eager, lazy, strict=True):
+        assert b.meta == a.meta and len(b.images) == len(a.images)
+        for x, y in zip(a.images, b.images, strict=True):
+            assert y.mode == x.mode == "RGB" and np.array_equal(np.asarray(x), np.asarray(y))
+
+
+@pytest.mark.parametrize("split", ["train", "test", "test_ood"])
+def test_lazy_split_equals_the_decoded_one(shards, split):
+    lazy = open_split(shards, split)
+    assert len(list((shards / split).glob("*.tar"))) > 1 or split != "train"  # crosses tar boundaries
+    same(read_split(shards, split), lazy)
+
+
+@pytest.mark.parametrize("limit", [0, 1, 7, 10 ** 6])
+def test_limit(shards, limit):
+    assert [s.key for s in open_split(shards, "train", limit)] == [s.key for s in read_split(shards, "train", limit)]
+
+
+def test_indexing_and_images_on_access(shards):
+    lazy = open_split(shards, "train")
+    last = lazy[-1]
+    assert isinstance(last, StoredSample) and last.key == lazy[len(lazy) - 1].key
+    assert [s.key for s in lazy[2:5]] == [lazy[i].key for i in range(2, 5)]
+    with pytest.raises(IndexError):
+        lazy[len(lazy)]
+    first = lazy[0]
+    # Each access decodes afresh (nothing is cached on the sample): equal pixels, distinct objects.
+    assert first.images[0] is not first.images[0]
+    assert first.images[0].tobytes() == first.images[0].tobytes()
+    assert first.meta is not first.meta and first.meta == lazy[0].meta
+
+
+def test_two_image_samples_keep_the_schema_order(tmp_path):
+    header = ("id", "sentence", "label", "left", "right")
+    rows = [["p-1", "Two dogs.", "True", "p-1-left.jpg", "p-1-right.jpg"]]
+    members = [("p-1-left.jpg", jpeg_bytes(seed=1)), ("p-1-right.jpg", jpeg_bytes(seed=2))]
+    raw = make_raw(tmp_path / "raw", {"train": rows, "test": rows}, {"train": members, "test": members},
+                   header=header)
+    schema = envs.env_class("nlvr2").schema
+    sharding.shard_raw(raw, tmp_path / "shards", schema, PARAMS)
+    same(read_split(tmp_path / "shards", "train", image_exts=schema.image_exts),
+         open_split(tmp_path / "shards", "train", image_exts=schema.image_exts))
+    lazy = open_split(tmp_path / "shards", "train", image_exts=schema.image_exts)[0]
+    assert lazy.images[0].tobytes() != lazy.images[1].tobytes()
+
+
+def write_tar(path, members):
+    with tarfile.open(path, "w") as tar:
+        for name, data in members:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+
+
+def test_bad_shards_are_clear_errors(tmp_path):
+    (tmp_path / "train").mkdir()
+    write_tar(tmp_path / "train" / "shard-000000.tar", [("a.jpg", jpeg_bytes()), ("a.json", b"{}"),
+                                                         ("b.jpg", jpeg_bytes())])
+    with pytest.raises(ValueError, match="shard-000000.tar: sample 'b' has no .json"):
+        open_split(tmp_path, "train")
+    write_tar(tmp_path / "train" / "shard-000000.tar", [("a.jpg", jpeg_bytes()), ("a.json", b"{}"),
+                                                         ("a.JPG", jpeg_bytes())])
+    with pytest.raises(ValueError, match="duplicate file name 'a.JPG'"):
+        open_split(tmp_path, "train")
+    with pytest.raises(FileNotFoundError, match="no shards for split 'test'"):
+        open_split(tmp_path, "test")
+    # A tar cut short after indexing: the image read says where, instead of decoding garbage.
+    path = tmp_path / "train" / "shard-000000.tar"
+    write_tar(path, [("a.json", b"{}"), ("a.jpg", jpeg_bytes(400, 300))])
+    sample = open_split(tmp_path, "train")[0]
+    path.write_bytes(path.read_bytes()[:2048])
+    with pytest.raises(OSError, match="truncated"):
+        sample.images[0]
+
+
+def test_env_over_the_shards_holds_no_decoded_image(shards):
+    env = envs.make("geospot", shards_dir=str(shards), split="train")
+    assert isinstance(env.samples, StoredSplit)  # an index of the tars, not a list of decoded samples
+    state, obs = env.reset(3)
+    eager = read_split(shards, "train")[3]
+    assert state.key == eager.key and np.array_equal(np.asarray(obs["images"][0]), np.asarray(eager.images[0]))
