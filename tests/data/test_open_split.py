@@ -107,3 +107,18 @@ def test_env_over_the_shards_holds_no_decoded_image(shards):
     state, obs = env.reset(3)
     eager = read_split(shards, "train")[3]
     assert state.key == eager.key and np.array_equal(np.asarray(obs["images"][0]), np.asarray(eager.images[0]))
+
+
+def test_opening_a_split_allocates_a_small_fraction_of_its_pixels(shards):
+    import tracemalloc
+
+    eager = read_split(shards, "train")
+    pixel_bytes = sum(len(image.tobytes()) for s in eager for image in s.images)
+    tracemalloc.start()
+    lazy = open_split(shards, "train")
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert len(lazy) == len(eager) > 20
+    # About 1 kB per sample (key, json bytes, tar offsets) against 20 kB of pixels of these 96x72 test images (the
+    # default's 256x192 images hold 147 kB).
+    assert peak / len(lazy) < 2048 and peak < pixel_bytes / 10, (peak, pixel_bytes)

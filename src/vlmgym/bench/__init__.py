@@ -12,6 +12,7 @@ BENCHMARKS: Table = {
     "rollout": ("vlmgym.bench.rollout:main", "JAX rollout engine vs transformers generate (tokens/s, roofline)"),
     "reward": ("vlmgym.bench.reward:main", "reward computation throughput"),
     "learner": ("vlmgym.bench.learner:main", "GRPO update: one prompt copy per completion vs one per group"),
+    "data": ("vlmgym.bench.data:main", "training input pipeline: samples/s and peak RSS at the default split and 10x"),
     "shard": ("vlmgym.bench.shard:main", "shard stage images/s with one worker and with every core (same bytes)"),
 }
 
