@@ -133,6 +133,26 @@ class EnvParams:
         return section
 
 
+LORA_TEXT_TARGETS = ("q", "k", "v", "o", "gate", "up", "down")
+
+
+@dataclass(frozen=True)
+class LoRAParams:
+    """Low-rank adapters (rank 0: off, every weight trained). Only the adapters are trained and checkpointed."""
+
+    rank: int = spec(0, ge=0, doc="adapter rank r (0: no adapters, full fine-tuning)")
+    alpha: float = spec(16.0, gt=0, doc="scale numerator: the update is (alpha / rank) * x A B")
+    dropout: float = spec(0.0, ge=0, lt=1, doc="dropout on the adapters' input in the learner forward (0: none)")
+    targets: list[str] = spec(default_factory=lambda: list(LORA_TEXT_TARGETS), choices=LORA_TEXT_TARGETS,
+                              doc="decoder projections that get adapters (attention q/k/v/o, MLP gate/up/down)")
+    vision: bool = spec(False, doc="also adapt the vision tower's blocks (qkv, proj, fc1, fc2)")
+    seed: int = spec(0, ge=0, doc="seed of the adapters' A matrices (B starts at 0: step 0 is the base model)")
+
+    def __post_init__(self) -> None:
+        if self.rank and not self.targets and not self.vision:
+            raise ParamsError("lora.rank > 0 but no targets and vision off: nothing would be adapted")
+
+
 REMAT_DOC = ("activation checkpointing of the learner's forward: layer recomputes each decoder layer and vision "
              "block in the backward pass instead of keeping its activations (same gradients, less memory, more "
              "compute; measured in BENCHMARKS.md); none keeps them")
@@ -152,6 +172,7 @@ class SFTParams:
     max_grad_norm: float = spec(1.0, ge=0, doc="global-norm gradient clipping (0: off)")
     freeze: str = spec("none", choices=("none", "vision"), doc="parameters kept frozen")
     remat: str = spec("none", choices=("none", "layer"), doc=REMAT_DOC)
+    lora: LoRAParams = spec(default_factory=LoRAParams, doc="low-rank adapters")
     max_target_tokens: int = spec(64, ge=1, doc="answer tokens trained on (longer targets are an error)")
     seed: int = spec(0, ge=0, doc="seed of the data order")
     save_every: int = spec(100, ge=1, doc="checkpoint every this many steps (resume point)")
@@ -191,6 +212,7 @@ class TrainParams:
     max_grad_norm: float = spec(1.0, ge=0, doc="global-norm gradient clipping (0: off)")
     freeze: str = spec("none", choices=("none", "vision"), doc="parameters kept frozen")
     remat: str = spec("none", choices=("none", "layer"), doc=REMAT_DOC)
+    lora: LoRAParams = spec(default_factory=LoRAParams, doc="low-rank adapters")
     epsilon: float = spec(0.2, gt=0, lt=1, doc="lower clip range of the importance ratio")
     epsilon_high: float = spec(0.28, gt=0, doc="upper clip range (clip-higher)")
     beta: float = spec(0.0, ge=0, doc="k3 KL penalty to the initial policy (0: no reference model held)")

@@ -151,6 +151,9 @@ class TrainingLoop(abc.ABC):
         # last step still reports its final figures.
         self.restored_history: list[dict[str, float]] = []
         self.resumed_from: int | None = None
+        # With LoRA: an identity of the base folder the adapters sit on (saved with each checkpoint, checked on
+        # resume); None without adapters.
+        self.base_identity: str | None = None
 
     # Subclasses set self.params, self.opt_state and self.rng, and provide the loop state and one step.
     @abc.abstractmethod
@@ -170,9 +173,13 @@ class TrainingLoop(abc.ABC):
         latest = self.checkpoints.latest_step()
         if latest is None:
             return 0
-        restored = self.checkpoints.restore(self.params, self.opt_state)
-        self.params, self.opt_state, self.rng = restored.params, restored.opt_state, restored.rng
+        restored = self.checkpoints.restore(self.checkpoint_params(), self.opt_state)
+        self.params, self.opt_state, self.rng = self._with_saved(restored.params), restored.opt_state, restored.rng
         state = dict(restored.loop_state)
+        saved_base = state.pop("lora_base", None)
+        if saved_base != self.base_identity:
+            raise ValueError(f"{self.checkpoints.directory}: its adapters were trained on base {saved_base}, this "
+                             f"run starts from base {self.base_identity}; refusing to resume on another base")
         self.restored_history = state.pop("recent_metrics", [])
         validation = state.pop("validation", None)
         if self.validator is not None and validation is not None:
@@ -216,10 +223,12 @@ class TrainingLoop(abc.ABC):
                 stopping = validator is not None and validator.stopped_at == done
                 recent = (self.restored_history + self.history)[-RECENT_METRICS:]
                 state = {**self.loop_state(), "recent_metrics": recent}
+                if self.base_identity is not None:
+                    state["lora_base"] = self.base_identity
                 if validator is not None:
                     state["validation"] = validator.state()
                 # A validation step is saved: its best params on disk then always match a checkpoint's state.
-                self.checkpoints.save(done, self.params, self.opt_state, self.rng, state,
+                self.checkpoints.save(done, self.checkpoint_params(), self.opt_state, self.rng, state,
                                       force=done == self.total_steps or stopping or validated)
                 bar.set_postfix(self.postfix(metrics), refresh=False)
                 bar.update(1)
@@ -238,6 +247,17 @@ class TrainingLoop(abc.ABC):
             return self.model_params()
         selected, self.final_step = validator.selected(self.model_params(), done)
         return selected
+
+    def _sparse(self) -> bool:
+        return getattr(getattr(self, "optimizer", None), "sparse", False)
+
+    def checkpoint_params(self) -> Any:
+        """What a checkpoint holds of the params: all of them, or with LoRA only the trained leaves (the base is
+        `base_identity`'s folder, read again on resume)."""
+        return self.optimizer.trained_tree(self.params) if self._sparse() else self.params
+
+    def _with_saved(self, saved: Any) -> Any:
+        return self.optimizer.graft(self.params, saved) if self._sparse() else saved
 
     def model_params(self) -> Any:
         """The policy's params within what the loop trains (PPO also trains a value head beside them)."""

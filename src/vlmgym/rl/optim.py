@@ -92,6 +92,8 @@ class OptimizerState(NamedTuple):
 class Optimizer:
     """AdamW over the trainable leaves of a parameter tree; `update` is pure and jittable."""
 
+    sparse = False  # gradients are a tree like the params (SubsetOptimizer: a list of the trainable leaves)
+
     def __init__(self, config: OptimizerConfig, trainable: Any):
         self.config = config
         self.trainable = trainable
@@ -192,3 +194,71 @@ class Optimizer:
         }
         return new_params, OptimizerState(step=state.step + 1, master=new_master, inner=inner), stats
 
+
+
+class SubsetOptimizer:
+    """AdamW over only the trainable leaves of a parameter tree (LoRA: the adapters), the rest never touched.
+
+    Unlike `Optimizer` with frozen leaves, the frozen ones appear nowhere: its state, the gradients it takes
+    (`select(params)`'s list of trainable leaves, see trainer._fp32_gradients) and its update hold only the
+    trainable leaves, so a frozen 4B base costs no zero gradient buffers, no optimizer state and no copy.
+    """
+
+    sparse = True
+
+    def __init__(self, config: OptimizerConfig, trainable: Any):
+        self.config, self.trainable = config, trainable
+        self._mask = [bool(t) for t in jax.tree.leaves(trainable)]
+        if not any(self._mask):
+            raise ValueError("SubsetOptimizer: no trainable leaf")
+        self._inner = Optimizer(config, [True] * sum(self._mask))
+        self.schedule = self._inner.schedule
+
+    def select(self, params: Any) -> list:
+        """The trainable leaves of `params`, in tree order (what gradients and the optimizer state are over)."""
+        return [p for p, t in zip(jax.tree.leaves(params), self._mask) if t]
+
+    def fill(self, params: Any, selected: list) -> Any:
+        """`params` with its trainable leaves replaced by `selected` (the frozen leaves are the same arrays)."""
+        leaves, treedef = jax.tree.flatten(params)
+        new = iter(selected)
+        return jax.tree.unflatten(treedef, [next(new) if t else p for p, t in zip(leaves, self._mask)])
+
+    def init(self, params: Any) -> OptimizerState:
+        return self._inner.init(self.select(params))
+
+    def init_placed(self, params: Any) -> OptimizerState:
+        return self._inner.init_placed(self.select(params))
+
+    def state_shardings(self, params: Any) -> Any:
+        return self._inner.state_shardings(self.select(params))
+
+    def stop_frozen_gradients(self, params: Any) -> Any:
+        return jax.tree.map(lambda p, t: p if t else jax.lax.stop_gradient(p), params, self.trainable)
+
+    def update(self, grads: list, state: OptimizerState, params: Any) -> tuple[Any, OptimizerState, dict]:
+        """One AdamW step from the trainable leaves' gradients (a list, `select`'s order)."""
+        new, state, stats = self._inner.update(grads, state, self.select(params))
+        return self.fill(params, new), state, stats
+
+    def trained_tree(self, params: Any) -> Any:
+        """Only the trainable leaves, as nested dicts (what a LoRA checkpoint holds: no base weight)."""
+        return _prune(params, self.trainable)
+
+    def graft(self, params: Any, trained: Any) -> Any:
+        """`params` with the leaves of `trained_tree`'s layout put back."""
+        return _graft(params, trained)
+
+
+def _prune(tree: Any, mask: Any) -> Any:
+    if isinstance(tree, dict):
+        kept = {k: _prune(tree[k], mask[k]) for k in tree}
+        kept = {k: v for k, v in kept.items() if v is not None}
+        return kept or None
+    return tree if mask is True or (not isinstance(mask, bool) and all(jax.tree.leaves(mask))) else None
+
+
+def _graft(tree: Any, part: Any) -> Any:
+    if isinstance(part, dict):
+        return {**tree, **{k: _graft(tree[k], v) for k, v in part.items()}}
+    return part

@@ -23,6 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from vlmgym.models.qwen3_vl import lora
 from vlmgym.rl import grpo, ppo
 from vlmgym.rl.loop import CompileCounter, MetricsCallback, Policy
 from vlmgym.rl.optim import Optimizer
@@ -97,11 +98,13 @@ class PPOTrainer(GRPOTrainer):
             raise ValueError("train.beta is GRPO's KL term in the loss; PPO's KL to the start policy is in the "
                              "reward: set train.ppo_kl_coef instead")
         ppo.check_critic(config.ppo_critic)
-        reference = jax.tree.map(jnp.copy, params) if config.ppo_kl_coef > 0 else None
+        adapted = lora.has_adapters(params)  # LoRA: the reference is the base inside the trained tree, no copy
+        reference = jax.tree.map(jnp.copy, params) if config.ppo_kl_coef > 0 and not adapted else None
         combined = {"policy": params, "value": ppo.init_value_head(policy.feature_size)}
         super().__init__(policy, env, combined, config, checkpoint_dir, metrics_callback=metrics_callback,
                          samples_callback=samples_callback, progress_bar=progress_bar, val_env=val_env)
         self.reference_params = reference
+        self.reference_is_base = config.ppo_kl_coef > 0 and adapted
         self.settings = PPOSettings(epsilon=config.epsilon, epsilon_high=config.epsilon_high,
                                     aggregation=config.loss_aggregation, vf_coef=config.ppo_vf_coef,
                                     cliprange_value=config.ppo_cliprange_value,
@@ -124,8 +127,8 @@ class PPOTrainer(GRPOTrainer):
             logprobs, row_values = ppo_forward(self.params, batch, policy=self.policy, compiles=self.compiles)
             learner.append(np.asarray(logprobs))
             values.append(np.asarray(row_values))
-            if self.reference_params is not None:
-                reference.append(np.asarray(policy_logprobs(self.reference_params, batch, policy=self.policy,
+            if self.reference() is not None:
+                reference.append(np.asarray(policy_logprobs(self.reference(), batch, policy=self.policy,
                                                             compiles=self.compiles)))
             micro_batches.append({"batch": batch, "mask": mask[rows]})
         learner_logprobs = np.concatenate(learner)

@@ -10,8 +10,10 @@ from typing import Any
 import numpy as np
 
 from vlmgym.atomic import write_text_atomically
+from vlmgym.models.qwen3_vl import lora
 from vlmgym.models.qwen3_vl.config import load_hf_config
 from vlmgym.models.qwen3_vl.convert import load_checkpoint, save_checkpoint
+from vlmgym.models.qwen3_vl.lora import LoRAConfig, init_adapters
 from vlmgym.models.qwen3_vl.processor import Processor
 from vlmgym.models.qwen3_vl.sharding import make_mesh, param_shardings
 from vlmgym.params import to_dict
@@ -56,13 +58,19 @@ def validation_env(stage: str, section: Any, env_params: Any, tokenizer: Any) ->
 
 def stage_policy(stage: str, section: Any, model_params: Any) -> tuple[Qwen3VLPolicy, Any]:
     """(policy, params) of `section.init_dir` as stage `stage` (sft: teacher-forced targets; train: sampling)
-    needs it."""
+    needs it; with `section.lora.rank` > 0 the params carry fresh adapters (B = 0: the start model's outputs)."""
     if stage == "sft":
-        return load_policy(section.init_dir, model_params, section.max_target_tokens, mesh_shape=tuple(section.mesh),
-                           remat=section.remat)
-    return load_policy(section.init_dir, model_params, section.max_new_tokens, temperature=section.temperature,
-                       top_k=section.top_k, top_p=section.top_p, mesh_shape=tuple(section.mesh),
-                       share_prefix=section.share_prefix, remat=section.remat)
+        policy, params = load_policy(section.init_dir, model_params, section.max_target_tokens,
+                                     mesh_shape=tuple(section.mesh), remat=section.remat)
+    else:
+        policy, params = load_policy(section.init_dir, model_params, section.max_new_tokens,
+                                     temperature=section.temperature, top_k=section.top_k, top_p=section.top_p,
+                                     mesh_shape=tuple(section.mesh), share_prefix=section.share_prefix,
+                                     remat=section.remat)
+    adapters = LoRAConfig.from_section(getattr(section, "lora", None))
+    if adapters is not None:
+        params = init_adapters(params, policy.cfg, adapters)
+    return policy, params
 
 
 def stage_trainer(stage: str, section: Any, policy: Any, params: Any, env_params: Any, checkpoints: Path,
@@ -78,7 +86,10 @@ def stage_trainer(stage: str, section: Any, policy: Any, params: Any, env_params
     val_env = validation_env(stage, section, env_params, tokenizer)
     # GRPOTrainer also runs rloo and dpo
     trainer_class = SFTTrainer if stage == "sft" else PPOTrainer if section.algorithm == "ppo" else GRPOTrainer
-    return trainer_class(policy, env, params, section, checkpoints, val_env=val_env, **callbacks)
+    trainer = trainer_class(policy, env, params, section, checkpoints, val_env=val_env, **callbacks)
+    if lora.has_adapters(params):  # checkpoints hold the adapters alone: they name the base they sit on
+        trainer.base_identity = folder_identity(section.init_dir)
+    return trainer
 
 
 def folder_identity(folder: str | Path) -> str:
@@ -111,9 +122,20 @@ def resume_dir(base: str | Path, *sections: Any, init_dir: str | Path) -> Path:
 
 
 def save_model(out_dir: str | Path, policy: Qwen3VLPolicy, params: Any, init_dir: str | Path) -> Path:
-    """Write the trained params as a model folder (config + tokenizer files copied from init_dir), atomically."""
+    """Write the trained params as a model folder (config + tokenizer files copied from init_dir), atomically.
+
+    With LoRA adapters the folder holds the merged model (every later stage reads a plain model) and, in
+    `adapter/`, the adapters alone in PEFT's layout, naming init_dir (and its folder hash) as their base."""
     hf_config = json.loads((Path(init_dir) / "config.json").read_text())
-    return save_checkpoint(out_dir, policy.cfg, params, hf_config=hf_config, side_files_from=init_dir)
+    extra = None
+    if lora.has_adapters(params):
+        identity = folder_identity(init_dir)
+
+        def extra(tmp: Path) -> None:
+            lora.write_peft_adapter(tmp / lora.ADAPTER_DIR, params, str(init_dir), identity)
+
+        params = lora.merge(params)
+    return save_checkpoint(out_dir, policy.cfg, params, hf_config=hf_config, side_files_from=init_dir, extra=extra)
 
 
 def write_json_atomically(path: str | Path, obj: Any) -> None:

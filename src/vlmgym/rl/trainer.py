@@ -15,6 +15,7 @@ import numpy as np
 
 from vlmgym.envs.base import PART_KEY, part_metric
 from vlmgym.eval.metrics import answer_spread
+from vlmgym.models.qwen3_vl import lora
 from vlmgym.rl import dpo, grpo
 from vlmgym.rl.loop import (
     CompileCounter,
@@ -24,7 +25,7 @@ from vlmgym.rl.loop import (
     TrainingLoop,
     score,
 )
-from vlmgym.rl.optim import Optimizer, OptimizerConfig, trainable_mask
+from vlmgym.rl.optim import Optimizer, OptimizerConfig, SubsetOptimizer, trainable_mask
 from vlmgym.rl.prefetch import ResetPrefetcher
 from vlmgym.rl.sft import sft_loss_from_logprobs
 from vlmgym.rl.validation import BEST_DIR, ValidationSettings, Validator
@@ -74,6 +75,14 @@ def _fp32_gradients(micro_loss: Callable, params: Any, micro: dict, normalizer: 
 
     The frozen leaves go behind stop_gradient inside the differentiated function, so the backward pass skips
     them and keeps none of the activations only they need (a frozen vision tower's)."""
+
+    if optimizer.sparse:  # LoRA: differentiate only the trainable leaves; no gradient of the base exists at all
+        def subset_loss(trained: list, *rest: Any) -> tuple[jax.Array, dict]:
+            return micro_loss(optimizer.fill(params, trained), *rest)
+
+        (loss, aux), grads = jax.value_and_grad(subset_loss, has_aux=True)(optimizer.select(params), micro,
+                                                                            normalizer, *args)
+        return loss, [g.astype(jnp.float32) for g in grads], aux
 
     def frozen_loss(p: Any, *rest: Any) -> tuple[jax.Array, dict]:
         return micro_loss(optimizer.stop_frozen_gradients(p), *rest)
@@ -253,6 +262,20 @@ def optimizer_config(section: Any) -> OptimizerConfig:
                            weight_decay=section.weight_decay, max_grad_norm=section.max_grad_norm)
 
 
+def make_optimizer(section: Any, params: Any) -> Optimizer | SubsetOptimizer:
+    """The optimizer of an sft or train section: over the LoRA adapters alone when `params` holds adapters (plus a
+    PPO value head), else over every leaf `section.freeze` leaves trainable."""
+    if not lora.has_adapters(params):
+        return Optimizer(optimizer_config(section), trainable_mask(params, section.freeze))
+    if section.freeze != "none":
+        raise ValueError(f"freeze={section.freeze!r} with LoRA: the base is frozen whole already (lora.vision "
+                         "says whether the vision tower gets adapters)")
+    mask = lora.trainable_mask(params)
+    if "value" in params:  # PPO's value head is trained in full beside the adapters
+        mask = {**mask, "value": jax.tree.map(lambda _: True, params["value"])}
+    return SubsetOptimizer(optimizer_config(section), mask)
+
+
 class GRPOTrainer(TrainingLoop):
     """GRPO: sample groups, score them with the env, update with the clipped surrogate, checkpoint.
 
@@ -273,14 +296,17 @@ class GRPOTrainer(TrainingLoop):
                              f"micro_batches={config.micro_batches}")
         self.policy, self.env, self.config = policy, env, config
         self.samples_callback = samples_callback
-        self.optimizer = Optimizer(optimizer_config(config), trainable_mask(params, config.freeze))
+        self.optimizer = make_optimizer(config, params)
         if config.algorithm == "dpo" and config.batch_prompts % config.micro_batches:
             raise ValueError(f"train: dpo splits its {config.batch_prompts} pairs into micro_batches="
                              f"{config.micro_batches}, which must divide them")
         # The reference policy is a frozen copy of the starting params, held only when the KL term is on (GRPO)
         # or DPO needs it.
         holds_reference = config.beta > 0 or config.algorithm == "dpo"
-        self.reference_params = jax.tree.map(jnp.copy, params) if holds_reference else None
+        # With LoRA the reference is the base inside the trained tree (its adapters left out): no copy at all.
+        self.reference_is_base = holds_reference and lora.has_adapters(params)
+        self.reference_params = (jax.tree.map(jnp.copy, params) if holds_reference and not self.reference_is_base
+                                 else None)
         self.params, self.opt_state = params, self.optimizer.init_placed(params)
         self.rng = jax.random.key(config.seed)
         self.data = DataOrder(len(env), config.seed)
@@ -291,6 +317,10 @@ class GRPOTrainer(TrainingLoop):
 
     def load_loop_state(self, state: dict) -> None:
         self.data = DataOrder.from_state(len(self.env), self.config.seed, state["data"])
+
+    def reference(self) -> Any:
+        """The frozen reference policy's params (None when none is held)."""
+        return lora.strip(self.model_params()) if self.reference_is_base else self.reference_params
 
     def postfix(self, metrics: dict[str, float]) -> dict[str, str]:
         if self.config.algorithm == "dpo":
@@ -385,8 +415,8 @@ class GRPOTrainer(TrainingLoop):
             batch = self.policy.build_batch(group_observations(groups, rows, c.group_size), tokens[rows], mask[rows])
             micro = {"batch": batch, "behaviour": sampler_logprobs[rows], "advantages": advantages[rows],
                      "mask": mask[rows]}
-            if self.reference_params is not None:
-                micro["reference"] = policy_logprobs(self.reference_params, batch, policy=self.policy,
+            if self.reference() is not None:
+                micro["reference"] = policy_logprobs(self.reference(), batch, policy=self.policy,
                                                      compiles=self.compiles)
             micro_batches.append(micro)
         iteration_metrics = []
@@ -424,7 +454,7 @@ class GRPOTrainer(TrainingLoop):
             row_part = slice(2 * part.start, 2 * part.stop)
             batch = self.policy.build_batch(observations[part], tokens[rows][row_part], pair_mask[row_part])
             micro_batches.append({"batch": batch, "mask": pair_mask[row_part], "valid": pairs.valid[part],
-                                  "reference": policy_logprobs(self.reference_params, batch, policy=self.policy,
+                                  "reference": policy_logprobs(self.reference(), batch, policy=self.policy,
                                                                compiles=self.compiles)})
         gradient_fn = partial(dpo_gradients, normalizer=normalizer, policy=self.policy, optimizer=self.optimizer,
                               beta=c.dpo_beta, compiles=self.compiles)
@@ -523,7 +553,7 @@ class SFTTrainer(TrainingLoop):
             raise ValueError(f"sft: batch_size={config.batch_size} does not split into "
                              f"micro_batches={config.micro_batches}")
         self.policy, self.env, self.config = policy, env, config
-        self.optimizer = Optimizer(optimizer_config(config), trainable_mask(params, config.freeze))
+        self.optimizer = make_optimizer(config, params)
         self.params, self.opt_state = params, self.optimizer.init_placed(params)
         self.rng = jax.random.key(config.seed)  # unused by SFT itself; saved so every loop resumes alike
         self.data = DataOrder(len(env), config.seed)

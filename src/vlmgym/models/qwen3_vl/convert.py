@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -233,7 +233,8 @@ def to_hf_dict(cfg: Qwen3VLConfig) -> dict[str, Any]:
 
 
 def save_checkpoint(path: str | Path, cfg: Qwen3VLConfig, params: Params, hf_config: dict[str, Any] | None = None,
-                    side_files_from: str | Path | None = None) -> Path:
+                    side_files_from: str | Path | None = None,
+                    extra: Callable[[Path], None] | None = None) -> Path:
     """Write params (orbax) + config.json (+ tokenizer files) into `path` atomically (temp dir + rename).
 
     The folder's bytes depend only on what is saved, so DVC sees equal params as an unchanged output: orbax's
@@ -251,6 +252,8 @@ def save_checkpoint(path: str | Path, cfg: Qwen3VLConfig, params: Params, hf_con
         (tmp / META_FILE).write_text(json.dumps({"param_dtype": _dtype_name(params), "format": 1}) + "\n")
         if side_files_from is not None:
             copy_side_files(side_files_from, tmp)
+        if extra is not None:  # more files in the same atomic folder (a LoRA run's adapter/)
+            extra(tmp)
     return final
 
 

@@ -13,6 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from vlmgym.models.qwen3_vl.config import Qwen3VLConfig
+from vlmgym.models.qwen3_vl.lora import project
 from vlmgym.models.qwen3_vl.params import Params
 from vlmgym.models.qwen3_vl.vision import encode_patches
 
@@ -69,9 +70,9 @@ def _qkv(cfg: Qwen3VLConfig, p: Params, x: jax.Array, cos: jax.Array, sin: jax.A
     t = cfg.text
     b, length, _ = x.shape
     h = _rms_norm(x, p["input_norm"]["scale"], t.rms_norm_eps)
-    q = (h @ p["q"]["kernel"]).reshape(b, length, t.num_attention_heads, t.head_dim)
-    k = (h @ p["k"]["kernel"]).reshape(b, length, t.num_key_value_heads, t.head_dim)
-    v = (h @ p["v"]["kernel"]).reshape(b, length, t.num_key_value_heads, t.head_dim)
+    q = project(h, p["q"]).reshape(b, length, t.num_attention_heads, t.head_dim)
+    k = project(h, p["k"]).reshape(b, length, t.num_key_value_heads, t.head_dim)
+    v = project(h, p["v"]).reshape(b, length, t.num_key_value_heads, t.head_dim)
     q = _rms_norm(q, p["q_norm"]["scale"], t.rms_norm_eps)
     k = _rms_norm(k, p["k_norm"]["scale"], t.rms_norm_eps)
     c, s = cos[:, :, None], sin[:, :, None]
@@ -79,9 +80,9 @@ def _qkv(cfg: Qwen3VLConfig, p: Params, x: jax.Array, cos: jax.Array, sin: jax.A
 
 
 def _attn_out_and_mlp(cfg: Qwen3VLConfig, p: Params, x: jax.Array, attn: jax.Array) -> jax.Array:
-    x = x + attn @ p["o"]["kernel"]
+    x = x + project(attn, p["o"])
     h = _rms_norm(x, p["post_norm"]["scale"], cfg.text.rms_norm_eps)
-    return x + (jax.nn.silu(h @ p["gate"]["kernel"]) * (h @ p["up"]["kernel"])) @ p["down"]["kernel"]
+    return x + project(jax.nn.silu(project(h, p["gate"])) * project(h, p["up"]), p["down"])
 
 
 def _cast(tree: Params, dtype: Any) -> Params:

@@ -108,6 +108,8 @@ def _layer_norm(x: jax.Array, p: Params, eps: float = 1e-6) -> jax.Array:
 
 def _dense(x: jax.Array, p: Params) -> jax.Array:
     y = x @ p["kernel"].astype(x.dtype)
+    if "lora_a" in p:  # a LoRA adapter (vlmgym.models.qwen3_vl.lora)
+        y = y + ((x @ p["lora_a"].astype(x.dtype)) @ p["lora_b"].astype(x.dtype)) * p["lora_scale"].astype(x.dtype)
     return y + p["bias"].astype(x.dtype) if "bias" in p else y
 
 
