@@ -129,10 +129,10 @@ def save_model(out_dir: str | Path, policy: Qwen3VLPolicy, params: Any, init_dir
     hf_config = json.loads((Path(init_dir) / "config.json").read_text())
     extra = None
     if lora.has_adapters(params):
-        identity = folder_identity(init_dir)
+        identity, adapted = folder_identity(init_dir), params
 
         def extra(tmp: Path) -> None:
-            lora.write_peft_adapter(tmp / lora.ADAPTER_DIR, params, str(init_dir), identity)
+            lora.write_peft_adapter(tmp / lora.ADAPTER_DIR, adapted, str(init_dir), identity)
 
         params = lora.merge(params)
     return save_checkpoint(out_dir, policy.cfg, params, hf_config=hf_config, side_files_from=init_dir, extra=extra)

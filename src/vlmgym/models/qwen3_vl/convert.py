@@ -9,6 +9,7 @@ reshaped), so HF -> JAX -> HF is bit-exact, and `check_export` verifies it on th
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -23,6 +24,7 @@ from safetensors.numpy import save_file
 
 from vlmgym.atomic import atomic_dir
 from vlmgym.models.qwen3_vl.config import Qwen3VLConfig, from_hf_dict, load_hf_config
+from vlmgym.models.qwen3_vl.lora import ADAPTER_DIR
 from vlmgym.models.qwen3_vl.params import Params, abstract_params
 
 # Files next to the weights that a transformers folder needs besides config + safetensors.
@@ -321,7 +323,32 @@ def export_to_hf(jax_dir: str | Path, out_dir: str | Path) -> Path:
         _write_safetensors(state, tmp)
         shutil.copy2(jax_dir / "config.json", tmp / "config.json")
         copy_side_files(jax_dir, tmp)
+        if (jax_dir / ADAPTER_DIR).is_dir():  # a LoRA run's adapters (PEFT layout) go along
+            shutil.copytree(jax_dir / ADAPTER_DIR, tmp / ADAPTER_DIR)
     return final
+
+
+def check_adapter(hf_dir: str | Path, state: dict[str, np.ndarray]) -> int:
+    """Check a LoRA run's `adapter/` folder against PEFT's layout over the exported model's own weights `state`:
+    every lora_A (r, in) / lora_B (out, r) pair sits on a linear layer of that shape that the config's
+    target_modules regex names. Returns the number of adapted modules; raises ExportCheckFailed."""
+    folder = Path(hf_dir) / ADAPTER_DIR
+    config = json.loads((folder / "adapter_config.json").read_text())
+    adapters = read_safetensors(folder)
+    rank, pattern = config["r"], config["target_modules"]
+    prefix = "base_model.model."
+    modules = sorted({key[len(prefix):].rsplit(".lora_", 1)[0] for key in adapters})
+    if config.get("peft_type") != "LORA" or len(adapters) != 2 * len(modules) or not modules:
+        raise ExportCheckFailed(f"{folder}: not a PEFT LoRA adapter ({len(adapters)} tensors, {len(modules)} modules)")
+    for module in modules:
+        weight = state.get(module + ".weight")
+        a, b = adapters.get(f"{prefix}{module}.lora_A.weight"), adapters.get(f"{prefix}{module}.lora_B.weight")
+        if weight is None or a is None or b is None or not re.fullmatch(pattern, module):
+            raise ExportCheckFailed(f"{folder}: adapter on {module!r} names no adapted linear layer of the model")
+        if a.shape != (rank, weight.shape[1]) or b.shape != (weight.shape[0], rank):
+            raise ExportCheckFailed(f"{folder}: {module} adapter shapes {a.shape}, {b.shape} do not fit "
+                                    f"weight {weight.shape} at rank {rank}")
+    return len(modules)
 
 
 def check_export(jax_dir: str | Path, hf_dir: str | Path) -> dict[str, float]:
@@ -345,7 +372,9 @@ def check_export(jax_dir: str | Path, hf_dir: str | Path) -> dict[str, float]:
         model = load_hf_model(hf_dir, dtype=None, strict=True)
     except IncompleteCheckpoint as err:
         raise ExportCheckFailed(str(err)) from err
-    return {"tensors": float(len(exported)),
+    adapted = (Path(hf_dir) / ADAPTER_DIR).is_dir()
+    figures = {"adapted_modules": float(check_adapter(hf_dir, exported))} if adapted else {}
+    return {**figures, "tensors": float(len(exported)),
             "parameters": float(sum(int(np.prod(v.shape)) for v in exported.values())),
             "transformers_parameters": float(sum(p.numel() for p in model.parameters())),
             "bytes": float(sum(p.stat().st_size for p in Path(hf_dir).glob("*.safetensors")))}

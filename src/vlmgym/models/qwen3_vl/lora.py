@@ -204,6 +204,7 @@ def peft_state(params: Params) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
 
 ADAPTER_DIR = "adapter"  # inside a model folder written by a LoRA run: the adapters alone, in PEFT's layout
 PEFT_CONFIG, PEFT_WEIGHTS = "adapter_config.json", "adapter_model.safetensors"
+BASE_FILE = "vlmgym_base.json"  # the base folder the adapters sit on and its folder_identity hash
 
 
 def write_peft_adapter(folder: str | Path, params: Params, base: str, base_identity: str) -> Path:
@@ -216,6 +217,7 @@ def write_peft_adapter(folder: str | Path, params: Params, base: str, base_ident
     folder = Path(folder)
     folder.mkdir(parents=True)
     save_file(state, str(folder / PEFT_WEIGHTS), metadata={"format": "pt", "vlmgym_base_identity": base_identity})
-    (folder / PEFT_CONFIG).write_text(json.dumps({**config, "base_model_name_or_path": str(base),
-                                                  "vlmgym_base_identity": base_identity}, indent=2) + "\n")
+    (folder / PEFT_CONFIG).write_text(json.dumps({**config, "base_model_name_or_path": str(base)}, indent=2) + "\n")
+    # PEFT warns about unknown adapter_config keys: the base's identity goes beside it
+    (folder / BASE_FILE).write_text(json.dumps({"base": str(base), "identity": base_identity}) + "\n")
     return folder
