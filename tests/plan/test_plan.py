@@ -51,3 +51,30 @@ def test_table_lists_every_program():
     text = table({"programs": {"gradients": program, "update": program}, "state": {"params": 2},
                   "peak": {"learner": 3 * 2**30, "step": 3 * 2**30}})
     assert text.splitlines()[0].startswith("GiB per device") and "gradients" in text and "learner 3.00" in text
+
+
+def test_lora_plan_holds_state_and_gradients_of_the_adapters_alone():
+    from vlmgym.plan.programs import Planner, plan
+    from vlmgym.plan.shapes import PlanSpec, plan_config
+
+    cfg = plan_config("tiny")
+    reports = {}
+    for rank in (0, 8):
+        spec = PlanSpec(config="tiny", batch=4, seq=62, answer=8, group=2, lora_rank=rank)
+        spec.check()
+        reports[rank] = plan(Planner(cfg, spec), rollout=False)
+    t = cfg.text
+    per_layer = sum(8 * (n_in + n_out) for n_in, n_out in (
+        (t.hidden_size, t.num_attention_heads * t.head_dim), (t.hidden_size, t.num_key_value_heads * t.head_dim),
+        (t.hidden_size, t.num_key_value_heads * t.head_dim), (t.num_attention_heads * t.head_dim, t.hidden_size),
+        (t.hidden_size, t.intermediate_size), (t.hidden_size, t.intermediate_size),
+        (t.intermediate_size, t.hidden_size)))
+    lora, full = reports[8], reports[0]
+    assert lora["trainable_parameters"] == per_layer * t.num_hidden_layers
+    assert lora["state"]["grads"] == 4 * lora["trainable_parameters"]  # fp32 gradients of the adapters only
+    assert 2 * lora["state"]["grads"] <= lora["state"]["opt_state"] <= 2 * lora["state"]["grads"] + 64
+    assert lora["state"]["opt_state"] < full["state"]["opt_state"] / 10
+    # the base is held once: params grow by the adapters (and their per-layer scales) only
+    assert lora["state"]["params"] - full["state"]["params"] == lora["state"]["grads"] + 4 * 7 * t.num_hidden_layers
+    with pytest.raises(ValueError, match="frozen whole"):
+        PlanSpec(config="tiny", batch=4, group=2, lora_rank=8, freeze="vision").check()

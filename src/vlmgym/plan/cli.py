@@ -63,6 +63,8 @@ def parse_args(argv: list[str]) -> tuple[PlanSpec, argparse.Namespace]:
     parser.add_argument("--dtype", choices=("bf16", "fp32"), default=None,
                         help="model.dtype, the compute dtype (default: the param dtype)")
     parser.add_argument("--freeze", choices=("none", "vision"), default="none", help="train.freeze")
+    parser.add_argument("--lora-rank", type=int, default=0,
+                        help="train.lora.rank: LoRA adapters on the decoder projections, only they trained (0: off)")
     parser.add_argument("--algorithm", choices=("grpo", "sft"), default="grpo",
                         help="the update compiled (rloo runs grpo's; sft has no rollout)")
     parser.add_argument("--no-rollout", action="store_true", help="leave out the rollout programs")
@@ -73,8 +75,8 @@ def parse_args(argv: list[str]) -> tuple[PlanSpec, argparse.Namespace]:
     spec = PlanSpec(config=args.config, mesh=args.mesh, batch=args.batch, seq=args.seq, answer=args.answer,
                     group=args.group, micro_batches=args.micro_batches,
                     image=args.image or ((96, 128) if tiny else (512, 672)), remat=args.remat,
-                    algorithm=args.algorithm, freeze=args.freeze, dtype=args.dtype or param_dtype,
-                    param_dtype=param_dtype)
+                    algorithm=args.algorithm, freeze=args.freeze, lora_rank=args.lora_rank,
+                    dtype=args.dtype or param_dtype, param_dtype=param_dtype)
     try:
         spec.check()
     except ValueError as err:

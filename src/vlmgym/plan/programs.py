@@ -21,12 +21,13 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from vlmgym.models.qwen3_vl import lora
 from vlmgym.models.qwen3_vl.config import Qwen3VLConfig
 from vlmgym.models.qwen3_vl.params import abstract_params
 from vlmgym.models.qwen3_vl.sharding import make_mesh, param_shardings
 from vlmgym.plan.shapes import PlanSpec, abstract, learner_micro, rollout_prompts
 from vlmgym.rl.loop import CompileCounter
-from vlmgym.rl.optim import Optimizer, OptimizerConfig, trainable_mask
+from vlmgym.rl.optim import Optimizer, OptimizerConfig, SubsetOptimizer, trainable_mask
 from vlmgym.rl.policy import Qwen3VLLearner, learner_batch_shardings
 from vlmgym.rl.trainer import LossSettings, apply_update, grpo_gradients, sft_gradients
 from vlmgym.rollout.engine import _decode_loop, _prefill_group
@@ -73,11 +74,27 @@ class Planner:
         self.mesh = mesh or make_mesh(*spec.mesh)
         self.replicated = NamedSharding(self.mesh, PartitionSpec())
         self.params = abstract(abstract_params(cfg), param_shardings(cfg, self.mesh))
-        self.optimizer = Optimizer(OptimizerConfig(learning_rate=1e-6), trainable_mask(self.params, spec.freeze))
+        if spec.lora_rank:
+            self.params = self._with_adapters(spec.lora_rank)
+            self.optimizer = SubsetOptimizer(OptimizerConfig(learning_rate=1e-6), lora.trainable_mask(self.params))
+        else:
+            self.optimizer = Optimizer(OptimizerConfig(learning_rate=1e-6), trainable_mask(self.params, spec.freeze))
         self.policy = Qwen3VLLearner(cfg, SamplingSettings(max_new_tokens=spec.answer), mesh=self.mesh,
                                      share_prefix=spec.group > 1, remat=spec.remat)
         self.compiles = CompileCounter()
         self.compiled: dict[str, Any] = {}  # each program compiled so far, by name (a test runs them for real)
+
+    def _with_adapters(self, rank: int) -> Any:
+        """The abstract params with the adapters `init_adapters` adds (replicated, as it places them)."""
+        adapted = jax.eval_shape(lambda p: lora.init_adapters(p, self.cfg, lora.LoRAConfig(rank=rank)), self.params)
+        base = {jax.tree_util.keystr(path): leaf.sharding
+                for path, leaf in jax.tree_util.tree_leaves_with_path(self.params)}
+
+        def place(path: tuple, leaf: Any) -> Any:
+            sharding = base.get(jax.tree_util.keystr(path), self.replicated)
+            return jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=sharding)
+
+        return jax.tree_util.tree_map_with_path(place, adapted)
 
     def host(self, tree: Any) -> Any:
         """Host arrays the trainer passes unplaced: replicated over the mesh."""
@@ -150,4 +167,7 @@ def plan(planner: Planner, rollout: bool = True) -> dict[str, Any]:
         peaks["rollout"] = state["opt_state"] + max(programs["rollout_prefill"]["peak"],
                                                     programs["rollout_decode"]["peak"])
     peaks["step"] = max(peaks.values())
-    return {"programs": programs, "state": state, "peak": peaks}
+    trained = [leaf for leaf, t in zip(jax.tree.leaves(planner.params), jax.tree.leaves(planner.optimizer.trainable))
+               if t]
+    return {"programs": programs, "state": state, "peak": peaks,
+            "trainable_parameters": int(sum(int(np.prod(leaf.shape)) for leaf in trained))}

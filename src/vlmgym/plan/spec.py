@@ -25,6 +25,7 @@ class PlanSpec:
     remat: str = "none"
     algorithm: str = "grpo"  # grpo (rloo runs the same update) or sft
     freeze: str = "none"
+    lora_rank: int = 0  # train.lora.rank: adapters on the decoder's q/k/v/o/gate/up/down, only they trained
     dtype: str = "fp32"
     param_dtype: str = "fp32"
 
@@ -47,5 +48,7 @@ class PlanSpec:
             raise ValueError(f"a micro-batch of {self.micro_rows} rows must hold whole groups of {self.group}")
         if self.algorithm == "sft" and self.group != 1:
             raise ValueError("sft scores one completion per prompt: use --group 1")
+        if self.lora_rank < 0 or (self.lora_rank and self.freeze != "none"):
+            raise ValueError("--lora-rank must be >= 0, and with LoRA the base is frozen whole (no --freeze)")
         if any(side % 32 for side in self.image):
             raise ValueError(f"image {self.image}: both sides must be multiples of 32 (the processor's resize)")
