@@ -158,3 +158,21 @@ def test_sft_update_trains_only_adapters(tiny_vlm):
     assert float(loss) < float(before)
     for a, b in zip(jax.tree.leaves(lora.strip(adapted)), jax.tree.leaves(tiny_vlm.params)):
         assert a is b
+
+
+def test_sampling_params_merge_only_the_adapted_kernels(tiny_vlm):
+    from vlmgym.rl.policy import sampling_params
+
+    assert sampling_params(tiny_vlm.params) is tiny_vlm.params  # LoRA off: untouched
+    adapted = randomized(lora.init_adapters(tiny_vlm.params, tiny_vlm.cfg, ALL))
+    sampled = sampling_params(adapted)
+    assert jax.tree.structure(sampled) == jax.tree.structure(tiny_vlm.params)
+    merged = lora.merge(adapted)
+    for (path, a), b, base in zip(jax.tree_util.tree_leaves_with_path(sampled), jax.tree.leaves(merged),
+                                  jax.tree.leaves(tiny_vlm.params)):
+        if getattr(path[-1], "key", None) == "kernel" and path[-2].key in lora.TEXT_TARGETS + lora.VISION_TARGETS \
+                and path[1].key in ("layers", "blocks"):
+            np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-6, rtol=0)
+            assert not np.array_equal(np.asarray(a), np.asarray(base))
+        else:
+            assert a is base  # every other leaf is the base's own array: no copy

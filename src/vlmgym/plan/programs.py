@@ -133,16 +133,18 @@ class Planner:
         """Memory of the prefill and of the decode loop of one sampling call (spec.batch / spec.group prompts)."""
         cfg, spec = self.cfg, self.spec
         prompts = self.host(rollout_prompts(cfg, spec))
+        # LoRA samples with the adapters merged (policy.sampling_params): plain params of the base's shapes
+        params = lora.strip(self.params) if spec.lora_rank else self.params
         settings = SamplingSettings(max_new_tokens=spec.answer, eos_ids=(cfg.vision_end_token_id,))
-        prefill = _prefill_group.lower(self.params, cfg, prompts, spec.group, spec.answer).compile()
+        prefill = _prefill_group.lower(params, cfg, prompts, spec.group, spec.answer).compile()
         logits, cache = outputs_of(prefill, lambda p, x: _prefill_group(p, cfg, x, spec.group, spec.answer),
-                                   self.params, prompts)
+                                   params, prompts)
         key = jax.ShapeDtypeStruct((), jax.eval_shape(lambda: jax.random.key(0)).dtype, sharding=self.replicated)
         live = jax.ShapeDtypeStruct((logits.shape[0],), jnp.bool_, sharding=self.replicated)
         first_row = jax.ShapeDtypeStruct((), jnp.int32, sharding=self.replicated)
-        decode_args = (self.params, logits, cache, key, live, first_row)
-        decode = _decode_loop.lower(self.params, cfg, settings, *decode_args[1:]).compile()
-        return memory(prefill, (self.params, prompts)), memory(decode, decode_args)
+        decode_args = (params, logits, cache, key, live, first_row)
+        decode = _decode_loop.lower(params, cfg, settings, *decode_args[1:]).compile()
+        return memory(prefill, (params, prompts)), memory(decode, decode_args)
 
 
 def plan(planner: Planner, rollout: bool = True) -> dict[str, Any]:
@@ -164,8 +166,11 @@ def plan(planner: Planner, rollout: bool = True) -> dict[str, Any]:
     peaks = {"learner": max(programs["gradients"]["peak"] + state["opt_state"] + accumulation,
                             programs["update"]["peak"])}
     if "rollout_decode" in programs:
-        peaks["rollout"] = state["opt_state"] + max(programs["rollout_prefill"]["peak"],
-                                                    programs["rollout_decode"]["peak"])
+        # LoRA: the merged kernels the engine samples with live beside the adapted params
+        merged = sum(device_bytes(d["kernel"]) for d in lora.adapted_denses(planner.params).values())
+        state["merged_kernels"] = merged
+        peaks["rollout"] = state["opt_state"] + merged + max(programs["rollout_prefill"]["peak"],
+                                                             programs["rollout_decode"]["peak"])
     peaks["step"] = max(peaks.values())
     trained = [leaf for leaf, t in zip(jax.tree.leaves(planner.params), jax.tree.leaves(planner.optimizer.trainable))
                if t]

@@ -159,15 +159,31 @@ def attach(base: Params, saved: dict[str, Any]) -> Params:
     return base
 
 
-def merge(params: Params) -> Params:
-    """The plain model equal to the adapted one: every adapted kernel W + scale * A B (in fp32, then W's dtype)."""
-    for path in adapted_paths(params):
-        dense = _get(params, path)
-        delta = jnp.einsum("lir,lro->lio", dense["lora_a"], dense["lora_b"], precision="highest")
-        kernel = (dense["kernel"].astype(jnp.float32) + dense["lora_scale"][:, None, None] * delta)
-        plain = {k: v for k, v in dense.items() if k not in ADAPTER_LEAVES}
-        params = _replace(params, path, {**plain, "kernel": kernel.astype(dense["kernel"].dtype)})
+def merged_kernel(dense: Params) -> jax.Array:
+    """W + scale * A B of one adapted dense dict (in fp32, then W's dtype)."""
+    delta = jnp.einsum("lir,lro->lio", dense["lora_a"], dense["lora_b"], precision="highest")
+    kernel = dense["kernel"].astype(jnp.float32) + dense["lora_scale"][:, None, None] * delta
+    return kernel.astype(dense["kernel"].dtype)
+
+
+def adapted_denses(params: Params) -> dict[str, Params]:
+    """{'text/layers/q': its dense dict} of every adapted projection."""
+    return {"/".join(path): _get(params, path) for path in adapted_paths(params)}
+
+
+def with_kernels(params: Params, kernels: dict[str, jax.Array]) -> Params:
+    """`params` without adapters, the kernels of `kernels` (by `adapted_denses` key) swapped in; every other leaf
+    is the same array."""
+    for joined, kernel in kernels.items():
+        path = tuple(joined.split("/"))
+        plain = {k: v for k, v in _get(params, path).items() if k not in ADAPTER_LEAVES}
+        params = _replace(params, path, {**plain, "kernel": kernel})
     return params
+
+
+def merge(params: Params) -> Params:
+    """The plain model equal to the adapted one: every adapted kernel W + scale * A B."""
+    return with_kernels(params, {k: merged_kernel(d) for k, d in adapted_denses(params).items()})
 
 
 def peft_state(params: Params) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
