@@ -168,7 +168,8 @@ def plan(planner: Planner, rollout: bool = True) -> dict[str, Any]:
     if "rollout_decode" in programs:
         # LoRA: the merged kernels the engine samples with live beside the adapted params
         merged = sum(device_bytes(d["kernel"]) for d in lora.adapted_denses(planner.params).values())
-        state["merged_kernels"] = merged
+        if merged:
+            state["merged_kernels"] = merged
         peaks["rollout"] = state["opt_state"] + merged + max(programs["rollout_prefill"]["peak"],
                                                              programs["rollout_decode"]["peak"])
     peaks["step"] = max(peaks.values())
