@@ -34,11 +34,13 @@ def main(argv: list[str] | None = None) -> int:
     env_params = load_section("env", args.params)
     train = load_section("train", args.params)
     tracking_params = load_section("tracking", args.params)
+    data = load_section("data", args.params)
     logged = {"env.name": env_params.name, "rollout.policies": rollout.policies}
     with tracking.stage_run("evaluate", eval_params, extra_params=logged, params_file=args.params) as run:
         outputs, train_run, hf_timing = evaluate_pipeline(
             eval_params, rollout, model, env_params, train.out_dir,
-            tracking_uri=tracking.tracking_uri(tracking_params.tracking_uri), experiment=tracking_params.experiment)
+            tracking_uri=tracking.tracking_uri(tracking_params.tracking_uri), experiment=tracking_params.experiment,
+            data=data)
         run.log_metrics(mlflow_metrics(outputs.results))
         run.log_pipeline_results(mlflow_metrics(outputs.results))  # the headline results of the whole pipeline
         run.log_metrics({f"hf_baseline/{name}": value for name, value in hf_timing.items()})

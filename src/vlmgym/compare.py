@@ -140,7 +140,8 @@ def write_report(report: Path, env_name: str, results: dict[str, dict], arms: li
              f"training sequences on ideal answers. Greedy answers; `arm_minus_sft` columns are paired differences.",
              ""]
     for split, split_results in results.items():
-        note = f" ({env.ood_note})" if split != "test" and env.ood_note else ""
+        shift = env.ood_description(sections.get("data"))
+        note = f" ({shift})" if split != "test" and shift else ""
         lines += [f"## {split}{note}", "", markdown_table(env, split_results, confidence)]
     if len(results) > 1:
         from vlmgym.eval.outputs import side_by_side
@@ -206,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
     from vlmgym.params import load_section
 
     sections = {name: load_section(name, args.params)
-                for name in ("train", "sft", "model", "env", "rollout", "eval", "tracking")}
+                for name in ("train", "sft", "model", "env", "rollout", "eval", "tracking", "data")}
     if not Path(sections["train"].init_dir).is_dir():
         print(f"compare: {sections['train'].init_dir}: no start model; run the pipeline (dvc repro) first",
               file=sys.stderr)

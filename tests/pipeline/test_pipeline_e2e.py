@@ -115,7 +115,8 @@ def test_metrics_plots_and_reports(pipeline):
     page = (root / "reports/eval.html").read_text()
     assert "data:image/jpeg;base64," in page and "data:image/png;base64," in page and "hf_baseline" in page
     table = (root / "reports/eval.md").read_text()
-    assert "grpo_minus_sft" in table and "| sft (test) | sft (test_ood) |" in table and "fog or at night" in table
+    assert "grpo_minus_sft" in table and "| sft (test) | sft (test_ood) |" in table
+    assert "test_ood: test's places rendered in fog (data.geospot.ood_shift)" in table  # the configured shift
     assert "grpo_minus_sft (test_ood)" in page
     for sections in (yaml.safe_load((root / "metrics/sft.json").read_text()),
                      yaml.safe_load((root / "metrics/train.json").read_text())):

@@ -223,6 +223,12 @@ class Env(abc.ABC):
                                   "use data.source: synthetic")
 
     @classmethod
+    def ood_description(cls, data: DataParams | None = None) -> str:
+        """What test_ood shifts when generated with the `data` settings, for report headings (default: ood_note;
+        an env whose generator offers several shifts names the configured one)."""
+        return cls.ood_note
+
+    @classmethod
     def build_raw(cls, data: DataParams, out_dir: Path) -> dict:
         """The raw layout for `data.source` (synthetic or hub), written into `out_dir`."""
         writer = cls.write_synthetic if data.source == "synthetic" else cls.download_hub

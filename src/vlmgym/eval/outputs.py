@@ -63,7 +63,8 @@ def write_evaluation(env: Any, records_by_policy: Mapping[str, Sequence[Mapping[
                      extra_metrics: Mapping[str, Mapping[str, float]] | None = None,
                      start_policies: Sequence[str] = (),
                      ood_records_by_policy: Mapping[str, Sequence[Mapping[str, Any]]] | None = None,
-                     ood_split: str = "test_ood", in_split: str = "test") -> EvaluationOutputs:
+                     ood_split: str = "test_ood", in_split: str = "test",
+                     ood_note: str | None = None) -> EvaluationOutputs:
     """Compute every metric and write the stage's outputs under `out_root` (each file atomically).
 
     `env` is an Env class or name; `env_params` its own params section (None: its defaults), `metric_options`
@@ -76,7 +77,8 @@ def write_evaluation(env: Any, records_by_policy: Mapping[str, Sequence[Mapping[
     reports as their own tables.
     `ood_records_by_policy` (the greedy records of the env's out-of-distribution split `ood_split`) get the same
     metrics and comparisons, under `<policy>_<ood_split>` keys (e.g. `sft_test_ood`, `grpo_minus_sft_test_ood`),
-    and both reports a table of each column in-distribution (`in_split`) and out of it, side by side.
+    and both reports a table of each column in-distribution (`in_split`) and out of it, side by side, headed by
+    `ood_note` (what the split shifts; None: the env's Env.ood_note).
     Every policy also gets `answers_distinct_share` and `answers_top_share` (the answer collapse check, see
     answer_collapse; `start_policies` are exempt from its warnings), and both reports an "Answer collapse check"
     table; the warnings are returned in EvaluationOutputs.warnings.
@@ -108,7 +110,8 @@ def write_evaluation(env: Any, records_by_policy: Mapping[str, Sequence[Mapping[
     collapse = collapse_section(spreads, warnings)
     tables = {}
     if ood_results:
-        tables[shift_heading(env, in_split, ood_split)] = side_by_side(results, ood_results, in_split, ood_split)
+        tables[shift_heading(env, in_split, ood_split, ood_note)] = side_by_side(results, ood_results, in_split,
+                                                                                 ood_split)
     write_markdown(files["table"], env, results, title=f"{title} ({env.name})", confidence=confidence,
                    sections={**sections, **collapse}, tables=tables)
     env_files, figures = env.write_report_files(root, records_by_policy, env_params)
@@ -145,9 +148,10 @@ def side_by_side(results: Mapping[str, Mapping[str, float]], ood_results: Mappin
     return columns
 
 
-def shift_heading(env: Any, in_split: str, ood_split: str) -> str:
-    """The side-by-side table's heading, naming the env's shift (Env.ood_note)."""
-    note = env.ood_note or "the env's out-of-distribution split"
+def shift_heading(env: Any, in_split: str, ood_split: str, note: str | None = None) -> str:
+    """The side-by-side table's heading, naming the shift (`note`: Env.ood_description of the data settings the split
+    was generated with; None: the env's general Env.ood_note)."""
+    note = note or env.ood_note or "the env's out-of-distribution split"
     return f"In distribution ({in_split}) and out of it ({ood_split}: {note})"
 
 

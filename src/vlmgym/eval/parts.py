@@ -53,7 +53,8 @@ def html_body(page: str) -> str:
 
 def evaluate_parts(eval_params: Any, rollout: Any, model: Any, env_params: Any, train_out_dir: str,
                    tracking_uri: str, experiment: str,
-                   out_root: str | Path = ".") -> tuple[EvaluationOutputs, str | None, dict[str, float]]:
+                   out_root: str | Path = ".",
+                   data: Any = None) -> tuple[EvaluationOutputs, str | None, dict[str, float]]:
     """Evaluate each sub-env (module docstring); returns what vlmgym.eval.run.evaluate_pipeline returns, with
     results keyed `<name>/<policy>` (MLflow names `<name>/<policy>/<metric>`) and timing of the HF baseline."""
     from vlmgym.eval.run import evaluate_pipeline
@@ -77,7 +78,7 @@ def evaluate_parts(eval_params: Any, rollout: Any, model: Any, env_params: Any, 
             outputs, run_id, part_timing = evaluate_pipeline(
                 part_eval, part_rollout, model, envs.part_params(env_params, name), train_out_dir,
                 tracking_uri=tracking_uri, experiment=experiment, out_root=part_root,
-                curve_prefix=part_metric(name, ""))
+                curve_prefix=part_metric(name, ""), data=data)
             train_run = train_run or run_id
             timing.update({f"{name}/{k}": v for k, v in part_timing.items()})
             nested[name] = outputs.results

@@ -12,7 +12,7 @@ from vlmgym.eval.curve import reward_curves
 from vlmgym.eval.hf_baseline import run_hf_baseline
 from vlmgym.eval.outputs import EvaluationOutputs, write_evaluation
 from vlmgym.eval.records import read_jsonl
-from vlmgym.params import EnvParams, EvalParams, ModelParams, ParamsError, RolloutParams
+from vlmgym.params import DataParams, EnvParams, EvalParams, ModelParams, ParamsError, RolloutParams
 
 
 def read_ood_rollouts(rollouts_dir: str | Path, policies: list[str],
@@ -65,16 +65,18 @@ def hf_baseline(eval_params: EvalParams, rollout: RolloutParams, model: ModelPar
 
 def evaluate_pipeline(eval_params: EvalParams, rollout: RolloutParams, model: ModelParams, env_params: EnvParams,
                       train_out_dir: str, tracking_uri: str, experiment: str, out_root: str | Path = ".",
-                      curve_prefix: str = "") -> tuple[EvaluationOutputs, str | None, dict[str, float]]:
+                      curve_prefix: str = "",
+                      data: DataParams | None = None) -> tuple[EvaluationOutputs, str | None, dict[str, float]]:
     """Everything the evaluate stage computes and writes; returns the outputs, the MLflow train run whose
     reward curve was drawn (None when no run wrote train_out_dir as it is now) and the HF baseline's timing
     (empty without the baseline), which is for MLflow only. An env made of several is evaluated per sub-env
-    (vlmgym.eval.parts); `curve_prefix` reads the training curves under that prefix (a sub-env's own)."""
+    (vlmgym.eval.parts); `curve_prefix` reads the training curves under that prefix (a sub-env's own). `data`, the
+    settings the splits were generated with, names the out-of-distribution shift in the reports."""
     if envs.has_parts(env_params):
         from vlmgym.eval.parts import evaluate_parts
 
         return evaluate_parts(eval_params, rollout, model, env_params, train_out_dir, tracking_uri, experiment,
-                              out_root)
+                              out_root, data)
     records = read_rollouts(eval_params.rollouts_dir, rollout.policies)
     extra, timing = {}, {}
     if eval_params.hf_samples > 0:
@@ -101,7 +103,7 @@ def evaluate_pipeline(eval_params: EvalParams, rollout: RolloutParams, model: Mo
                                start_policies=start_policies(rollout, model),
                                ood_records_by_policy=read_ood_rollouts(eval_params.rollouts_dir, rollout.policies,
                                                                        rollout.ood_split),
-                               ood_split=rollout.ood_split, in_split=rollout.split)
+                               ood_split=rollout.ood_split, in_split=rollout.split, ood_note=env.ood_description(data))
     for warning in outputs.warnings:
         print(f"evaluate: WARNING: {warning}", file=sys.stderr)
     return outputs, train_run, timing

@@ -89,6 +89,14 @@ class GeospotEnv(Env):
         self.gazetteer = gazetteer()
         self.set_progress(progress)
 
+    @classmethod
+    def ood_description(cls, data: Any = None) -> str:
+        """The configured rendering shift (data.geospot.ood_shift: fog or night)."""
+        if data is None:
+            return cls.ood_note
+        shift = {"fog": "in fog", "night": "at night"}[cls.data_settings(data).ood_shift]
+        return f"test's places rendered {shift} (data.geospot.ood_shift), which train never shows"
+
     def prompt(self, sample: SampleLike) -> str:
         """The same question for every image."""
         return PROMPT

@@ -123,6 +123,19 @@ class MessageDecodingEnv(Env):
         for sample in self.samples:
             _check_sample(sample)
 
+    @classmethod
+    def ood_description(cls, data: Any = None) -> str:
+        """The configured shift (data.message_decoding.ood_shift: long or shuffled)."""
+        if data is None:
+            return cls.ood_note
+        settings = cls.data_settings(data)
+        if settings.ood_shift == "shuffled":
+            return ("the decoder table's cells out of alphabetical order (data.message_decoding.ood_shift: shuffled), "
+                    "on test-pool words of train's lengths")
+        low, high = settings.max_length + 1, settings.max_length + md_data.OOD_EXTRA_LETTERS
+        return (f"words of {low}-{high} letters, longer than train ever uses (data.message_decoding.ood_shift: "
+                "long), from the test word pool")
+
     def prompt(self, sample: SampleLike) -> str:
         """The question, with the coded word."""
         return PROMPT.format(coded=sample.meta["coded"])

@@ -76,6 +76,15 @@ class NLVR2Env(Env):
         for sample in self.samples:
             _check_sample(sample)
 
+    @classmethod
+    def ood_description(cls, data: Any = None) -> str:
+        """The configured size shift (data.nlvr2.ood_object_scale against object_scale)."""
+        if data is None:
+            return cls.ood_note
+        s = cls.data_settings(data)
+        return (f"the statements over shapes scaled {s.ood_object_scale:g}x (train and test: {s.object_scale:g}x; "
+                "data.nlvr2.ood_object_scale), a size train never shows")
+
     def prompt(self, sample: SampleLike) -> str:
         """The statement and the one-word question."""
         return PROMPT.format(sentence=sample.meta["sentence"])

@@ -110,6 +110,15 @@ class RecEnv(Env):
         for sample in self.samples:
             _check_sample(sample)
 
+    @classmethod
+    def ood_description(cls, data: Any = None) -> str:
+        """The configured crowding (data.rec.ood_min_objects..ood_max_objects against min_objects..max_objects)."""
+        if data is None:
+            return cls.ood_note
+        s = cls.data_settings(data)
+        return (f"crowded scenes of {s.ood_min_objects}-{s.ood_max_objects} objects (data.rec.ood_min_objects.."
+                f"ood_max_objects), more distractors than the {s.min_objects}-{s.max_objects} of any train scene")
+
     def prompt(self, sample: SampleLike) -> str:
         """The expression and the answer format."""
         return PROMPT.format(expression=sample.meta["expression"])
