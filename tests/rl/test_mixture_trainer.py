@@ -12,12 +12,12 @@ from vlmgym.envs import registry
 from vlmgym.envs.base import PART_KEY
 from vlmgym.envs.mixture import MixtureEnv, MixtureParams
 from vlmgym.params import SFTParams, TrainParams
+from vlmgym.rl.loop import TIMING_METRICS
 from vlmgym.rl.trainer import GRPOTrainer, SFTTrainer
 
 POLICY = ToyPolicy(num_prompts=16)
 BASE = TrainParams(steps=6, batch_prompts=4, group_size=4, lr=0.02, warmup_steps=0, save_every=2, samples_every=5,
                    num_samples=2, val_every=3, val_batch_size=4, select="last")
-TIMING = {"step_time_s", "rollout_time_s", "update_time_s", "tokens_per_s", "sample_tokens_per_s", "compile_count"}
 
 
 class ToyA(ToyEnv):
@@ -94,7 +94,7 @@ def test_a_killed_mixture_run_resumes_exactly(tmp_path):
     assert 0 < start < 5
 
     def deterministic(history):
-        return [{k: v for k, v in m.items() if k not in TIMING} for m in history]
+        return [{k: v for k, v in m.items() if k not in TIMING_METRICS} for m in history]
 
     assert deterministic(second.history) == deterministic(full.history)[start:]
 
