@@ -17,7 +17,8 @@ samples need no instance):
 - sft / train / rollout: `prompt`, `score`, `ideal_answer`, `corpus` (the tokenizer's texts). A `Params` with
   the fields of vlmgym.envs.think.ThinkParams (every built-in env's) adds the R1 think/answer option on top.
 - download, rollout, evaluate: `ood_note`, when the generator also writes an out-of-distribution test split
-  (test_ood); the rollout stage answers it too and the evaluate stage reports it beside test.
+  (test_ood; `describe_ood` names the configured shift where there are several); the rollout stage answers it
+  too and the evaluate stage reports it beside test.
 - evaluate: `record_fields` / `finish_record` (the per-sample record), `task_statistics` (metrics as
   bootstrap-able arrays), `metric_rows` (their table labels), `truth_text` / `outcome_text` / `gallery_images`
   (gallery rows and images), `report_html` and `write_report_files` (task plots and page sections),
@@ -224,9 +225,17 @@ class Env(abc.ABC):
 
     @classmethod
     def ood_description(cls, data: DataParams | None = None) -> str:
-        """What test_ood shifts when generated with the `data` settings, for report headings (default: ood_note;
-        an env whose generator offers several shifts names the configured one)."""
-        return cls.ood_note
+        """What test_ood shifts when generated with the `data` settings, for report headings: describe_ood of the
+        env's generator settings, or ood_note (no settings given, or nothing more specific to say)."""
+        if data is None or cls.DataParams is None:
+            return cls.ood_note
+        return cls.describe_ood(cls.data_settings(data)) or cls.ood_note
+
+    @classmethod
+    def describe_ood(cls, settings: Any) -> str:
+        """The configured shift, for an env whose generator offers several (its DataParams `settings`; default:
+        "", the general ood_note stands)."""
+        return ""
 
     @classmethod
     def build_raw(cls, data: DataParams, out_dir: Path) -> dict:

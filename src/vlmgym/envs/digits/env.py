@@ -125,11 +125,9 @@ class DigitsEnv(Env):
             _check_sample(sample)
 
     @classmethod
-    def ood_description(cls, data: Any = None) -> str:
+    def describe_ood(cls, settings: Any) -> str:
         """The configured shift (data.digits.ood_shift: invert or rotate)."""
-        if data is None:
-            return cls.ood_note
-        shift = cls.data_settings(data).ood_shift
+        shift = settings.ood_shift
         what = {"invert": "inverted colours, light ink on a dark background",
                 "rotate": "digits turned 20-40 degrees"}[shift]
         return f"{what} (data.digits.ood_shift: {shift}), on test-pool handwriting, which train never shows"

@@ -90,11 +90,9 @@ class GeospotEnv(Env):
         self.set_progress(progress)
 
     @classmethod
-    def ood_description(cls, data: Any = None) -> str:
+    def describe_ood(cls, settings: Any) -> str:
         """The configured rendering shift (data.geospot.ood_shift: fog or night)."""
-        if data is None:
-            return cls.ood_note
-        shift = {"fog": "in fog", "night": "at night"}[cls.data_settings(data).ood_shift]
+        shift = {"fog": "in fog", "night": "at night"}[settings.ood_shift]
         return f"test's places rendered {shift} (data.geospot.ood_shift), which train never shows"
 
     def prompt(self, sample: SampleLike) -> str:

@@ -124,11 +124,8 @@ class MessageDecodingEnv(Env):
             _check_sample(sample)
 
     @classmethod
-    def ood_description(cls, data: Any = None) -> str:
+    def describe_ood(cls, settings: Any) -> str:
         """The configured shift (data.message_decoding.ood_shift: long or shuffled)."""
-        if data is None:
-            return cls.ood_note
-        settings = cls.data_settings(data)
         if settings.ood_shift == "shuffled":
             return ("the decoder table's cells out of alphabetical order (data.message_decoding.ood_shift: shuffled), "
                     "on test-pool words of train's lengths")

@@ -77,11 +77,8 @@ class NLVR2Env(Env):
             _check_sample(sample)
 
     @classmethod
-    def ood_description(cls, data: Any = None) -> str:
+    def describe_ood(cls, s: Any) -> str:
         """The configured size shift (data.nlvr2.ood_object_scale against object_scale)."""
-        if data is None:
-            return cls.ood_note
-        s = cls.data_settings(data)
         return (f"the statements over shapes scaled {s.ood_object_scale:g}x (train and test: {s.object_scale:g}x; "
                 "data.nlvr2.ood_object_scale), a size train never shows")
 

@@ -111,11 +111,8 @@ class RecEnv(Env):
             _check_sample(sample)
 
     @classmethod
-    def ood_description(cls, data: Any = None) -> str:
+    def describe_ood(cls, s: Any) -> str:
         """The configured crowding (data.rec.ood_min_objects..ood_max_objects against min_objects..max_objects)."""
-        if data is None:
-            return cls.ood_note
-        s = cls.data_settings(data)
         return (f"crowded scenes of {s.ood_min_objects}-{s.ood_max_objects} objects (data.rec.ood_min_objects.."
                 f"ood_max_objects), more distractors than the {s.min_objects}-{s.max_objects} of any train scene")
 
