@@ -5,7 +5,7 @@ from __future__ import annotations
 import shutil
 
 import pytest
-from pipeline_helpers import micro_checkout, output_digests, run_checked
+from pipeline_helpers import micro_checkout, output_digests, run_checked, without_compilation_cache
 
 
 @pytest.fixture(scope="session")
@@ -22,12 +22,12 @@ def pipeline(tmp_path_factory):
     digests = output_digests(root)
     # Text outputs as the first run left them (the checkout changes later).
     text = {path: (root / path).read_text() for path in digests if path.endswith((".json", ".md", ".html"))}
-    # Everything again from scratch (no resume state): every output must come back byte for byte, so the
-    # committed dvc.lock stays as it is.
+    # Everything again from scratch (no resume state, no compiled program from the first run): every output must
+    # come back byte for byte, so the committed dvc.lock stays as it is.
     run_checked(["git", "add", "-A"], root, env)
     run_checked(["git", "commit", "-qm", "first run"], root, env)
     shutil.rmtree(root / "checkpoints")
-    forced = run_checked(["dvc", "repro", "-f"], root, env)
+    forced = run_checked(["dvc", "repro", "-f"], root, without_compilation_cache(env))
     status = run_checked(["git", "status", "--porcelain"], root, env).stdout
     return {"root": root, "env": env, "first": first.stdout, "digests": digests, "text": text,
             "forced": forced.stdout, "forced_digests": output_digests(root), "git_status_after_forced": status}

@@ -60,6 +60,7 @@ def test_metrics_and_report_name_the_message_decoding_metrics(message_decoding_p
         assert "geoscore" not in metrics[policy] and "accuracy_9to10" not in metrics[policy]
     assert all(name in metrics["grpo_minus_sft"] for name in TASK_METRICS)
     table = (root / "reports" / "eval.md").read_text()
-    for label in ("| accuracy |", "| character accuracy |", "grpo_minus_sft", "words of 9-10 letters, longer than train ever uses"):
+    for label in ("| accuracy |", "| character accuracy |", "grpo_minus_sft",
+                  "words of 9-10 letters, longer than train ever uses"):
         assert label in table, label
     assert "Environment <b>message_decoding</b>" in (root / "reports" / "eval.html").read_text()
