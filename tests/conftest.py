@@ -43,6 +43,7 @@ def child_jax_compilation_cache(tmp_path_factory):
 
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the groups
 def pytest_collection_modifyitems(config, items):
     """How `make test` spreads the suite over its workers (pytest-xdist, --dist loadgroup): a module's tests stay
     together (its module fixtures run once), and every test of the micro pipeline run (the `pipeline` fixture,
