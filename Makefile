@@ -43,10 +43,10 @@ browser:
 	  apt-get -qq -o DPkg::Lock::Timeout=600 install -y --no-install-recommends chromium >/dev/null; \
 	  command -v chromium >/dev/null || { echo "make test: apt-get did not install chromium" >&2; exit 1; }; }
 
-# One pytest worker per core (pytest-xdist); tests/conftest.py groups them so each module and the shared micro
-# pipeline run stay on one worker.
+# One pytest worker per core (pytest-xdist); tests/conftest.py's scheduler keeps each module, and the modules of
+# the shared micro pipeline run, on one worker.
 test: install-dev lint browser
-	$(BIN)/python -m pytest -n auto --dist loadgroup
+	$(BIN)/python -m pytest -n auto --dist loadscope --no-loadscope-reorder
 
 clean-outputs:
 	rm -rf data models outputs metrics reports mlflow.db mlartifacts

@@ -42,14 +42,36 @@ def child_jax_compilation_cache(tmp_path_factory):
         os.environ.pop(name, None)
 
 
+# The modules whose tests use the `pipeline` fixture (tests/pipeline/conftest.py): one session-scoped micro pipeline
+# run, which each test process that needs it runs once. `make test` keeps them on one worker; a module that uses it
+# but is missing here is refused at collection (else it would quietly run the whole pipeline a second time).
+PIPELINE_MODULES = frozenset(f"tests/pipeline/test_{name}.py" for name in (
+    "pipeline_e2e", "kill_rerun", "dvc_remote", "compare", "train_algorithms", "report_browser"))
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the groups
+
 def pytest_collection_modifyitems(config, items):
-    """How `make test` spreads the suite over its workers (pytest-xdist, --dist loadgroup): a module's tests stay
-    together (its module fixtures run once), and every test of the micro pipeline run (the `pipeline` fixture,
-    session-scoped: one run per worker that needs it) shares one group, which goes first because it is the
-    longest (~half the suite). Without xdist the marks do nothing and only the order changes."""
+    """The micro pipeline run's tests go first (the longest group: on its own worker from the start)."""
     for item in items:
-        group = "pipeline" if "pipeline" in getattr(item, "fixturenames", ()) else item.nodeid.split("::")[0]
-        item.add_marker(pytest.mark.xdist_group(group))
-    items.sort(key=lambda item: "pipeline" not in getattr(item, "fixturenames", ()))  # stable: keeps the rest
+        module = item.nodeid.split("::")[0]
+        if "pipeline" in getattr(item, "fixturenames", ()) and module not in PIPELINE_MODULES:
+            raise pytest.UsageError(f"{module} uses the `pipeline` fixture: add it to PIPELINE_MODULES in "
+                                    "tests/conftest.py")
+    items.sort(key=lambda item: item.nodeid.split("::")[0] not in PIPELINE_MODULES)  # stable: keeps the rest
+
+
+@pytest.hookimpl(optionalhook=True)  # a pytest-xdist hook: unknown (and unused) without it
+def pytest_xdist_make_scheduler(config, log):
+    """How `make test` (`-n auto --dist loadscope --no-loadscope-reorder`) spreads the suite over its workers: a
+    module's tests stay on one worker (its module fixtures run once) and the PIPELINE_MODULES share one, in
+    collection order (the pipeline group first). xdist's own loadgroup marks no longer reach its scheduler under
+    pytest 9.2 (it renames `item._nodeid`, which pytest 9.2 no longer reads)."""
+    if config.getvalue("dist") != "loadscope":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ModuleScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::")[0]
+            return "pipeline" if module in PIPELINE_MODULES else module
+
+    return ModuleScheduling(config, log)
