@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
             last = recent[-1] if recent else {}
             summary.update({"final_loss": last.get("loss"), "resumed_from": trainer.resumed_from,
                             "checkpoints": str(checkpoints), **selection_summary(trainer)})
-        out = save_model(sft.out_dir, policy, params, sft.init_dir)
+        out = save_model(sft.out_dir, policy, params, sft.init_dir, sft.lora.dropout)
         # Results only: where a run resumed from is MLflow's to know, so a killed and resumed run writes the
         # same bytes as an uninterrupted one.
         write_json_atomically(METRICS_FILE, {k: v for k, v in summary.items()

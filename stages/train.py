@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
                                 metrics_callback=lambda step, metrics: run.log_metrics(metrics, step=step),
                                 samples_callback=run.log_sample_table)
         params = trainer.run()
-        out = save_model(train.out_dir, policy, params, train.init_dir)
+        out = save_model(train.out_dir, policy, params, train.init_dir, train.lora.dropout)
         summary = history_summary(trainer.restored_history + trainer.history, SUMMARY, SUMMARY_STEPS)
         summary.update(selection_summary(trainer))
         write_json_atomically(METRICS_FILE, summary)

@@ -65,7 +65,7 @@ def train_arm(arm: str, config: Any, sections: dict[str, Any], log_metrics: Any)
     checkpoints = resume_dir(config.checkpoint_dir, config, model, env_params, init_dir=config.init_dir)
     trainer = stage_trainer(stage, config, policy, params, env_params, checkpoints, metrics_callback=log_metrics)
     params = trainer.run()
-    return save_model(config.out_dir, policy, params, config.init_dir)
+    return save_model(config.out_dir, policy, params, config.init_dir, config.lora.dropout)
 
 
 def answer(model_dir: Path, split: str, arm: str, sections: dict[str, Any]) -> list[dict]:

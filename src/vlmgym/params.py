@@ -143,11 +143,11 @@ class LoRAParams:
     rank: int = spec(0, ge=0, doc="adapter rank r (0: no adapters, full fine-tuning)")
     alpha: float = spec(16.0, gt=0, doc="scale numerator: the update is (alpha / rank) * x A B")
     dropout: float = spec(0.0, ge=0, lt=1,
-                          doc="dropout on the adapters' input (only 0 runs yet: the learner has no train mode)")
+                          doc="dropout on the adapters' input (PEFT's lora_dropout), in training forwards only")
     targets: list[str] = spec(default_factory=lambda: list(LORA_TEXT_TARGETS), choices=LORA_TEXT_TARGETS,
                               doc="decoder projections that get adapters (attention q/k/v/o, MLP gate/up/down)")
     vision: bool = spec(False, doc="also adapt the vision tower's blocks (qkv, proj, fc1, fc2)")
-    seed: int = spec(0, ge=0, doc="seed of the adapters' A matrices (B starts at 0: step 0 is the base model)")
+    seed: int = spec(0, ge=0, doc="seed of the adapters' A (B starts at 0: step 0 is the base model) and dropout")
 
     def __post_init__(self) -> None:
         if self.rank and not self.targets and not self.vision:

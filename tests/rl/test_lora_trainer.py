@@ -77,16 +77,21 @@ def _adapter_dicts(params):
 
 
 def test_checkpoints_hold_only_the_adapters_and_resume_exactly(tiny_vlm, tmp_path):
-    whole = _trainer(tiny_vlm, tmp_path / "whole")
+    # with adapter dropout: its masks are drawn per (step, iteration, micro-batch), so a resumed run draws the same
+    config = _config(lora=LoRAParams(rank=4, alpha=8.0, dropout=0.25))
+    whole = _trainer(tiny_vlm, tmp_path / "whole", config=config)
     whole.run()
-    split = _trainer(tiny_vlm, tmp_path / "split")
+    without = _trainer(tiny_vlm, tmp_path / "without")  # the same run without dropout trains another model
+    without.run()
+    assert _bits(whole.params) != _bits(without.params)
+    split = _trainer(tiny_vlm, tmp_path / "split", config=config)
     split.run(stop_after=1)
     saved = split.checkpoints.restore(split.checkpoint_params(), split.opt_state)
     names = {getattr(p[-1], "key", None) for p, _ in jax.tree_util.tree_leaves_with_path(saved.params)}
     assert names == {"lora_a", "lora_b"}
     assert sum(x.nbytes for x in jax.tree.leaves(saved.params)) < sum(x.nbytes for x in
                                                                       jax.tree.leaves(tiny_vlm.params)) / 10
-    resumed = _trainer(tiny_vlm, tmp_path / "split")
+    resumed = _trainer(tiny_vlm, tmp_path / "split", config=config)
     resumed.run()
     assert resumed.resumed_from == 1
     assert _bits(resumed.params) == _bits(whole.params)

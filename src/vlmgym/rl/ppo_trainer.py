@@ -35,6 +35,7 @@ from vlmgym.rl.trainer import (
     accumulate,
     apply_update,
     group_observations,
+    in_train_mode,
     micro_slices,
     policy_logprobs,
 )
@@ -144,10 +145,11 @@ class PPOTrainer(GRPOTrainer):
                          returns=returns[rows].astype(np.float32), old_values=old_values[rows].astype(np.float32))
         normalizer = jnp.float32(grpo.aggregation_normalizer(mask, c.loss_aggregation))
         iteration_metrics = []
-        for _ in range(c.num_iterations):
+        for iteration in range(c.num_iterations):
             grads, auxes = accumulate(lambda micro: ppo_gradients(self.params, micro, normalizer, policy=self.policy,
                                                                   optimizer=self.optimizer, settings=self.settings,
-                                                                  compiles=self.compiles), micro_batches)
+                                                                  compiles=self.compiles),
+                                      in_train_mode(micro_batches, self.adapters, step, iteration))
             self.params, self.opt_state, stats = apply_update(self.params, self.opt_state, grads,
                                                               optimizer=self.optimizer, compiles=self.compiles)
             iteration_metrics.append({**_combine_value_figures(auxes), **_combine_grpo_figures(auxes),

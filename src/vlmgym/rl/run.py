@@ -121,18 +121,20 @@ def resume_dir(base: str | Path, *sections: Any, init_dir: str | Path) -> Path:
     return Path(base) / config_fingerprint(config)
 
 
-def save_model(out_dir: str | Path, policy: Qwen3VLPolicy, params: Any, init_dir: str | Path) -> Path:
+def save_model(out_dir: str | Path, policy: Qwen3VLPolicy, params: Any, init_dir: str | Path,
+               lora_dropout: float = 0.0) -> Path:
     """Write the trained params as a model folder (config + tokenizer files copied from init_dir), atomically.
 
     With LoRA adapters the folder holds the merged model (every later stage reads a plain model) and, in
-    `adapter/`, the adapters alone in PEFT's layout, naming init_dir (and its folder hash) as their base."""
+    `adapter/`, the adapters alone in PEFT's layout, naming init_dir (and its folder hash) as their base and
+    `lora_dropout` as the rate they were trained with."""
     hf_config = json.loads((Path(init_dir) / "config.json").read_text())
     extra = None
     if lora.has_adapters(params):
         identity, adapted = folder_identity(init_dir), params
 
         def extra(tmp: Path) -> None:
-            lora.write_peft_adapter(tmp / lora.ADAPTER_DIR, adapted, str(init_dir), identity)
+            lora.write_peft_adapter(tmp / lora.ADAPTER_DIR, adapted, str(init_dir), identity, lora_dropout)
 
         params = lora.merge(params)
     return save_checkpoint(out_dir, policy.cfg, params, hf_config=hf_config, side_files_from=init_dir, extra=extra)

@@ -16,6 +16,7 @@ import numpy as np
 from vlmgym.envs.base import PART_KEY, part_metric
 from vlmgym.eval.metrics import answer_spread
 from vlmgym.models.qwen3_vl import lora
+from vlmgym.models.qwen3_vl.lora import LoRAConfig
 from vlmgym.rl import dpo, grpo
 from vlmgym.rl.loop import (
     CompileCounter,
@@ -77,15 +78,15 @@ def _fp32_gradients(micro_loss: Callable, params: Any, micro: dict, normalizer: 
     them and keeps none of the activations only they need (a frozen vision tower's)."""
 
     if optimizer.sparse:  # LoRA: differentiate only the trainable leaves; no gradient of the base exists at all
-        def subset_loss(trained: list, *rest: Any) -> tuple[jax.Array, dict]:
-            return micro_loss(optimizer.fill(params, trained), *rest)
+        def subset_loss(trained: list, micro: dict, *rest: Any) -> tuple[jax.Array, dict]:
+            return micro_loss(lora.train_mode(optimizer.fill(params, trained), micro), micro, *rest)
 
         (loss, aux), grads = jax.value_and_grad(subset_loss, has_aux=True)(optimizer.select(params), micro,
                                                                             normalizer, *args)
         return loss, [g.astype(jnp.float32) for g in grads], aux
 
-    def frozen_loss(p: Any, *rest: Any) -> tuple[jax.Array, dict]:
-        return micro_loss(optimizer.stop_frozen_gradients(p), *rest)
+    def frozen_loss(p: Any, micro: dict, *rest: Any) -> tuple[jax.Array, dict]:
+        return micro_loss(lora.train_mode(optimizer.stop_frozen_gradients(p), micro), micro, *rest)
 
     grad_fn = jax.value_and_grad(frozen_loss, has_aux=True)
     (loss, aux), grads = grad_fn(params, micro, normalizer, *args)
@@ -186,6 +187,13 @@ def sft_gradients(params: Any, micro: dict, normalizer: jax.Array, *, policy: Po
     return _fp32_gradients(_sft_micro_loss, params, micro, normalizer, optimizer, policy)
 
 
+def in_train_mode(micro_batches: list[dict], adapters: LoRAConfig | None, step: int, iteration: int = 0) -> list[dict]:
+    """The micro-batches of one update as its training forwards see them: each with its LoRA dropout key and rate
+    when the adapters have dropout (lora.dropout_inputs), else as they are."""
+    return [{**micro, **lora.dropout_inputs(adapters, step, iteration, index)}
+            for index, micro in enumerate(micro_batches)]
+
+
 def micro_slices(rows: int, micro_batches: int) -> list[slice]:
     """Row ranges of equal-size micro-batches."""
     if rows % micro_batches:
@@ -276,6 +284,11 @@ def make_optimizer(section: Any, params: Any) -> Optimizer | SubsetOptimizer:
     return SubsetOptimizer(optimizer_config(section), mask)
 
 
+def adapter_settings(section: Any, params: Any) -> LoRAConfig | None:
+    """The section's LoRA settings when `params` hold adapters (their dropout applies to training forwards)."""
+    return LoRAConfig.from_section(getattr(section, "lora", None)) if lora.has_adapters(params) else None
+
+
 class GRPOTrainer(TrainingLoop):
     """GRPO: sample groups, score them with the env, update with the clipped surrogate, checkpoint.
 
@@ -297,6 +310,7 @@ class GRPOTrainer(TrainingLoop):
         self.policy, self.env, self.config = policy, env, config
         self.samples_callback = samples_callback
         self.optimizer = make_optimizer(config, params)
+        self.adapters = adapter_settings(config, params)
         if config.algorithm == "dpo" and config.batch_prompts % config.micro_batches:
             raise ValueError(f"train: dpo splits its {config.batch_prompts} pairs into micro_batches="
                              f"{config.micro_batches}, which must divide them")
@@ -404,7 +418,7 @@ class GRPOTrainer(TrainingLoop):
         groups = collected["groups"]
         if c.algorithm == "dpo":
             return self._finish_step(step, collected, mask, tokens, *self._dpo_updates(
-                groups, rewards, mask, tokens, sampler_logprobs), started)
+                step, groups, rewards, mask, tokens, sampler_logprobs), started)
         real = np.repeat([i < len(groups) - collected["num_padding"] for i in range(len(groups))], c.group_size)
         advantages = np.asarray(_advantages(rewards[real], c.group_size, c.scale_rewards,
                                             leave_one_out=c.algorithm == "rloo"))
@@ -423,7 +437,7 @@ class GRPOTrainer(TrainingLoop):
         for iteration in range(c.num_iterations):
             settings = self._settings(current_as_old=c.old_logprobs == "learner" and iteration == 0)
             grads, auxes = accumulate(partial(self._gradients, normalizer=normalizer, settings=settings),
-                                      micro_batches)
+                                      in_train_mode(micro_batches, self.adapters, step, iteration))
             self.params, self.opt_state, stats = apply_update(self.params, self.opt_state, grads,
                                                               optimizer=self.optimizer, compiles=self.compiles)
             if iteration == 0:
@@ -436,7 +450,7 @@ class GRPOTrainer(TrainingLoop):
         return self._finish_step(step, collected, mask, tokens, iteration_metrics, first_logprobs, sampler_logprobs,
                                  mask, started)
 
-    def _dpo_updates(self, groups: list[dict], rewards: np.ndarray, mask: np.ndarray, tokens: np.ndarray,
+    def _dpo_updates(self, step: int, groups: list[dict], rewards: np.ndarray, mask: np.ndarray, tokens: np.ndarray,
                      sampler_logprobs: np.ndarray) -> tuple[list[dict], np.ndarray, np.ndarray, np.ndarray]:
         """Online DPO on the step's groups: one (best, worst) pair per group, num_iterations updates; returns
         (figures per iteration, first learner log-probs, sampler log-probs and mask of the pair rows)."""
@@ -460,7 +474,8 @@ class GRPOTrainer(TrainingLoop):
                               beta=c.dpo_beta, compiles=self.compiles)
         iteration_metrics = []
         for iteration in range(c.num_iterations):
-            grads, auxes = accumulate(lambda micro: gradient_fn(self.params, micro), micro_batches)
+            grads, auxes = accumulate(lambda micro: gradient_fn(self.params, micro),
+                                      in_train_mode(micro_batches, self.adapters, step, iteration))
             self.params, self.opt_state, stats = apply_update(self.params, self.opt_state, grads,
                                                               optimizer=self.optimizer, compiles=self.compiles)
             if iteration == 0:
@@ -554,6 +569,7 @@ class SFTTrainer(TrainingLoop):
                              f"micro_batches={config.micro_batches}")
         self.policy, self.env, self.config = policy, env, config
         self.optimizer = make_optimizer(config, params)
+        self.adapters = adapter_settings(config, params)
         self.params, self.opt_state = params, self.optimizer.init_placed(params)
         self.rng = jax.random.key(config.seed)  # unused by SFT itself; saved so every loop resumes alike
         self.data = DataOrder(len(env), config.seed)
@@ -611,7 +627,7 @@ class SFTTrainer(TrainingLoop):
                           "mask": mask[rows]} for rows in micro_slices(len(observations), self.config.micro_batches)]
         grads, auxes = accumulate(lambda micro: sft_gradients(self.params, micro, normalizer, policy=self.policy,
                                                               optimizer=self.optimizer, compiles=self.compiles),
-                                  micro_batches)
+                                  in_train_mode(micro_batches, self.adapters, step))
         self.params, self.opt_state, stats = apply_update(self.params, self.opt_state, grads,
                                                           optimizer=self.optimizer, compiles=self.compiles)
         out = {k: float(v) for k, v in jax.device_get(stats).items()}

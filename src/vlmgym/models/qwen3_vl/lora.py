@@ -5,6 +5,11 @@ An adapted projection is its dense dict with three more leaves, stacked like the
 base, and the optimizer then needs no fp32 master copy). `project` computes x W + scale * (x A) B, so the
 forward stays factored (the backward never forms a dense weight gradient) and a tree without adapter leaves
 runs exactly the old program. B starts at 0: the adapted model's outputs equal the base's at step 0.
+
+Dropout (PEFT's `lora_dropout`: on the adapter's input, x W + scale * (drop(x) A) B) exists only in a training
+forward: the trainers give each micro-batch a key (`dropout_inputs`), and `train_mode` attaches per-layer keys and
+the rate to the adapted dense dicts inside the differentiated loss. Every other forward (sampling, the reference,
+validation, PPO's values) sees a tree without those leaves and runs with dropout off.
 """
 
 from __future__ import annotations
@@ -25,6 +30,8 @@ from vlmgym.models.qwen3_vl.params import Params
 
 ADAPTER_LEAVES = ("lora_a", "lora_b", "lora_scale")
 TRAINED_LEAVES = ("lora_a", "lora_b")
+DROPOUT_LEAVES = ("lora_dropout_key", "lora_dropout_rate")  # a training forward's only (see train_mode)
+DROPOUT_STREAM = 0x64726F70  # folded into the lora seed: the dropout keys are not the init's A keys
 TEXT_TARGETS = ("q", "k", "v", "o", "gate", "up", "down")
 VISION_TARGETS = ("qkv", "proj", "fc1", "fc2")
 # HF module names (under `model.`) of each adapted projection, for the PEFT adapter folder.
@@ -53,11 +60,6 @@ class LoRAConfig:
         """The adapters a params `lora` section asks for; None when rank is 0 (LoRA off)."""
         if section is None or section.rank == 0:
             return None
-        if section.dropout > 0:
-            # The learner forward has no train/eval mode or dropout key yet (reference, validation and PPO's old
-            # values share it): refuse rather than silently train without dropout.
-            raise NotImplementedError(f"lora.dropout={section.dropout}: adapter dropout is not implemented yet; "
-                                      "set it to 0")
         return cls(rank=section.rank, alpha=section.alpha, dropout=section.dropout, targets=tuple(section.targets),
                    vision=section.vision, seed=section.seed)
 
@@ -67,7 +69,44 @@ def project(x: jax.Array, p: Params) -> jax.Array:
     y = x @ p["kernel"]
     if "lora_a" not in p:
         return y
-    return y + ((x @ p["lora_a"]) @ p["lora_b"]) * p["lora_scale"]
+    return y + ((adapter_input(x, p) @ p["lora_a"]) @ p["lora_b"]) * p["lora_scale"]
+
+
+def adapter_input(x: jax.Array, p: Params) -> jax.Array:
+    """What the adapter's A sees: x, or in a training forward (`train_mode`) x with each element dropped at the
+    rate and the rest scaled by 1 / (1 - rate) (inverted dropout, as torch.nn.Dropout)."""
+    if "lora_dropout_key" not in p:
+        return x
+    rate = p["lora_dropout_rate"].astype(jnp.float32)
+    keep = jax.random.bernoulli(p["lora_dropout_key"], 1.0 - rate, x.shape)
+    return jnp.where(keep, x.astype(jnp.float32) / (1.0 - rate), 0.0).astype(x.dtype)
+
+
+def dropout_inputs(lora: LoRAConfig | None, step: int, iteration: int, index: int) -> dict[str, np.ndarray]:
+    """What a micro-batch carries into a training forward for adapter dropout: a key for (step, iteration,
+    micro-batch), so a resumed run draws the same masks, and the rate; nothing when dropout is off."""
+    if lora is None or lora.dropout == 0:
+        return {}
+    key = jax.random.fold_in(jax.random.key(lora.seed), DROPOUT_STREAM)
+    for part in (step, iteration, index):
+        key = jax.random.fold_in(key, part)
+    return {"dropout_key": np.asarray(jax.random.key_data(key)), "dropout_rate": np.float32(lora.dropout)}
+
+
+def train_mode(params: Params, micro: dict) -> Params:
+    """`params` for a training forward of `micro`: with dropout leaves on every adapter when the micro-batch
+    carries a dropout key (`dropout_inputs`), else `params` itself. Traced inside the loss, after the gradient's
+    inputs are taken: the keys and rate are never differentiated, stored or seen by another forward."""
+    if "dropout_key" not in micro:
+        return params
+    key = jax.random.wrap_key_data(micro["dropout_key"])
+    for index, path in enumerate(adapted_paths(params)):
+        dense = _get(params, path)
+        layers = dense["lora_a"].shape[0]
+        leaves = {"lora_dropout_key": jax.random.split(jax.random.fold_in(key, index), layers),
+                  "lora_dropout_rate": jnp.full((layers,), micro["dropout_rate"], jnp.float32)}
+        params = _replace(params, path, {**dense, **leaves})
+    return params
 
 
 def _targets(cfg: Qwen3VLConfig, lora: LoRAConfig) -> list[tuple[tuple[str, ...], int]]:
@@ -186,9 +225,10 @@ def merge(params: Params) -> Params:
     return with_kernels(params, {k: merged_kernel(d) for k, d in adapted_denses(params).items()})
 
 
-def peft_state(params: Params) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+def peft_state(params: Params, dropout: float = 0.0) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
     """The adapters as PEFT names them on transformers' Qwen3VLForConditionalGeneration (lora_A (r, in),
-    lora_B (out, r), float32) and the adapter_config.json fields that load them."""
+    lora_B (out, r), float32) and the adapter_config.json fields that load them (`dropout`: the rate trained with,
+    which PEFT applies only when training the adapter further)."""
     state, templates, rank, scale = {}, set(), None, None
     for path in adapted_paths(params):
         dense = _get(params, path)
@@ -211,7 +251,7 @@ def peft_state(params: Params) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
     # A regex over full module names: a list of suffixes like 'linear_fc1' would also hit the vision mergers.
     target = "(?:" + "|".join(sorted(re.escape("model." + t).replace(r"\{\}", r"\d+") for t in templates)) + ")"
     config = {"peft_type": "LORA", "task_type": None, "r": int(rank), "lora_alpha": float(scale * rank),
-              "lora_dropout": 0.0, "target_modules": target, "bias": "none", "fan_in_fan_out": False,
+              "lora_dropout": float(dropout), "target_modules": target, "bias": "none", "fan_in_fan_out": False,
               "inference_mode": True, "modules_to_save": None, "use_rslora": False, "use_dora": False,
               "init_lora_weights": True, "layers_to_transform": None, "layers_pattern": None,
               "rank_pattern": {}, "alpha_pattern": {}}
@@ -223,13 +263,14 @@ PEFT_CONFIG, PEFT_WEIGHTS = "adapter_config.json", "adapter_model.safetensors"
 BASE_FILE = "vlmgym_base.json"  # the base folder the adapters sit on and its folder_identity hash
 
 
-def write_peft_adapter(folder: str | Path, params: Params, base: str, base_identity: str) -> Path:
+def write_peft_adapter(folder: str | Path, params: Params, base: str, base_identity: str,
+                       dropout: float = 0.0) -> Path:
     """`params`' adapters as a PEFT adapter folder (adapter_config.json + adapter_model.safetensors) into the new
     folder `folder` (the caller makes it atomic). `base`: the base model they sit on (adapter_config's
     base_model_name_or_path); `base_identity`: its folder hash, kept in the safetensors metadata."""
     from safetensors.numpy import save_file
 
-    state, config = peft_state(params)
+    state, config = peft_state(params, dropout)
     folder = Path(folder)
     folder.mkdir(parents=True)
     save_file(state, str(folder / PEFT_WEIGHTS), metadata={"format": "pt", "vlmgym_base_identity": base_identity})

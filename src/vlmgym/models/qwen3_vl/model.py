@@ -86,7 +86,9 @@ def _attn_out_and_mlp(cfg: Qwen3VLConfig, p: Params, x: jax.Array, attn: jax.Arr
 
 
 def _cast(tree: Params, dtype: Any) -> Params:
-    return jax.tree.map(lambda a: a.astype(dtype), tree)
+    """Every leaf in `dtype`, except PRNG keys (a training forward's LoRA dropout keys, vlmgym...lora.train_mode)."""
+    return jax.tree.map(lambda a: a if jax.dtypes.issubdtype(a.dtype, jax.dtypes.prng_key) else a.astype(dtype),
+                        tree)
 
 
 def _embed(params: Params, cfg: Qwen3VLConfig, input_ids: jax.Array, image_embeds: jax.Array | None):

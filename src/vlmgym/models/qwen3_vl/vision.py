@@ -16,6 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from vlmgym.models.qwen3_vl.config import Qwen3VLConfig
+from vlmgym.models.qwen3_vl.lora import adapter_input
 from vlmgym.models.qwen3_vl.params import Params
 
 PatchLayout = dict[str, Any]
@@ -109,7 +110,8 @@ def _layer_norm(x: jax.Array, p: Params, eps: float = 1e-6) -> jax.Array:
 def _dense(x: jax.Array, p: Params) -> jax.Array:
     y = x @ p["kernel"].astype(x.dtype)
     if "lora_a" in p:  # a LoRA adapter (vlmgym.models.qwen3_vl.lora)
-        y = y + ((x @ p["lora_a"].astype(x.dtype)) @ p["lora_b"].astype(x.dtype)) * p["lora_scale"].astype(x.dtype)
+        a, b, scale = (p[k].astype(x.dtype) for k in ("lora_a", "lora_b", "lora_scale"))
+        y = y + ((adapter_input(x, p) @ a) @ b) * scale
     return y + p["bias"].astype(x.dtype) if "bias" in p else y
 
 
