@@ -3,25 +3,12 @@
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-import jax
 import pytest
-
-# One persistent JAX compilation cache per test process, shared with the JAX programs it starts (the pipeline's
-# stages, the fake-device children: their environments copy os.environ): a program compiled once loads from disk
-# the next time any test builds it (a micro `dvc repro`: ~5.4 -> ~3.6 min here). Set before this process compiles
-# anything; a child that must compile afresh drops the variables (pipeline_helpers.without_compilation_cache).
-COMPILATION_CACHE = tempfile.mkdtemp(prefix="vlmgym-tests-jax-cache-")
-os.environ["JAX_COMPILATION_CACHE_DIR"] = COMPILATION_CACHE
-os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"  # the tiny model's programs compile in < 1 s
-jax.config.update("jax_compilation_cache_dir", COMPILATION_CACHE)  # should JAX have been imported before this
-jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
 
 
 @pytest.fixture(scope="session")
@@ -39,8 +26,20 @@ def run_on_cpu_devices() -> Callable[..., str]:
     return run
 
 
-def pytest_unconfigure(config):
-    shutil.rmtree(COMPILATION_CACHE, ignore_errors=True)
+@pytest.fixture(scope="session", autouse=True)
+def child_jax_compilation_cache(tmp_path_factory):
+    """The JAX programs that tests start (the pipeline's stages, the fake-device children) share one persistent
+    compilation cache per test process, so a program compiled by one `dvc repro` loads from disk in the next (a
+    micro repro: ~5.4 -> ~3.6 min here). Set in os.environ, which every child's environment copies; this process's
+    JAX read its settings at import and is unaffected. A child that must compile afresh drops the variables
+    (pipeline_helpers.without_compilation_cache)."""
+    import jax  # noqa: F401  (imported before the variables are set: this process keeps compiling in memory only)
+
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = str(tmp_path_factory.getbasetemp() / "jax-compilation-cache")
+    os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"  # the micro model's programs compile in < 1 s
+    yield
+    for name in ("JAX_COMPILATION_CACHE_DIR", "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"):
+        os.environ.pop(name, None)
 
 
 # The modules whose tests use the `pipeline` fixture (tests/pipeline/conftest.py): one session-scoped micro pipeline
