@@ -189,7 +189,9 @@ def sft_gradients(params: Any, micro: dict, normalizer: jax.Array, *, policy: Po
 
 def in_train_mode(micro_batches: list[dict], adapters: LoRAConfig | None, step: int, iteration: int = 0) -> list[dict]:
     """The micro-batches of one update as its training forwards see them: each with its LoRA dropout key and rate
-    when the adapters have dropout (lora.dropout_inputs), else as they are."""
+    when the adapters have dropout (lora.dropout_inputs), else the same list (no copy on every update)."""
+    if adapters is None or adapters.dropout == 0:
+        return micro_batches
     return [{**micro, **lora.dropout_inputs(adapters, step, iteration, index)}
             for index, micro in enumerate(micro_batches)]
 
