@@ -7,15 +7,20 @@ sampler-vs-learner mismatch, gradient norm, lr, throughput, compiles); every `tr
 of sample rollouts (image, answer, reward components) is logged as an artifact. Checkpoints in
 `train.checkpoint_dir/<config hash>/` make a killed run resume exactly.
 
-    python stages/train.py [--params params.yaml]
+Over several processes (hosts), each runs this script with the same params and code (README "Scale out"):
+JAX_COORDINATOR_ADDRESS / JAX_NUM_PROCESSES / JAX_PROCESS_ID or the flags below; process 0 logs to MLflow and
+writes metrics/train.json, all of them write the checkpoints and the model folder together.
+
+    python stages/train.py [--params params.yaml] [--coordinator HOST:PORT --num-processes N --process-id I]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 
-from vlmgym import tracking
+from vlmgym import distributed, tracking
 from vlmgym.params import load_section
 from vlmgym.rl.loop import RECENT_METRICS
 from vlmgym.rl.run import (
@@ -39,25 +44,43 @@ def main(argv: list[str] | None = None) -> int:
     """Train with GRPO, save the model folder and log one MLflow run."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--params", default="params.yaml", help="params file (sections train, model, env)")
+    parser.add_argument("--coordinator", help=f"process 0's host:port in a multi-process run "
+                                              f"(default: ${distributed.COORDINATOR_ENV})")
+    parser.add_argument("--num-processes", type=int, help=f"processes of the run (default: "
+                                                          f"${distributed.NUM_PROCESSES_ENV}; 1: this one alone)")
+    parser.add_argument("--process-id", type=int, help=f"this process's index (default: ${distributed.PROCESS_ID_ENV})")
     args = parser.parse_args(argv)
+    distributed.initialize(distributed.settings_from(args.coordinator, args.num_processes, args.process_id))
+    with distributed.exit_together("train"):
+        return _train(args)
+
+
+def _train(args: argparse.Namespace) -> int:
     train = load_section("train", args.params)
     model = load_section("model", args.params)
     env_params = load_section("env", args.params)
     logged = {"model.dtype": model.dtype, "model.param_dtype": model.param_dtype, "env.name": env_params.name}
     checkpoints = resume_dir(train.checkpoint_dir, train, model, env_params, init_dir=train.init_dir)
-    with tracking.stage_run("train", train, extra_params=logged, params_file=args.params,
-                            resume_folder=checkpoints) as run:
+    if distributed.count() > 1:
+        logged["processes"] = distributed.count()
+    # Over several processes only process 0 tracks (the others compute the same figures).
+    tracked = (tracking.stage_run("train", train, extra_params=logged, params_file=args.params,
+                                  resume_folder=checkpoints) if distributed.is_primary()
+               else contextlib.nullcontext())
+    with tracked as run:
+        callbacks = {} if run is None else {
+            "metrics_callback": lambda step, metrics: run.log_metrics(metrics, step=step),
+            "samples_callback": run.log_sample_table}
         policy, params = stage_policy("train", train, model)
-        trainer = stage_trainer("train", train, policy, params, env_params, checkpoints,
-                                metrics_callback=lambda step, metrics: run.log_metrics(metrics, step=step),
-                                samples_callback=run.log_sample_table)
+        trainer = stage_trainer("train", train, policy, params, env_params, checkpoints, **callbacks)
         params = trainer.run()
         out = save_model(train.out_dir, policy, params, train.init_dir, train.lora.dropout)
         summary = history_summary(trainer.restored_history + trainer.history, SUMMARY, SUMMARY_STEPS)
         summary.update(selection_summary(trainer))
-        write_json_atomically(METRICS_FILE, summary)
-        run.log_dict({**summary, "resumed_from": trainer.resumed_from, "checkpoints": str(checkpoints)},
-                     "train.json")
+        if run is not None:
+            write_json_atomically(METRICS_FILE, summary)
+            run.log_dict({**summary, "resumed_from": trainer.resumed_from, "checkpoints": str(checkpoints)},
+                         "train.json")
     print(f"train: {train.init_dir} -> {out} ({train.steps} steps; last {SUMMARY_STEPS} steps: "
           + ", ".join(f"{k} {v:.4f}" for k, v in summary.items()) + ")")
     return 0

@@ -21,7 +21,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
-from vlmgym import janitor, killpoint, temps
+from vlmgym import distributed, janitor, killpoint, temps
 
 # Orbax writes step N into `N.orbax-checkpoint-tmp*` and renames it when every item is on disk.
 ORBAX_TEMP_GLOB = "*.orbax-checkpoint-tmp*"
@@ -82,7 +82,9 @@ class CheckpointManager:
             raise ValueError(f"save_every={save_every} and keep={keep} must both be >= 1")
         self.directory = Path(directory).absolute()
         self.save_every = save_every
-        remove_unfinished_saves(self.directory)
+        if distributed.is_primary():  # in a run over several processes, one of them clears the shared folder
+            remove_unfinished_saves(self.directory)
+        distributed.barrier(f"vlmgym-checkpoints-open:{self.directory}")
         options = ocp.CheckpointManagerOptions(
             save_interval_steps=save_every,
             max_to_keep=keep,

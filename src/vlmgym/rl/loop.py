@@ -14,6 +14,7 @@ import jax
 import numpy as np
 from tqdm import tqdm
 
+from vlmgym import distributed
 from vlmgym.rl.checkpoint import CheckpointManager
 
 MetricsCallback = Callable[[int, dict[str, float]], None]
@@ -144,7 +145,7 @@ class TrainingLoop(abc.ABC):
         self.final_step: int | None = None  # the step the returned params come from (set by run)
         self.checkpoints = CheckpointManager(checkpoint_dir, save_every=save_every, keep=keep)
         self.metrics_callback = metrics_callback
-        self.progress_bar = progress_bar
+        self.progress_bar = progress_bar and distributed.is_primary()  # one bar for a run over several processes
         self.compiles = CompileCounter()
         self.history: list[dict[str, float]] = []
         # Metrics of the steps before the resume point (the last RECENT_METRICS of them), so a run resumed at its

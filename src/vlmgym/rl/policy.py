@@ -11,6 +11,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from vlmgym import distributed
 from vlmgym.models.qwen3_vl import lora
 from vlmgym.models.qwen3_vl.config import Qwen3VLConfig
 from vlmgym.models.qwen3_vl.model import token_logprobs
@@ -97,7 +98,7 @@ class Qwen3VLLearner:
                 "patch_layout": patch_layout(self.cfg, grids, pad_to=total)}
 
     def _place(self, batch: dict) -> dict:
-        return jax.device_put(batch, learner_batch_shardings(batch, self.mesh))
+        return distributed.put_global(batch, learner_batch_shardings(batch, self.mesh))
 
     def logprobs(self, params: Any, batch: dict) -> jax.Array:
         """Log-probs of the completion tokens [batch, max_new_tokens] at the sampling temperature (0 where masked)."""
@@ -154,9 +155,15 @@ class Qwen3VLPolicy(Qwen3VLLearner):
         """Traces of the rollout engine's jitted functions in this process (the trainer counts its own)."""
         return sum(TRACE_COUNTS.values())
 
-    def sample(self, params: Any, observations: Sequence[dict], group_size: int, rng: jax.Array) -> Samples:
-        """group_size completions per observation from the rollout engine (tempered-softmax log-probs kept)."""
-        batch = self.engine.generate(sampling_params(params), observations, group_size, rng)
+    def sample(self, params: Any, observations: Sequence[dict], group_size: int, rng: jax.Array,
+               first_row: int = 0) -> Samples:
+        """group_size completions per observation from the rollout engine (tempered-softmax log-probs kept).
+
+        `first_row`: the batch-wide row id of the first completion (a process sampling its share of a batch draws
+        what one process sampling the whole batch would). Params spread over several processes are sampled with
+        this process's copy."""
+        batch = self.engine.generate(sampling_params(distributed.local_copy(params)), observations, group_size, rng,
+                                     first_row)
         return Samples(tokens=batch.completion_ids, mask=batch.completion_mask, logprobs=batch.logprobs,
                        texts=list(batch.texts))
 
@@ -166,7 +173,8 @@ class Qwen3VLPolicy(Qwen3VLLearner):
 
     def greedy(self, params: Any, observations: Sequence[dict]) -> Samples:
         """One greedy completion per observation (validation: the answer the rollout stage scores)."""
-        batch = self._greedy_engine.generate(sampling_params(params), observations, 1, jax.random.key(0))
+        batch = self._greedy_engine.generate(sampling_params(distributed.local_copy(params)), observations, 1,
+                                             jax.random.key(0))
         return Samples(tokens=batch.completion_ids, mask=batch.completion_mask, logprobs=batch.logprobs,
                        texts=list(batch.texts))
 
@@ -175,19 +183,55 @@ class Qwen3VLPolicy(Qwen3VLLearner):
         """Prompts processed exactly as the engine does (left-padded, length-bucketed) plus the completions.
 
         `observations`: one per completion row, or one per group of consecutive rows (rows / observations each).
+        In a multi-process run the lists are the global batch's, each observation None where another process holds
+        it: every process encodes its own prompts and the encoded prompts are gathered (`global_inputs`).
         """
         rows = len(completion_tokens)
         if not observations or rows % len(observations):
             raise ValueError(f"{rows} completions are not whole groups of {len(observations)} observations")
         if not self.share_prefix:
             observations = [obs for obs in observations for _ in range(rows // len(observations))]
-        inputs = self.engine.prepare(observations)
+        if distributed.count() > 1:
+            inputs = self.global_inputs(observations)
+        else:
+            inputs = self.engine.prepare(observations)
         if len(np.asarray(inputs.get("image_grid_thw", np.zeros((0, 3))))):
             inputs = self._with_patch_layout(inputs)
         batch = {"inputs": {key: inputs[key] for key in LEARNER_KEYS if key in inputs},
                  "completion_ids": np.asarray(completion_tokens, np.int32),
                  "completion_mask": np.asarray(completion_mask, np.float32)}
         return batch if self.mesh is None else self._place(batch)
+
+    def global_inputs(self, observations: Sequence[dict | None]) -> dict:
+        """The processor inputs `engine.prepare` would give for the whole list, from each process encoding the
+        observations it holds (the others None): a process's own must be one contiguous run of the list, in
+        process order. Prompts are left-padded, so padding a process's rows further on the left to the longest
+        process's bucket gives the rows the whole batch would have had."""
+        positions = [i for i, obs in enumerate(observations) if obs is not None]
+        own = self.engine.prepare([observations[i] for i in positions]) if positions else None
+        patch_width = 0 if own is None or "pixel_values" not in own else int(np.asarray(own["pixel_values"]).shape[1])
+        headers = distributed.gather_json({"positions": positions, "patch_width": patch_width,
+                                           "length": 0 if own is None else int(own["input_ids"].shape[1])})
+        order = [i for header in headers for i in header["positions"]]
+        if order != list(range(len(observations))):
+            raise ValueError(f"the processes' observations are not contiguous shares of the batch in process order "
+                             f"(positions {order})")
+        length = max(header["length"] for header in headers)
+        width = max(header["patch_width"] for header in headers)
+        if own is None:
+            own = {"input_ids": np.zeros((0, length)), "attention_mask": np.zeros((0, length)),
+                   "position_ids": np.zeros((3, 0, length)), "pixel_values": np.zeros((0, width)),
+                   "image_grid_thw": np.zeros((0, 3))}
+        pad = length - own["input_ids"].shape[1]
+        ids = np.pad(np.asarray(own["input_ids"], np.int32), ((0, 0), (pad, 0)), constant_values=self.settings.pad_id)
+        attention = np.pad(np.asarray(own["attention_mask"], np.int32), ((0, 0), (pad, 0)))
+        position = np.pad(np.asarray(own["position_ids"], np.int32), ((0, 0), (0, 0), (pad, 0)))  # padding sits at 0
+        out = {"input_ids": distributed.gather_rows(ids), "attention_mask": distributed.gather_rows(attention),
+               "position_ids": distributed.gather_rows(position.transpose(1, 0, 2)).transpose(1, 0, 2)}
+        if width:
+            out["pixel_values"] = distributed.gather_rows(np.asarray(own["pixel_values"], np.float32))
+            out["image_grid_thw"] = distributed.gather_rows(np.asarray(own["image_grid_thw"], np.int32))
+        return out
 
     def encode_targets(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
         """Answer texts as the tokens the model should generate: the text, then <|im_end|>; padded."""

@@ -7,8 +7,10 @@ import json
 from pathlib import Path
 from typing import Any
 
+import jax
 import numpy as np
 
+from vlmgym import distributed
 from vlmgym.atomic import write_text_atomically
 from vlmgym.models.qwen3_vl import lora
 from vlmgym.models.qwen3_vl.config import load_hf_config
@@ -56,16 +58,24 @@ def validation_env(stage: str, section: Any, env_params: Any, tokenizer: Any) ->
     return envs.from_params(env_params, shards_dir=section.shards_dir, split="val", tokenizer=tokenizer)
 
 
+def stage_mesh(section: Any) -> tuple[int, ...]:
+    """The (data, fsdp, tensor) mesh of a stage section; over several processes an empty `mesh` means data
+    parallelism over every process's devices."""
+    if not section.mesh and distributed.count() > 1:
+        return (jax.device_count(), 1, 1)
+    return tuple(section.mesh)
+
+
 def stage_policy(stage: str, section: Any, model_params: Any) -> tuple[Qwen3VLPolicy, Any]:
     """(policy, params) of `section.init_dir` as stage `stage` (sft: teacher-forced targets; train: sampling)
     needs it; with `section.lora.rank` > 0 the params carry fresh adapters (B = 0: the start model's outputs)."""
     if stage == "sft":
         policy, params = load_policy(section.init_dir, model_params, section.max_target_tokens,
-                                     mesh_shape=tuple(section.mesh), remat=section.remat)
+                                     mesh_shape=stage_mesh(section), remat=section.remat)
     else:
         policy, params = load_policy(section.init_dir, model_params, section.max_new_tokens,
                                      temperature=section.temperature, top_k=section.top_k, top_p=section.top_p,
-                                     mesh_shape=tuple(section.mesh), share_prefix=section.share_prefix,
+                                     mesh_shape=stage_mesh(section), share_prefix=section.share_prefix,
                                      remat=section.remat)
     adapters = LoRAConfig.from_section(getattr(section, "lora", None))
     if adapters is not None:

@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from vlmgym import distributed
 from vlmgym.envs.base import PART_KEY, part_metric
 from vlmgym.eval.metrics import answer_spread
 from vlmgym.models.qwen3_vl import lora
@@ -26,6 +27,7 @@ from vlmgym.rl.loop import (
     TrainingLoop,
     score,
 )
+from vlmgym.rl.multiprocess import check_multiprocess, gathered_collection
 from vlmgym.rl.optim import Optimizer, OptimizerConfig, SubsetOptimizer, trainable_mask
 from vlmgym.rl.prefetch import ResetPrefetcher
 from vlmgym.rl.sft import sft_loss_from_logprobs
@@ -112,7 +114,7 @@ def dpo_gradients(params: Any, micro: dict, normalizer: jax.Array, *, policy: Po
 
 
 def _combine_dpo_figures(auxes: list[dict], pairs: int) -> dict[str, float]:
-    auxes = jax.device_get(auxes)
+    auxes = _scalar_figures(auxes)
     out = {"loss": sum(float(a["loss"]) for a in auxes)}
     for name in ("dpo_margin", "dpo_accuracy", "dpo_chosen_reward", "dpo_rejected_reward"):
         out[name] = sum(float(a[name]) for a in auxes) / max(pairs, 1)
@@ -142,9 +144,19 @@ def accumulate(gradient_fn: Callable, micro_batches: list) -> tuple[Any, list]:
     return total, auxes
 
 
+def _scalar_figures(auxes: list[dict]) -> list[dict]:
+    """The per-micro-batch figures on the host, without the per-token log-probs (rows spread over processes)."""
+    return jax.device_get([{name: value for name, value in aux.items() if name != "logprobs"} for aux in auxes])
+
+
+def _first_logprobs(auxes: list[dict]) -> np.ndarray:
+    """The first learner forward's per-token log-probs of every row, on this host."""
+    return np.concatenate([distributed.host_value(aux["logprobs"]) for aux in auxes])
+
+
 def _combine_grpo_figures(auxes: list[dict]) -> dict[str, float]:
     """Whole-batch figures from per-micro-batch sums (host side)."""
-    auxes = jax.device_get(auxes)
+    auxes = _scalar_figures(auxes)
     tokens = max(sum(float(a["tokens"]) for a in auxes), 1.0)
     out = {name: sum(float(a[name]) for a in auxes) for name in ("loss", "policy_loss", "kl_to_reference")}
     for name in ("clip_fraction_low", "clip_fraction_high", "approx_kl_behaviour", "ratio_mean"):
@@ -327,6 +339,8 @@ class GRPOTrainer(TrainingLoop):
         self.rng = jax.random.key(config.seed)
         self.data = DataOrder(len(env), config.seed)
         self.prefetch = ResetPrefetcher(env)
+        if distributed.count() > 1:
+            check_multiprocess(config, policy)
 
     def loop_state(self) -> dict:
         return {"data": self.data.state()}
@@ -360,14 +374,17 @@ class GRPOTrainer(TrainingLoop):
         kept, spare, sampled_rewards, sampled_infos, sampled_texts, final = [], [], [], [], [], []
         sampled_groups = zero_std_groups = rounds = sampled_tokens = 0
         rollout_time = 0.0
+        # Each process samples its share of the step's prompts (all of them in a single-process run).
+        first, stop = distributed.local_range(c.batch_prompts)
         while len(kept) < c.batch_prompts and rounds < c.max_sample_rounds:
-            indices = self.data.take(c.batch_prompts)
+            indices = self.data.take(c.batch_prompts)[first:stop]
             resets = self.prefetch.resets(indices)
-            self.prefetch.ahead(self.data.peek(c.batch_prompts))
+            self.prefetch.ahead(self.data.peek(c.batch_prompts)[first:stop])
             observations = [obs for _, obs in resets]
             started = time.perf_counter()
+            where = {"first_row": first * c.group_size} if first else {}
             samples = self.policy.sample(self.model_params(), observations, c.group_size,
-                                         jax.random.fold_in(rng, rounds))
+                                         jax.random.fold_in(rng, rounds), **where)
             rollout_time += time.perf_counter() - started
             sampled_tokens += int(samples.mask.sum())
             rounds += 1
@@ -391,6 +408,8 @@ class GRPOTrainer(TrainingLoop):
                     kept.append(group)
             if not c.filter_groups:
                 break
+        if distributed.count() > 1:
+            return gathered_collection(kept, rollout_time, sampled_tokens, final)
         # Sampling rounds ran out: fill the batch with all-equal groups, masked out so they only pad the shape.
         padding = spare[: c.batch_prompts - len(kept)]
         for group in padding:
@@ -443,7 +462,7 @@ class GRPOTrainer(TrainingLoop):
             self.params, self.opt_state, stats = apply_update(self.params, self.opt_state, grads,
                                                               optimizer=self.optimizer, compiles=self.compiles)
             if iteration == 0:
-                first_logprobs = np.concatenate([np.asarray(a["logprobs"]) for a in auxes])
+                first_logprobs = _first_logprobs(auxes)
                 if c.old_logprobs == "learner":
                     for micro, aux in zip(micro_batches, auxes):
                         micro["behaviour"] = aux["logprobs"]
@@ -481,7 +500,7 @@ class GRPOTrainer(TrainingLoop):
             self.params, self.opt_state, stats = apply_update(self.params, self.opt_state, grads,
                                                               optimizer=self.optimizer, compiles=self.compiles)
             if iteration == 0:
-                first_logprobs = np.concatenate([np.asarray(a["logprobs"]) for a in auxes])
+                first_logprobs = _first_logprobs(auxes)
             iteration_metrics.append({**_combine_dpo_figures(auxes, valid_pairs), "dpo_pairs": float(valid_pairs),
                                       **{k: float(v) for k, v in jax.device_get(stats).items()}})
         return iteration_metrics, first_logprobs, sampler_logprobs[rows], pair_mask
@@ -546,6 +565,8 @@ class GRPOTrainer(TrainingLoop):
             for group in groups:
                 if len(rows) == self.config.num_samples:
                     return rows
+                if group["obs"] is None:  # sampled by another process: its images are not here
+                    continue
                 info = group["infos"][member]
                 rows.append({"index": group["index"], "images": group["obs"].get("images", []),
                              "answer": group["texts"][member], "reward": float(group["rewards"][member]),

@@ -21,7 +21,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
-from vlmgym import temps
+from vlmgym import distributed, temps
 from vlmgym.envs.base import PART_KEY, part_metric
 from vlmgym.rl.checkpoint import _abstract
 from vlmgym.rl.loop import score
@@ -144,14 +144,22 @@ class Validator:
         return figures
 
     def _save_best(self, params: Any, step: int) -> None:
+        def write(tmp: Path) -> None:
+            with ocp.StandardCheckpointer() as checkpointer:
+                checkpointer.save((tmp / "params").absolute(), params)
+                checkpointer.wait_until_finished()
+            if distributed.is_primary():
+                (tmp / "step.json").write_text(json.dumps({"step": step, "score": self.best_score}) + "\n")
+
+        if distributed.count() > 1:  # every process validated alike; they save the global params together
+            with distributed.shared_dir(self.best_dir) as tmp:
+                write(tmp)
+            return
         # Written beside and renamed over the old one: a kill mid-save leaves the previous best intact.
         tmp = self.best_dir.with_name(f".{self.best_dir.name}.tmp")
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
-        with ocp.StandardCheckpointer() as checkpointer:
-            checkpointer.save((tmp / "params").absolute(), params)
-            checkpointer.wait_until_finished()
-        (tmp / "step.json").write_text(json.dumps({"step": step, "score": self.best_score}) + "\n")
+        write(tmp)
         old = self.best_dir.with_name(f".{self.best_dir.name}.old")
         if self.best_dir.exists():
             os.replace(self.best_dir, old)

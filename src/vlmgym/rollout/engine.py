@@ -301,13 +301,16 @@ class RolloutEngine:
                               padding_side="left", buckets=self.buckets.prompt_lengths)
 
     def generate(self, params: Params, obs_list: Sequence[dict[str, Any]], group_size: int,
-                 key: jax.Array) -> RolloutBatch:
+                 key: jax.Array, first_row: int = 0) -> RolloutBatch:
         """group_size completions for each observation."""
-        return self.generate_from_inputs(params, self.prepare(obs_list), group_size, key)
+        return self.generate_from_inputs(params, self.prepare(obs_list), group_size, key, first_row)
 
     def generate_from_inputs(self, params: Params, inputs: dict[str, np.ndarray], group_size: int,
-                             key: jax.Array) -> RolloutBatch:
-        """group_size completions for each row of left-padded processor inputs."""
+                             key: jax.Array, first_row: int = 0) -> RolloutBatch:
+        """group_size completions for each row of left-padded processor inputs.
+
+        Row r's sampling key is `key` folded with first_row + r, so a batch split into parts (over devices here,
+        over processes by the trainer) draws what the whole batch would."""
         if group_size < 1:
             raise ValueError(f"group_size must be >= 1, got {group_size}")
         if inputs["attention_mask"][:, -1].min() == 0:
@@ -316,12 +319,12 @@ class RolloutEngine:
         num_prompts = int(inputs["input_ids"].shape[0])
         parts = self._parts(num_prompts)
         if len(parts) == 1:
-            results = [self._generate_part(params, inputs, group_size, key, 0, parts[0][0])]
+            results = [self._generate_part(params, inputs, group_size, key, first_row, parts[0][0])]
         else:
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(len(self.devices), thread_name_prefix="vlmgym-rollout")
             futures = [self._pool.submit(self._generate_part, params, slice_prompts(inputs, first, stop, self.cfg),
-                                         group_size, key, first * group_size, device)
+                                         group_size, key, first_row + first * group_size, device)
                        for device, first, stop in parts]
             results = [future.result() for future in futures]
         hosts, part_texts, prefills = zip(*results)

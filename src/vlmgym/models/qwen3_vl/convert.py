@@ -22,6 +22,7 @@ import orbax.checkpoint as ocp
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
+from vlmgym import distributed
 from vlmgym.atomic import atomic_dir
 from vlmgym.models.qwen3_vl.config import Qwen3VLConfig, from_hf_dict, load_hf_config
 from vlmgym.models.qwen3_vl.lora import ADAPTER_DIR
@@ -244,18 +245,20 @@ def save_checkpoint(path: str | Path, cfg: Qwen3VLConfig, params: Params, hf_con
     run records (timestamps, the temp path), which restoring does not read, are dropped.
     """
     final = Path(path).absolute()
-    with atomic_dir(final) as tmp:
+    # Params spread over several processes are saved by all of them together, into one shared folder.
+    with (distributed.shared_dir(final) if distributed.count() > 1 else atomic_dir(final)) as tmp:
         checkpointer = ocp.Checkpointer(ocp.StandardCheckpointHandler(use_ocdbt=False))
         checkpointer.save(tmp / "params", args=ocp.args.StandardSave(params))  # synchronous
-        for record in ("_CHECKPOINT_METADATA", "commit_success.txt"):
-            (tmp / "params" / record).unlink(missing_ok=True)
-        config = hf_config if hf_config is not None else to_hf_dict(cfg)
-        (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-        (tmp / META_FILE).write_text(json.dumps({"param_dtype": _dtype_name(params), "format": 1}) + "\n")
-        if side_files_from is not None:
-            copy_side_files(side_files_from, tmp)
-        if extra is not None:  # more files in the same atomic folder (a LoRA run's adapter/)
-            extra(tmp)
+        if distributed.is_primary():  # the small files once
+            for record in ("_CHECKPOINT_METADATA", "commit_success.txt"):
+                (tmp / "params" / record).unlink(missing_ok=True)
+            config = hf_config if hf_config is not None else to_hf_dict(cfg)
+            (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+            (tmp / META_FILE).write_text(json.dumps({"param_dtype": _dtype_name(params), "format": 1}) + "\n")
+            if side_files_from is not None:
+                copy_side_files(side_files_from, tmp)
+            if extra is not None:  # more files in the same atomic folder (a LoRA run's adapter/)
+                extra(tmp)
     return final
 
 

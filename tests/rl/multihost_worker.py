@@ -1,0 +1,82 @@
+"""Run by test_multihost.py: GRPO steps of the tiny model over a 2-device data mesh, either in one process with 2
+fake CPU devices or as one of two processes (jax.distributed over gloo, one CPU device each). Process 0 writes the
+final params (.npz) and the per-step figures (.json).
+
+    python multihost_worker.py MODEL_DIR CHECKPOINT_DIR OUT_PREFIX STEPS [--hang-at STEP]
+"""
+
+import argparse
+import json
+import time
+
+from vlmgym import distributed
+
+settings = distributed.settings_from()
+distributed.initialize(settings)  # before any other JAX work
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+from conftest import geo_samples  # noqa: E402
+
+from vlmgym.envs.geospot import GeospotEnv  # noqa: E402
+from vlmgym.models.qwen3_vl.config import load_hf_config  # noqa: E402
+from vlmgym.models.qwen3_vl.convert import hf_to_params, read_safetensors  # noqa: E402
+from vlmgym.models.qwen3_vl.processor import Processor  # noqa: E402
+from vlmgym.models.qwen3_vl.sharding import make_mesh, param_shardings  # noqa: E402
+from vlmgym.params import TrainParams  # noqa: E402
+from vlmgym.rl.policy import Qwen3VLPolicy  # noqa: E402
+from vlmgym.rl.trainer import GRPOTrainer  # noqa: E402
+from vlmgym.rollout.sampling import SamplingSettings  # noqa: E402
+
+FIGURES = ("reward_mean", "reward_std", "loss", "grad_norm", "completion_length")
+
+
+class LengthEnv(GeospotEnv):
+    """geospot prompts with a reward the random tiny model varies on: its answer's length."""
+
+    def score(self, state, text):
+        _, info = super().score(state, text)
+        return min(len(text), 40) / 40, info
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    for name in ("model", "checkpoints", "out"):
+        parser.add_argument(name)
+    parser.add_argument("steps", type=int)
+    parser.add_argument("--hang-at", type=int, default=0, help="process 1 stops responding after this step")
+    args = parser.parse_args()
+    assert jax.device_count() == 2, jax.devices()
+    cfg = load_hf_config(args.model)
+    processor = Processor.from_pretrained(args.model)
+    mesh = make_mesh(data=2)
+    params = distributed.put_global(hf_to_params(read_safetensors(args.model), cfg), param_shardings(cfg, mesh))
+    config = TrainParams(steps=args.steps, batch_prompts=2, group_size=4, max_new_tokens=8, lr=1e-2, val_every=0,
+                         select="last", warmup_steps=0, save_every=1, seed=3)
+    settings = SamplingSettings(max_new_tokens=8, eos_ids=tuple(processor.eos_token_ids),
+                                pad_id=int(processor.pad_token_id))
+    policy = Qwen3VLPolicy(cfg, processor, settings, mesh=mesh)
+    env = LengthEnv(geo_samples(), tokenizer=processor.tokenizer)
+
+    def figures(step, metrics):
+        if step == args.hang_at and jax.process_index() == 1:
+            with open(args.out + ".hung", "w") as f:  # the test kills this process once it sees the file
+                f.write(str(step))
+            time.sleep(3600)
+
+    trainer = GRPOTrainer(policy, env, params, config, args.checkpoints, progress_bar=False,
+                          metrics_callback=figures)
+    with distributed.exit_together("multihost_worker"):
+        final = trainer.run()
+        leaves = {jax.tree_util.keystr(path): distributed.host_value(leaf)
+                  for path, leaf in jax.tree_util.tree_leaves_with_path(final)}
+    if distributed.is_primary():
+        np.savez(args.out + ".npz", **leaves)
+        history = [{name: m[name] for name in FIGURES} for m in trainer.history]
+        with open(args.out + ".json", "w") as f:
+            json.dump({"history": history, "resumed_from": trainer.resumed_from,
+                       "processes": jax.process_count()}, f)
+
+
+if __name__ == "__main__":
+    main()

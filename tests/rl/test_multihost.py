@@ -1,0 +1,151 @@
+"""A training run over two processes (jax.distributed on gloo, one CPU device each) equals the same run in one
+process over a 2-device mesh; a process that dies stops the other with a clear error; a restart resumes."""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from vlmgym import distributed
+
+WORKER = Path(__file__).with_name("multihost_worker.py")
+STEPS = 3
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _env(**extra: str) -> dict:
+    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", distributed.COORDINATOR_ENV,
+                                                          distributed.NUM_PROCESSES_ENV, distributed.PROCESS_ID_ENV)}
+    return {**env, "JAX_PLATFORMS": "cpu", distributed.HEARTBEAT_ENV: "5", **extra}
+
+
+def _start(args: list[str], env: dict, log: Path) -> subprocess.Popen:
+    with open(log, "w") as handle:  # the child keeps its own copy of the descriptor
+        return subprocess.Popen([sys.executable, str(WORKER), *map(str, args)], cwd=WORKER.parent, env=env,
+                                stdout=handle, stderr=subprocess.STDOUT)
+
+
+def _two_processes(args: list[str], tmp_path: Path, name: str) -> list[subprocess.Popen]:
+    port = _free_port()
+    return [_start(args, _env(**{distributed.COORDINATOR_ENV: f"127.0.0.1:{port}",
+                                 distributed.NUM_PROCESSES_ENV: "2", distributed.PROCESS_ID_ENV: str(i)}),
+                   tmp_path / f"{name}-{i}.log") for i in range(2)]
+
+
+def _wait(process: subprocess.Popen, log: Path, timeout: float = 600) -> int:
+    try:
+        return process.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        pytest.fail(f"{log} did not finish in {timeout} s:\n{log.read_text()[-3000:]}")
+
+
+def _params(prefix: Path) -> dict:
+    with np.load(f"{prefix}.npz") as data:
+        return {name: data[name] for name in data.files}
+
+
+def test_two_processes_train_as_one_and_resume_after_a_kill(tiny_vlm, tmp_path):
+    model, checkpoints = tiny_vlm.folder, tmp_path / "checkpoints"
+    # The reference: one process over the same 2-device mesh and batch, uninterrupted (beside the rest: the
+    # test's time is mostly compiling, which each run does once).
+    single = _start([model, tmp_path / "single-checkpoints", tmp_path / "single", STEPS],
+                    _env(XLA_FLAGS="--xla_force_host_platform_device_count=2"), tmp_path / "single.log")
+    # 1. Two processes; process 1 hangs after step 2 (before that step's checkpoint), and is killed there.
+    first = _two_processes([model, checkpoints, tmp_path / "killed", STEPS, "--hang-at", 2], tmp_path, "first")
+    hung = tmp_path / "killed.hung"
+    deadline = time.time() + 600
+    while not hung.exists():
+        if time.time() > deadline or any(p.poll() is not None for p in first):
+            for p in first:
+                p.kill()
+            pytest.fail("process 1 never reached its hang:\n" + (tmp_path / "first-0.log").read_text()[-3000:])
+        time.sleep(0.2)
+    first[1].send_signal(signal.SIGKILL)
+    killed_at = time.time()
+    code = _wait(first[0], tmp_path / "first-0.log", timeout=120)
+    log = (tmp_path / "first-0.log").read_text()
+    assert code != 0
+    assert time.time() - killed_at < 60  # the heartbeat timeout is 5 s
+    assert "all of them stop" in log or "another task died" in log, log[-3000:]
+    assert not (tmp_path / "killed.npz").exists()
+
+    # 2. Both again: the run resumes from the last complete checkpoint (step 1) and finishes.
+    second = _two_processes([model, checkpoints, tmp_path / "resumed", STEPS], tmp_path, "second")
+    for i, process in enumerate(second):
+        assert _wait(process, tmp_path / f"second-{i}.log") == 0, (tmp_path / f"second-{i}.log").read_text()[-3000:]
+    resumed = json.loads((tmp_path / "resumed.json").read_text())
+    assert resumed["processes"] == 2 and resumed["resumed_from"] == 1
+
+    assert _wait(single, tmp_path / "single.log") == 0, (tmp_path / "single.log").read_text()[-3000:]
+    reference = json.loads((tmp_path / "single.json").read_text())
+    assert reference["processes"] == 1 and reference["resumed_from"] is None
+
+    # The figures of the steps after the resume, and the final params, are the single-process run's.
+    for ours, theirs in zip(resumed["history"], reference["history"][1:]):
+        for name, value in theirs.items():
+            assert ours[name] == pytest.approx(value, rel=1e-5, abs=1e-6), name
+    ours, theirs = _params(tmp_path / "resumed"), _params(tmp_path / "single")
+    assert ours.keys() == theirs.keys() and len(ours) > 10
+    changed = 0
+    for name in theirs:
+        np.testing.assert_allclose(ours[name], theirs[name], rtol=0, atol=1e-6, err_msg=name)
+        changed += not np.array_equal(theirs[name], _initial(tiny_vlm, name))
+    assert changed > 0  # the steps trained something
+
+
+def _initial(tiny_vlm, name: str) -> np.ndarray:
+    import jax
+
+    leaves = {jax.tree_util.keystr(path): np.asarray(leaf)
+              for path, leaf in jax.tree_util.tree_leaves_with_path(tiny_vlm.params)}
+    return leaves[name]
+
+
+def test_settings_come_from_the_environment_or_flags():
+    env = {distributed.COORDINATOR_ENV: "10.0.0.1:1234", distributed.NUM_PROCESSES_ENV: "4",
+           distributed.PROCESS_ID_ENV: "3"}
+    assert distributed.settings_from(environ=env) == distributed.Settings("10.0.0.1:1234", 4, 3)
+    assert distributed.settings_from(process_id=1, environ=env).process_id == 1
+    assert distributed.settings_from(environ={}) is None
+    assert distributed.settings_from(environ={distributed.NUM_PROCESSES_ENV: "1"}) is None
+    with pytest.raises(ValueError, match="missing: JAX_PROCESS_ID"):
+        distributed.settings_from(environ={distributed.COORDINATOR_ENV: "h:1", distributed.NUM_PROCESSES_ENV: "2"})
+    with pytest.raises(ValueError, match="expected an integer"):
+        distributed.settings_from(environ={**env, distributed.PROCESS_ID_ENV: "one"})
+    with pytest.raises(ValueError, match="0 <= id < count"):
+        distributed.settings_from(environ={**env, distributed.PROCESS_ID_ENV: "4"})
+    with pytest.raises(ValueError, match="host:port"):
+        distributed.settings_from(environ={**env, distributed.COORDINATOR_ENV: "10.0.0.1"})
+
+
+def test_what_a_run_over_several_processes_refuses(monkeypatch):
+    from types import SimpleNamespace
+
+    from vlmgym.params import TrainParams
+    from vlmgym.rl.multiprocess import check_multiprocess
+
+    monkeypatch.setattr(distributed, "count", lambda: 2)
+    meshed = SimpleNamespace(mesh=object())
+    check_multiprocess(TrainParams(batch_prompts=4), meshed)
+    check_multiprocess(TrainParams(batch_prompts=4, algorithm="rloo"), meshed)
+    for config, message in ((TrainParams(batch_prompts=4, algorithm="ppo"), "runs in one process"),
+                            (TrainParams(batch_prompts=4, algorithm="dpo"), "runs in one process"),
+                            (TrainParams(batch_prompts=4, filter_groups=True), "filter_groups"),
+                            (TrainParams(batch_prompts=3), "split evenly over 2 processes")):
+        with pytest.raises(ValueError, match=message):
+            check_multiprocess(config, meshed)
+    with pytest.raises(ValueError, match="device mesh"):
+        check_multiprocess(TrainParams(batch_prompts=4), SimpleNamespace(mesh=None))
