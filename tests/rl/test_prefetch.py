@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 import time
 
+import numpy as np
 import pytest
 from toy import ToyEnv
 
@@ -78,4 +79,41 @@ def test_a_failed_background_reset_raises_where_the_data_is_needed():
     prefetch.ahead([3, 4])
     with pytest.raises(ValueError, match="sample 4: corrupt image"):
         prefetch.resets([3, 4])
+    prefetch.close()
+
+
+def test_the_processor_work_runs_ahead_too(tiny_vlm):
+    # The policy's processor (resize, patchify, tokenize) runs in the data thread on the prefetched observations;
+    # the sampler and the learner then get those inputs back without processing the images again.
+    from vlmgym.envs.geospot import GeospotEnv
+    from vlmgym.rl.policy import Qwen3VLPolicy
+    from vlmgym.rollout.sampling import SamplingSettings
+
+    settings = SamplingSettings(max_new_tokens=4, eos_ids=tuple(tiny_vlm.processor.eos_token_ids),
+                                pad_id=int(tiny_vlm.processor.pad_token_id))
+    policy = Qwen3VLPolicy(tiny_vlm.cfg, tiny_vlm.processor, settings)
+    threads = []
+    processor = policy.engine.processor
+
+    def counted(*args, **kwargs):
+        threads.append(threading.current_thread().name)
+        return processor(*args, **kwargs)
+
+    policy.engine.processor = counted
+    prefetch = ResetPrefetcher(GeospotEnv(tiny_vlm.samples), policy.prepare_ahead)
+    prefetch.ahead([0, 1])
+    observations = [obs for _, obs in prefetch.resets([0, 1])]
+    prepared = policy.engine.prepare(observations)
+    assert len(threads) == 1 and threads[0].startswith("vlmgym-data")
+    fresh = processor([o["messages"] for o in observations], [o["images"] for o in observations],
+                      padding_side="left", buckets=policy.buckets.prompt_lengths)
+    assert prepared.keys() == fresh.keys()
+    for name in fresh:
+        assert (prepared[name] == fresh[name]).all(), name
+    tokens = np.zeros((2, 4), np.int32)
+    policy.build_batch(observations, tokens, np.ones((2, 4), np.float32))  # the learner's prompts: ready too
+    assert len(threads) == 1
+    # Equal but other observation objects: processed again, now.
+    policy.engine.prepare([dict(o) for o in observations])
+    assert threads[1:] == ["MainThread"]
     prefetch.close()

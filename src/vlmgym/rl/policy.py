@@ -167,6 +167,10 @@ class Qwen3VLPolicy(Qwen3VLLearner):
         return Samples(tokens=batch.completion_ids, mask=batch.completion_mask, logprobs=batch.logprobs,
                        texts=list(batch.texts))
 
+    def prepare_ahead(self, observations: Sequence[dict]) -> None:
+        """Process these observations now (a data thread), for the sampler and the learner to find ready."""
+        self.engine.prepare_ahead(observations)
+
     @cached_property
     def _greedy_engine(self) -> RolloutEngine:
         return RolloutEngine(self.cfg, self.processor, replace(self.settings, greedy=True), self.buckets)

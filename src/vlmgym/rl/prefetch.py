@@ -1,8 +1,10 @@
-"""The next step's env resets (image decoding from the shards, the truth) run ahead in a background thread.
+"""The next step's data work runs ahead in a background thread: the env resets (image decoding from the shards,
+the truth) and the policy's processor work on the observations (resize, patchify, tokenize: `prepare`).
 
 The trainers know the next indices before they need them (DataOrder.peek), so while a step samples and updates,
-one worker thread resets the next step's samples; the step then only waits for what is not ready yet, and logs
-that wait (`data_wait_s`). The order and the resets are the same as without it, so results do not change; an env's
+one worker thread resets the next step's samples and prepares their model inputs (RolloutEngine.prepare_ahead: the
+sampler and the learner then find them ready); the step only waits for what is not ready yet, and logs that wait
+(`data_wait_s`). The order and the resets are the same as without it, so results do not change; an env's
 reset must not depend on its training progress (Env.set_progress: scoring only), as the next step's resets run
 before its progress is set.
 """
@@ -10,6 +12,7 @@ before its progress is set.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
@@ -18,14 +21,18 @@ class ResetPrefetcher:
     """`resets(indices)` returns [env.reset(i) for i in indices], from a background run started by `ahead(indices)`
     when the indices match, else computed now; `take_wait()` is the time spent waiting since its last call."""
 
-    def __init__(self, env: Any):
+    def __init__(self, env: Any, prepare: Callable[[list], None] | None = None):
         self.env = env
+        self.prepare = prepare  # the policy's processor work on the observations (resize, patchify, tokenize)
         self._pool: ThreadPoolExecutor | None = None
         self._ahead: tuple[tuple[int, ...], Future] | None = None
         self._wait = 0.0
 
-    def _reset_all(self, indices: tuple[int, ...]) -> list:
-        return [self.env.reset(i) for i in indices]
+    def _reset_all(self, indices: tuple[int, ...], prepare: bool = False) -> list:
+        resets = [self.env.reset(i) for i in indices]
+        if prepare and self.prepare is not None and resets:
+            self.prepare([obs for _, obs in resets])
+        return resets
 
     def resets(self, indices: list[int]) -> list:
         started = time.perf_counter()
@@ -43,7 +50,7 @@ class ResetPrefetcher:
         """Start resetting `indices` in the background (the next `resets` call's, when it asks for the same)."""
         if self._pool is None:
             self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="vlmgym-data")
-        self._ahead = (tuple(indices), self._pool.submit(self._reset_all, tuple(indices)))
+        self._ahead = (tuple(indices), self._pool.submit(self._reset_all, tuple(indices), True))
 
     def take_wait(self) -> float:
         """Seconds `resets` spent waiting for data since the last call."""

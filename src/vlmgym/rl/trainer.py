@@ -338,7 +338,7 @@ class GRPOTrainer(TrainingLoop):
         self.params, self.opt_state = params, self.optimizer.init_placed(params)
         self.rng = jax.random.key(config.seed)
         self.data = DataOrder(len(env), config.seed)
-        self.prefetch = ResetPrefetcher(env)
+        self.prefetch = ResetPrefetcher(env, getattr(policy, "prepare_ahead", None))
         if distributed.count() > 1:
             check_multiprocess(config, policy)
 
@@ -596,7 +596,7 @@ class SFTTrainer(TrainingLoop):
         self.params, self.opt_state = params, self.optimizer.init_placed(params)
         self.rng = jax.random.key(config.seed)  # unused by SFT itself; saved so every loop resumes alike
         self.data = DataOrder(len(env), config.seed)
-        self.prefetch = ResetPrefetcher(env)
+        self.prefetch = ResetPrefetcher(env, getattr(policy, "prepare_ahead", None))
 
     def loop_state(self) -> dict:
         return {"data": self.data.state()}

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import math
+import threading
 import time
 from collections import Counter
 from collections.abc import Sequence
@@ -38,6 +39,9 @@ from vlmgym.models.qwen3_vl.params import Params
 from vlmgym.models.qwen3_vl.vision import encode_patches, patch_layout
 from vlmgym.rollout.decode import GroupCache, decoder_layers, group_cache, group_decode_step, lm_head_kernel
 from vlmgym.rollout.sampling import SamplingSettings, sample_tokens, seed_from_key
+
+# Observation lists whose processor inputs an engine keeps after prepare_ahead (the next step's, and one spare).
+PREPARED_KEPT = 2
 
 log = logging.getLogger(__name__)
 
@@ -289,16 +293,35 @@ class RolloutEngine:
         self.devices = tuple(devices or ())
         self._replicas: dict[Any, tuple[list[Any], Params]] = {}
         self._pool: ThreadPoolExecutor | None = None
+        # Inputs prepared ahead (prepare_ahead) for observation lists not asked for yet; one lock around the
+        # processor, as a fast tokenizer must not encode in two threads at once.
+        self._prepared: list[tuple[list[dict[str, Any]], dict[str, np.ndarray]]] = []
+        self._processing = threading.Lock()
+
+    def prepare_ahead(self, obs_list: Sequence[dict[str, Any]]) -> None:
+        """Run the processor for `obs_list` now (e.g. in a data thread); `prepare` of the same observation objects,
+        in the same order, then returns the result without processing them again."""
+        inputs = self._process(obs_list)
+        with self._processing:
+            self._prepared = [*self._prepared[-(PREPARED_KEPT - 1):], (list(obs_list), inputs)]
 
     def prepare(self, obs_list: Sequence[dict[str, Any]]) -> dict[str, np.ndarray]:
         """Observations -> left-padded, length-bucketed processor inputs."""
+        with self._processing:
+            for listed, inputs in self._prepared:
+                if len(listed) == len(obs_list) and all(a is b for a, b in zip(listed, obs_list)):
+                    return inputs
+        return self._process(obs_list)
+
+    def _process(self, obs_list: Sequence[dict[str, Any]]) -> dict[str, np.ndarray]:
         if self.processor is None:
             raise ValueError("RolloutEngine needs a processor to turn observations into token ids")
         for index, obs in enumerate(obs_list):
             if not isinstance(obs, dict) or "messages" not in obs:
                 raise ValueError(f"observation {index}: expected a dict with 'messages' (and 'images'), got {obs!r}")
-        return self.processor([o["messages"] for o in obs_list], [list(o.get("images") or []) for o in obs_list],
-                              padding_side="left", buckets=self.buckets.prompt_lengths)
+        with self._processing:
+            return self.processor([o["messages"] for o in obs_list], [list(o.get("images") or []) for o in obs_list],
+                                  padding_side="left", buckets=self.buckets.prompt_lengths)
 
     def generate(self, params: Params, obs_list: Sequence[dict[str, Any]], group_size: int,
                  key: jax.Array, first_row: int = 0) -> RolloutBatch:
