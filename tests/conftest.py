@@ -74,4 +74,19 @@ def pytest_xdist_make_scheduler(config, log):
             module = nodeid.split("::")[0]
             return "pipeline" if module in PIPELINE_MODULES else module
 
+        def remove_node(self, node: object) -> str | None:
+            # xdist queues again every module a crashed worker ever had, finished ones too; a finished module sent
+            # to a worker is an empty run request, after which that worker never asks for more: the run hangs.
+            # Only the modules with tests left go back.
+            self.assigned_work[node] = {scope: unit for scope, unit in self.assigned_work[node].items()
+                                        if not all(unit.values())}
+            return super().remove_node(node)
+
+        def mark_test_pending(self, item: str) -> None:
+            # pytest-rerunfailures runs a crashed worker's test again: remove_node has queued its module's
+            # unfinished tests, this one among them; make sure it is there and hand the work out.
+            self.workqueue.setdefault(self._split_scope(item), {})[item] = False
+            for node in list(self.assigned_work):
+                self._reschedule(node)
+
     return ModuleScheduling(config, log)
