@@ -17,6 +17,7 @@ JAX_NUM_PROCESSES, JAX_PROCESS_ID; VLMGYM_HEARTBEAT_TIMEOUT_S (how soon the othe
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import shutil
@@ -186,7 +187,10 @@ def host_value(array: Any) -> np.ndarray:
     return np.asarray(multihost_utils.process_allgather(array, tiled=True))
 
 
-_replicate_cache: dict = {}
+@functools.cache
+def _replicator(mesh: Any) -> Any:
+    """One jitted copy-to-every-device per mesh (a fresh lambda per call would compile on every sampling step)."""
+    return jax.jit(lambda tree: tree, out_shardings=jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()))
 
 
 def local_copy(tree: Any) -> Any:
@@ -197,9 +201,8 @@ def local_copy(tree: Any) -> Any:
             not isinstance(x, jax.Array) or x.is_fully_addressable for x in leaves):
         return tree
     if not all(x.is_fully_replicated for x in leaves if isinstance(x, jax.Array)):
-        mesh = next(x.sharding.mesh for x in leaves if isinstance(x, jax.Array) and hasattr(x.sharding, "mesh"))
-        replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
-        tree = jax.jit(lambda t: t, out_shardings=jax.tree.map(lambda _: replicated, tree))(tree)
+        tree = _replicator(next(x.sharding.mesh for x in leaves if isinstance(x, jax.Array)
+                                and hasattr(x.sharding, "mesh")))(tree)
     return jax.tree.map(lambda x: x.addressable_data(0) if isinstance(x, jax.Array) else x, tree)
 
 
