@@ -34,8 +34,9 @@ from vlmgym.eval.bootstrap import Statistic
 from vlmgym.eval.metrics import record_field, record_where
 from vlmgym.params import spec
 
+# Both fit the 64-token prompt bucket with the tiny model's 12 image tokens (tests/envs/test_prompt_buckets.py).
 PROMPTS = {
-    "sort": "The image shows handwritten digits. List them in ascending order, separated by commas.",
+    "sort": "The image shows handwritten digits. List them in ascending order, comma-separated.",
     "sum": "The image shows handwritten digits. What is their sum? Answer with one number.",
 }
 # \d is Unicode-aware: "٣" reads as 3, like int() reads it

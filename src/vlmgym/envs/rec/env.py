@@ -34,9 +34,11 @@ from vlmgym.eval.bootstrap import Statistic
 from vlmgym.eval.metrics import record_field, record_where
 from vlmgym.params import spec
 
-PROMPT = ('Find the object this expression refers to: "{expression}". Answer with its bounding box as JSON, '
-          '[{{"bbox_2d": [x1, y1, x2, y2], "label": "..."}}], with coordinates from 0 to 1000 relative to the '
-          "image's width and height.")
+# Qwen3-VL's grounding request with the answer's JSON spelled out. Kept short: with the tiny model's 12 image
+# tokens and the chat template, the longest prompt fits the 128-token bucket (the old wording's needed 256, which
+# doubled the cost of every SFT and GRPO step; tests/envs/test_prompt_buckets.py).
+PROMPT = ('Locate "{expression}" and report its bbox coordinates in JSON format: '
+          '[{{"bbox_2d": [x1, y1, x2, y2], "label": "..."}}], 0-1000 relative to the image.')
 IOU_THRESHOLDS = (0.5, 0.75)  # accuracy at IoU >= 0.5 is RefCOCO's (and VLM-R1's) headline metric
 MAX_IMAGE_SIDE = 100_000  # a width or height beyond this in a raw row is a broken row, not an image
 

@@ -1,0 +1,54 @@
+"""Each built-in single-image env's longest prompt fits the prompt-length bucket its step cost was sized for.
+
+The engine and the learner pad every prompt up to a power-of-two bucket (rollout.engine.Buckets), so a prompt one
+token over 64 or 128 doubles the prompt's share of every SFT, GRPO and rollout step. rec's first wording took 148
+tokens (bucket 256) and its default pipeline 36 min against geospot's 22; these pin the wordings that fit. The
+tokenizer is the default tiny one (trained on the env's corpus as the base_model stage does), the image a 256x192
+one at the tiny model's pixel budget (12 tokens), the chat template Qwen3-VL's."""
+
+from __future__ import annotations
+
+import itertools
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from vlmgym import envs
+from vlmgym.envs.nlvr2.data import COLOURS, SHAPES, SIZES
+from vlmgym.envs.rec.scene import RELATIONS
+from vlmgym.models.qwen3_vl.base_model import TINY_MAX_PIXELS, TINY_MIN_PIXELS, train_tokenizer
+from vlmgym.models.qwen3_vl.processor import ImageSettings, build_inputs
+
+
+def _rec_expressions() -> list[str]:
+    phrases = [f"{size} {colour} {shape}" for size, colour, shape in itertools.product(SIZES, sorted(COLOURS), SHAPES)]
+    return [f"the {target} {relation} the {anchor}" for target in phrases for relation in RELATIONS
+            for anchor in phrases[:3]] + [f"the {target}" for target in phrases]
+
+
+# env -> (the metas whose prompts are measured, the bucket the longest must fit)
+CASES = {
+    "geospot": ([{}], 64),
+    "digits": ([{"task": "sort"}, {"task": "sum"}], 64),
+    # test_ood's words are the longest (10 letters)
+    "message_decoding": ([{"coded": "x" * n} for n in (3, 8, 10)], 64),
+    "rec": ([{"expression": text} for text in _rec_expressions()], 128),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_longest_prompt_fits_its_bucket(name):
+    metas, bucket = CASES[name]
+    tokenizer = train_tokenizer(envs.corpus(name))
+    env_class = envs.env_class(name)
+    prompts = [env_class.prompt(None, SimpleNamespace(meta=meta)) for meta in metas]
+    longest = max(prompts, key=lambda text: len(tokenizer(text)["input_ids"]))
+    image = Image.fromarray(np.full((192, 256, 3), 128, np.uint8))
+    messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": longest}]}]
+    inputs = build_inputs(tokenizer, [messages], [[image]],
+                          settings=ImageSettings(min_pixels=TINY_MIN_PIXELS, max_pixels=TINY_MAX_PIXELS))
+    assert int(inputs["image_tokens"][0]) == 12
+    length = int(inputs["prompt_lengths"][0])
+    assert bucket // 2 < length <= bucket, f"{name}: the longest prompt is {length} tokens: {longest!r}"
