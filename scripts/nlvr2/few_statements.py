@@ -123,8 +123,9 @@ def main() -> None:
             texts = engine.generate(current, [obs for _, obs in resets], 1, jax.random.key(0)).texts
             for (state, _), text in zip(resets, texts):
                 seen, _, verdict = text.rpartition(".")
-                hits.append(parse_answer(verdict) == state.truth)
-                said_true.append(parse_answer(verdict) is True)
+                verdict = parse_answer(verdict)
+                hits.append(verdict == state.truth)
+                said_true.append(verdict is True)
                 seen_right.append(seen.strip() == state.meta["seen"])
         return {"accuracy": float(np.mean(hits)), "says_true": float(np.mean(said_true)),
                 "seen_exact": float(np.mean(seen_right)), "example": texts[0]}

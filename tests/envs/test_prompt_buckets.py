@@ -2,7 +2,7 @@
 
 The engine and the learner pad every prompt up to a power-of-two bucket (rollout.engine.Buckets), so a prompt one
 token over 64 or 128 doubles the prompt's share of every SFT, GRPO and rollout step. rec's first wording took 148
-tokens (bucket 256) and its default pipeline 36 min against geospot's 22; these pin the wordings that fit. The
+tokens (bucket 256) and its default pipeline 36 min against geospot's 20; these pin the wordings that fit. The
 tokenizer is the default tiny one (trained on the env's corpus as the base_model stage does), the image a 256x192
 one at the tiny model's pixel budget (12 tokens), the chat template Qwen3-VL's."""
 
@@ -16,16 +16,17 @@ import pytest
 from PIL import Image
 
 from vlmgym import envs
-from vlmgym.envs.nlvr2.data import COLOURS, SHAPES, SIZES
-from vlmgym.envs.rec.scene import RELATIONS
+from vlmgym.envs.nlvr2.data import COLOURS, SHAPES, SIZES, NounPhrase
+from vlmgym.envs.rec.scene import RELATIONS, Expression
 from vlmgym.models.qwen3_vl.base_model import TINY_MAX_PIXELS, TINY_MIN_PIXELS, train_tokenizer
 from vlmgym.models.qwen3_vl.processor import ImageSettings, build_inputs
 
 
 def _rec_expressions() -> list[str]:
-    phrases = [f"{size} {colour} {shape}" for size, colour, shape in itertools.product(SIZES, sorted(COLOURS), SHAPES)]
-    return [f"the {target} {relation} the {anchor}" for target in phrases for relation in RELATIONS
-            for anchor in phrases[:3]] + [f"the {target}" for target in phrases]
+    """Every full description alone, and with each relation to three anchors (the generator's own wording)."""
+    phrases = [NounPhrase(*words) for words in itertools.product(SIZES, sorted(COLOURS), SHAPES)]
+    return [Expression(target, relation, anchor).text() for target in phrases for relation in RELATIONS
+            for anchor in phrases[:3]] + [Expression(target).text() for target in phrases]
 
 
 # env -> (the metas whose prompts are measured, the bucket the longest must fit)
