@@ -82,7 +82,7 @@ def test_step_text_rewards(env, idx, text, reward, answer, format_ok):
 def test_ideal_answer_scores_one(env):
     for idx in range(len(env)):
         state, _ = env.reset(idx)
-        answer = NLVR2Env.ideal_answer(env.samples[idx].meta)
+        answer = env.ideal_answer(env.samples[idx].meta)  # no trace in these samples: the one word
         assert answer in ("True", "False")
         assert env.step_text(state, answer)[2] == 1.0
 
@@ -119,3 +119,66 @@ def test_corpus_covers_prompt_answers_and_statement_words():
         assert word in text
     assert any("Is the statement true or false?" in line for line in corpus)
     assert NLVR2Env.corpus() == corpus  # deterministic
+
+
+def traced(labels: list[bool]) -> list[FakeSample]:
+    samples = make_samples(labels)
+    for sample, trace in zip(samples, ["left: blue, red. right: green.",
+                                       "left: yellow. right: red, yellow. red object: left no, right yes."]):
+        sample.meta["trace"] = trace
+    return samples
+
+
+def test_a_trace_comes_before_the_verdict_in_the_prompt_and_the_target():
+    env = NLVR2Env(samples=traced([True, False]))
+    assert env.params.trace  # on by default
+    state, obs = env.reset(0)
+    assert obs["messages"][0]["content"][2]["text"].endswith("Say what each image holds, then answer True or False.")
+    assert env.sft_target(state.meta) == "left: blue, red. right: green. True"
+    assert env.sft_target(env.reset(1)[0].meta) == ("left: yellow. right: red, yellow. red object: left no, right yes. "
+                                                    "False")
+    assert env.step_text(state, env.sft_target(state.meta))[2] == 1.0
+    # without a trace (the hub's pairs) or with the option off: the one-word question and answer
+    plain = NLVR2Env(samples=make_samples([True]))
+    assert plain.reset(0)[1]["messages"][0]["content"][2]["text"].endswith("Answer with one word: True or False.")
+    off = NLVR2Env(samples=traced([True]), params=NLVR2Env.Params(trace=False))
+    assert off.sft_target(off.reset(0)[0].meta) == "True"
+    assert off.reset(0)[1]["messages"][0]["content"][2]["text"].endswith("Answer with one word: True or False.")
+
+
+@pytest.mark.parametrize("text, reward, format_ok, trace", [
+    ("left: blue, red. right: green. True", 1.0, True, "left: blue, red. right: green."),
+    ("left:  blue, red.  right: green.\nTrue.", 1.0, True, "left: blue, red. right: green."),
+    ("left: red. right: red. True", 1.0, True, "left: red. right: red."),  # a wrong description: the verdict scores
+    ("left: blue, red. right: green. False", 0.0, True, "left: blue, red. right: green."),
+    ("True", 1.0, False, None),  # the verdict alone is right but not the asked form
+    ("left: blue, red. True", 1.0, False, None),
+    ("left: blue, red. right: green.", 0.0, False, "left: blue, red. right: green."),
+    ("left: red. right: blue. red object: left yes, right no. True", 1.0, True,
+     "left: red. right: blue. red object: left yes, right no."),
+    ("left: red. right: blue. red object: left maybe. True", 1.0, False, "left: red. right: blue."),
+    # the lookup's yes / no are not read as the verdict
+    ("left: red. right: blue. red object: left yes, right no. no", 0.0, False,
+     "left: red. right: blue. red object: left yes, right no."),
+])
+def test_only_the_verdict_is_scored_and_the_trace_is_read_back(text, reward, format_ok, trace):
+    env = NLVR2Env(samples=traced([True]))
+    state, _ = env.reset(0)
+    _, _, got, _, info = env.step_text(state, text)
+    assert (got, info["format_ok"], info["trace"]) == (reward, format_ok, trace)
+
+
+def test_trace_exact_counts_the_descriptions_of_samples_with_a_trace():
+    env = NLVR2Env(samples=traced([True, False]) + make_samples([True]))
+    answers = ["left: blue, red. right: green. True", "left: yellow. right: red. False", "True"]
+    records = []
+    for idx, text in enumerate(answers):
+        state, _ = env.reset(idx)
+        info = env.step_text(state, text)[4]
+        records.append({**NLVR2Env.record_fields(info, state.meta), "key": state.key})
+    stats = NLVR2Env.task_statistics(records)
+    assert stats["accuracy"].values.tolist() == [1.0, 1.0, 1.0]
+    exact = stats["trace_exact"]  # over the two samples with a trace: one exact
+    assert exact.kind == "ratio" and exact.values.tolist() == [1.0, 0.0, 0.0]
+    assert exact.denominator.tolist() == [1, 1, 0]
+    assert "trace_exact" not in NLVR2Env.task_statistics(records[2:])  # no trace anywhere: no such metric

@@ -34,8 +34,10 @@ def test_env_serves_the_generated_pairs_from_shards(shards):
             for obj in scene:
                 pixel = np.array(image.getpixel((round(obj.x), round(obj.y))), dtype=int)
                 assert np.abs(pixel - nlvr2.COLOURS[obj.colour]).max() < 40
-        right = env.ideal_answer(state.meta)
-        wrong = "False" if right == "True" else "True"
+        # the generator's trace reaches the SFT target through the shards, before the verdict
+        right = env.sft_target(state.meta)
+        assert right == f"{pair.trace} {pair.label}"
+        wrong = f"{pair.trace} {not pair.label}"
         assert env.step_text(state, right)[2] == 1.0 and env.step_text(state, wrong)[2] == 0.0
 
 

@@ -16,7 +16,7 @@ import pytest
 from PIL import Image
 
 from vlmgym import envs
-from vlmgym.envs.nlvr2.data import COLOURS, SHAPES, SIZES, NounPhrase
+from vlmgym.envs.nlvr2.data import COLOURS, SHAPES, SIZES, NLVR2DataParams, NounPhrase, generate_split
 from vlmgym.envs.rec.scene import RELATIONS, Expression
 from vlmgym.models.qwen3_vl.base_model import TINY_MAX_PIXELS, TINY_MIN_PIXELS, train_tokenizer
 from vlmgym.models.qwen3_vl.processor import ImageSettings, build_inputs
@@ -53,3 +53,21 @@ def test_longest_prompt_fits_its_bucket(name):
     assert int(inputs["image_tokens"][0]) == 12
     length = int(inputs["prompt_lengths"][0])
     assert bucket // 2 < length <= bucket, f"{name}: the longest prompt is {length} tokens: {longest!r}"
+
+
+@pytest.mark.parametrize("trace", [True, False])
+def test_nlvr2_default_prompts_fit_128_with_their_two_images(trace):
+    # nlvr2's tokenizer corpus is part of the default (geospot) tokenizer, so its prompts are pinned here rather
+    # than given new corpus text: the question asking for the trace first must fit the bucket as the one-word one
+    tokenizer = train_tokenizer(envs.corpus("nlvr2"))
+    pairs = generate_split(0, "test", 300, 256, 192, **NLVR2DataParams().knobs())
+    env = envs.env_class("nlvr2")([SimpleNamespace(key=p.id, images=[None, None], meta={
+        "sentence": p.sentence, "label": p.label, "trace": p.trace}) for p in pairs],
+        params=envs.env_class("nlvr2").Params(trace=trace))
+    longest = max((env.prompt(sample) for sample in env.samples), key=lambda text: len(tokenizer(text)["input_ids"]))
+    assert ("Say what each image holds" in longest) is trace
+    image = Image.fromarray(np.full((192, 256, 3), 128, np.uint8))
+    messages = [{"role": "user", "content": [{"type": "image"}, {"type": "image"}, {"type": "text", "text": longest}]}]
+    inputs = build_inputs(tokenizer, [messages], [[image, image]],
+                          settings=ImageSettings(min_pixels=TINY_MIN_PIXELS, max_pixels=TINY_MAX_PIXELS))
+    assert 64 < int(inputs["prompt_lengths"][0]) <= 128, longest

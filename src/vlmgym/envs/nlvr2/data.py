@@ -2,7 +2,8 @@
 
 Both write the nlvr2 raw layout that the shard stage reads:
 
-    {raw}/{train,test}.csv        columns id,sentence,label,left,right (label "True"/"False")
+    {raw}/{train,test}.csv        columns id,sentence,label,left,right[,trace] (label "True"/"False"; trace: what
+                                  the synthetic scenes hold, scene_trace; the hub's rows have none)
     {raw}/images/{split}/NN.zip   the jpgs named in the left/right columns (flat member names)
 
 Preset: one command switches the whole pipeline from geospot to nlvr2 (synthetic scenes by default;
@@ -16,10 +17,12 @@ Synthetic (the default): each image shows non-overlapping circles, squares and t
 sizes on a tinted, noisy background; statements come from templates (counting, "every ... is <colour>", spatial
 relations, comparisons across the two images, existence) and their truth is computed from the scene descriptions.
 Exactly half of each split is true; the template is drawn before the label so it does not give the answer away.
-`data.nlvr2` (NLVR2DataParams) picks the templates, what descriptions name, how many and how large the shapes are;
-its defaults are the full generator (all nine templates, full descriptions, 1-6 shapes at scale 1). With
-`data.ood_images` > 0 it also writes test_ood: the same statements over shapes of another size
-(`data.nlvr2.ood_object_scale`, 0.6 by default), which train never shows.
+Each pair also gets a trace, what each image holds ("left: blue, red. right: green."), which nlvr2's think option
+teaches before the verdict. `data.nlvr2` (NLVR2DataParams) picks the templates, what descriptions name, how many
+and how large the shapes are; its defaults are the level the tiny default model learns (the three colour templates
+over 1-2 shapes at 3x size); the full generator is all nine templates, full descriptions, 1-6 shapes at scale 1.
+With `data.ood_images` > 0 it also writes test_ood: the same statements over shapes of another size
+(`data.nlvr2.ood_object_scale`, 2 by default), which train never shows.
 Hub: the first N rows of the train and test splits of `data.hub_repo` (default HuggingFaceM4/NLVR2), images
 re-encoded as JPEG; its label is a ClassLabel with names ["True", "False"], so a stored 0 means True.
 """
@@ -54,7 +57,7 @@ RELATIONS = ("to the left of", "to the right of", "above", "below")
 NUMBER_WORDS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten")
 MAX_OBJECTS = 6
 ATTRIBUTES = ("size", "colour", "shape")  # what a description ("a large red circle") may name
-CSV_COLUMNS = ("id", "sentence", "label", "left", "right")
+CSV_COLUMNS = ("id", "sentence", "label", "left", "right", "trace")
 IMAGES_PER_ZIP = 10_000
 DEFAULT_HUB_REPO = "HuggingFaceM4/NLVR2"
 # Scenes tried per statement, and statements tried per pair, until the truth matches the pair's label. Every
@@ -105,17 +108,20 @@ class NounPhrase:
 
 @dataclass(frozen=True)
 class Statement:
-    """A sentence, its truth over (left, right) scenes (None: does not apply), and the attributes it names."""
+    """A sentence, its truth over (left, right) scenes (None: does not apply), and the attributes it names;
+    `about`: the description whose presence in each image decides it (exists, exactly_one_image), which the trace
+    looks up."""
 
     text: str
     check: Callable[[Pair], bool | None]
     colours: tuple[str, ...] = ()
     shapes: tuple[str, ...] = ()
+    about: NounPhrase | None = None
 
 
 @dataclass(frozen=True)
 class SyntheticPair:
-    """One generated example: two scene descriptions, a statement and its truth value."""
+    """One generated example: two scene descriptions, a statement, its truth value and the scenes' trace."""
 
     id: str
     sentence: str
@@ -123,6 +129,7 @@ class SyntheticPair:
     template: str
     left: Scene
     right: Scene
+    trace: str = ""
 
 
 # --- scenes --------------------------------------------------------------------
@@ -189,6 +196,22 @@ def _count(scene: Scene, phrase: NounPhrase) -> int:
     return sum(phrase.matches(o) for o in scene)
 
 
+def scene_trace(scenes: Pair, attributes: Sequence[str] = ATTRIBUTES, about: NounPhrase | None = None) -> str:
+    """What each image holds, in the words descriptions may use, then, for a statement decided by where something
+    is (Statement.about), whether each image has it: 'left: blue, red. right: green. red object: left yes, right
+    no.' The kinds are sorted, each named once (with colour alone, the colours). nlvr2's answer writes it before
+    the verdict (NLVR2Env, env.nlvr2.trace): what is seen first, then the lookup the verdict follows from, so the
+    statement x image binding a one-word verdict never taught the tiny model becomes a comparison of words."""
+    parts = []
+    for side, scene in zip(SIDES, scenes):
+        kinds = sorted({" ".join(getattr(o, a) for a in ATTRIBUTES if a in attributes) for o in scene})
+        parts.append(f"{side}: {', '.join(kinds)}.")
+    if about is not None:
+        has = [("yes" if _count(scene, about) else "no") for scene in scenes]
+        parts.append(f"{about.text()}: left {has[0]}, right {has[1]}.")
+    return " ".join(parts)
+
+
 # The attributes descriptions may name, set per pair by generate_pair: a context variable rather than an argument of
 # every template, so the templates' wording code stays as it is; draws are made (and dropped) either way, so the
 # random stream is the same whatever is allowed.
@@ -215,10 +238,11 @@ def _related(a: SceneObject, b: SceneObject, relation: str) -> bool:
 
 
 def _statement(text: str, check: Callable[[Pair], bool | None], *phrases: NounPhrase,
-               colours: tuple[str, ...] = (), shapes: tuple[str, ...] = ()) -> Statement:
+               colours: tuple[str, ...] = (), shapes: tuple[str, ...] = (), about: NounPhrase | None = None
+               ) -> Statement:
     colours += tuple(p.colour for p in phrases if p.colour)
     shapes += tuple(p.shape for p in phrases if p.shape)
-    return Statement(text, check, colours, shapes)
+    return Statement(text, check, colours, shapes, about)
 
 
 def _count_exact(rng: random.Random) -> Statement:
@@ -281,18 +305,18 @@ def _exists(rng: random.Random) -> Statement:
     phrase, form = _sample_phrase(rng, specific=True), rng.randrange(4)
     if form < 2:
         return _statement(f"There is {phrase.with_article()} in the {SIDES[form]} image.",
-                          lambda scenes: _count(scenes[form], phrase) > 0, phrase)
+                          lambda scenes: _count(scenes[form], phrase) > 0, phrase, about=phrase)
     if form == 2:
         return _statement(f"Both images contain {phrase.with_article()}.",
-                          lambda scenes: all(_count(s, phrase) > 0 for s in scenes), phrase)
+                          lambda scenes: all(_count(s, phrase) > 0 for s in scenes), phrase, about=phrase)
     return _statement(f"Neither image contains {phrase.with_article()}.",
-                      lambda scenes: not any(_count(s, phrase) > 0 for s in scenes), phrase)
+                      lambda scenes: not any(_count(s, phrase) > 0 for s in scenes), phrase, about=phrase)
 
 
 def _exactly_one_image(rng: random.Random) -> Statement:
     phrase = _sample_phrase(rng, specific=True)
     return _statement(f"Exactly one of the two images contains {phrase.with_article()}.",
-                      lambda scenes: sum(_count(s, phrase) > 0 for s in scenes) == 1, phrase)
+                      lambda scenes: sum(_count(s, phrase) > 0 for s in scenes) == 1, phrase, about=phrase)
 
 
 TEMPLATES: dict[str, Callable[[random.Random], Statement]] = {
@@ -341,7 +365,9 @@ def _draw_pair(rng: random.Random, name: str, seed: int, split: str, index: int,
         for _ in range(SCENE_TRIES):
             scenes = tuple(sample_scene(rng, width, height, statement, max_objects, object_scale) for _ in range(2))
             if statement.check(scenes) is label:
-                return SyntheticPair(f"{split}-{index:06d}", statement.text, label, name, scenes[0], scenes[1])
+                trace = scene_trace(scenes, _PHRASE_ATTRIBUTES.get(), statement.about)
+                return SyntheticPair(f"{split}-{index:06d}", statement.text, label, name, scenes[0], scenes[1],
+                                     trace)
     raise RuntimeError(f"template {name!r} gave no {label} statement in {STATEMENT_TRIES} statements "
                        f"(seed {seed}, {split} pair {index})")
 
@@ -380,6 +406,7 @@ class RawRecord:
     label: bool
     left_jpg: bytes
     right_jpg: bytes
+    trace: str = ""  # the synthetic scenes' description (scene_trace); the hub has none
 
 
 def write_raw_split(out_dir: str | Path, split: str, records: Iterable[RawRecord]) -> int:
@@ -408,7 +435,8 @@ def write_raw_split(out_dir: str | Path, split: str, records: Iterable[RawRecord
                 info = zipfile.ZipInfo(name, date_time=layout.ZIP_DATE_TIME)
                 info.external_attr = 0o644 << 16
                 archive.writestr(info, data)  # stored, not deflated: jpgs do not shrink
-            writer.writerow((record.id, record.sentence, "True" if record.label else "False", left, right))
+            writer.writerow((record.id, record.sentence, "True" if record.label else "False", left, right,
+                             record.trace))
             rows += 1
     for stale in set(layout.split_zips(out_dir, split)) - set(zip_paths):  # left by an earlier, larger run
         stale.unlink()
@@ -420,27 +448,40 @@ def _synthetic_records(pairs: list[SyntheticPair], seed: int, split: str, width:
     for i, pair in enumerate(pairs):
         rng = random.Random(f"nlvr2-render-{seed}-{split}-{i}")
         left, right = (layout.encode_jpeg(render_scene(s, width, height, rng)) for s in (pair.left, pair.right))
-        yield RawRecord(pair.id, pair.sentence, pair.label, left, right)
+        yield RawRecord(pair.id, pair.sentence, pair.label, left, right, pair.trace)
+
+
+# The embedded default (issue 19): statements about where a colour is (there is / both / neither / exactly one),
+# decided by the scene trace nlvr2's answer writes first, over at most two shapes of three times the full
+# generator's size. The tiny random model sees shapes that large at 12 tokens per image and learns to name their
+# colours; the full generator's small shapes and counting / spatial statements it does not learn (README, nlvr2).
+DEFAULT_TEMPLATES = ("exactly_one_image", "exists")
+DEFAULT_ATTRIBUTES = ("colour",)
+DEFAULT_MAX_OBJECTS = 2
+DEFAULT_OBJECT_SCALE = 3.0
 
 
 @dataclass(frozen=True)
 class NLVR2DataParams:
     """nlvr2's synthetic generator: which statements, what descriptions name, how many and how large the shapes.
 
-    The defaults are the full generator. Easier settings (e.g. templates [exists], attributes [colour], max_objects
-    4, object_scale 1.5) did not make the tiny default model learn within the default 600 SFT steps either (issue
-    19: SFT drives the images' effect on the answer to ~1e-5 and answers True everywhere); they are here to study
-    what a model learns, with the per-type accuracy of the evaluate stage."""
+    The defaults are the level the tiny default model learns (DEFAULT_*: colour statements over at most two large
+    shapes). The full generator is templates [] (all nine), attributes [size, colour, shape], max_objects 6,
+    object_scale 1: on it the tiny model learns nothing (issue 19: SFT drives the images' effect on the answer to
+    ~1e-5 and answers True everywhere); it is here for a pretrained model and to study what a model learns, with
+    the per-type accuracy of the evaluate stage."""
 
-    templates: list[str] = spec(default_factory=list, choices=tuple(sorted(TEMPLATES)),
+    templates: list[str] = spec(default_factory=lambda: list(DEFAULT_TEMPLATES), choices=tuple(sorted(TEMPLATES)),
                                 doc="statement templates drawn, uniformly (empty: all nine)")
-    attributes: list[str] = spec(default_factory=lambda: list(ATTRIBUTES), choices=ATTRIBUTES,
-                                 doc="what descriptions may name: size, colour, shape (colour is required)")
-    max_objects: int = spec(MAX_OBJECTS, ge=1, le=MAX_OBJECTS, doc="shapes per image at most (1 to this many)")
-    object_scale: float = spec(1.0, gt=0, le=2, doc="the shapes' radii relative to 6.5% / 11% (small / large) of "
-                                                     "the image's shorter side")
+    attributes: list[str] = spec(default_factory=lambda: list(DEFAULT_ATTRIBUTES), choices=ATTRIBUTES,
+                                 doc="what descriptions (statements and trace) may name: size, colour, shape "
+                                     "(colour is required)")
+    max_objects: int = spec(DEFAULT_MAX_OBJECTS, ge=1, le=MAX_OBJECTS, doc="shapes per image at most (1 to this "
+                                                                             "many)")
+    object_scale: float = spec(DEFAULT_OBJECT_SCALE, gt=0, le=4, doc="the shapes' radii relative to 6.5% / 11% "
+                                                                     "(small / large) of the image's shorter side")
     train_pairs: int = spec(0, ge=0, doc="pairs in the train split (0: data.train_images)")
-    ood_object_scale: float = spec(0.6, gt=0, le=2, doc="the shapes' scale in the out-of-distribution split "
+    ood_object_scale: float = spec(2.0, gt=0, le=4, doc="the shapes' scale in the out-of-distribution split "
                                                         "test_ood (data.ood_images pairs; train and test use "
                                                         "object_scale)")
 

@@ -1,7 +1,8 @@
 """nlvr2: two images and a statement about them; the answer is True or False; reward 1 or 0.
 
 Data (data.py): synthetic scene pairs with statements true by construction (the default), or NLVR2 from the hub,
-both in the nlvr2 raw layout (CSV id, sentence, label, left, right + image zips).
+both in the nlvr2 raw layout (CSV id, sentence, label, left, right[, trace] + image zips). With a trace (the
+synthetic generator's, on by default: env.nlvr2.trace) the answer says what each image holds before the verdict.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import html
 import re
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -21,16 +23,26 @@ from vlmgym.envs.nlvr2 import types as nlvr2_types
 from vlmgym.envs.think import ThinkParams
 from vlmgym.eval.bootstrap import Statistic
 from vlmgym.eval.metrics import record_field, record_where
+from vlmgym.params import spec
 
 # Whole words only: "untrue" is not "true", "known" is not "no".
 ANSWER_PATTERN = re.compile(r"\b(true|false|yes|no)\b", re.IGNORECASE)
 ANSWER_VALUES = {"true": True, "yes": True, "false": False, "no": False}
-# A well-formatted answer is exactly the one word asked for, optionally followed by a full stop.
+# A well-formatted answer is exactly the one word asked for, optionally followed by a full stop; with a trace, the
+# description of both images in the trace's form comes first.
 FORMAT_PATTERN = re.compile(r"\s*(true|false)\s*\.?\s*", re.IGNORECASE)
+TRACE = re.compile(r"\s*left:[a-z\s,]+\.\s*right:[a-z\s,]+\.(?:\s*[a-z\s]+:\s*left (?:yes|no),\s*right (?:yes|no)\.)?",
+                   re.IGNORECASE)
+TRACE_FORMAT_PATTERN = re.compile(TRACE.pattern + FORMAT_PATTERN.pattern, re.IGNORECASE)
 
 PROMPT = ("The first image is the left image and the second image is the right image.\n"
           "Statement: {sentence}\n"
           "Is the statement true or false? Answer with one word: True or False.")
+# With a trace: the same question, asking for the description first. Both fit the 128-token prompt bucket with the
+# default tiny tokenizer (tests/envs/test_prompt_buckets.py), which is trained on PROMPT alone (the geospot default's
+# tokenizer includes nlvr2's corpus, so a new corpus text would move the default pipeline).
+TRACE_PROMPT = PROMPT.replace("Answer with one word: True or False.",
+                              "Say what each image holds, then answer True or False.")
 
 
 def parse_answer(text: str) -> bool | None:
@@ -44,8 +56,19 @@ def answer_word(value: bool) -> str:
     return "True" if value else "False"
 
 
+@dataclass(frozen=True)
+class NLVR2Params(ThinkParams):
+    """nlvr2's answer: the verdict, after a description of both images where the data has one."""
+
+    trace: bool = spec(True, doc="where a sample has a trace (the synthetic generator's: 'left: blue, red. right: "
+                                 "green.'), the prompt asks to say what each image holds before True or False and "
+                                 "SFT teaches that trace; only the verdict is scored. Off (and for the hub's "
+                                 "pairs): the one word, which the tiny default model never learns (issue 19)")
+
+
 def parse_row(rec: dict[str, str]) -> Row:
-    """One raw row (id, sentence, label, left, right) as a sample; bad labels and ids are counted skips."""
+    """One raw row (id, sentence, label, left, right[, trace]) as a sample; bad labels and ids are counted
+    skips."""
     pair_id = rec["id"].strip()
     key = re.sub(r"[^A-Za-z0-9_-]", "_", pair_id)
     if not pair_id:
@@ -57,18 +80,23 @@ def parse_row(rec: dict[str, str]) -> Row:
         raise RowSkip("bad_label", f"label {rec['label']!r} is not True/False")
     if not rec["left"] or not rec["right"]:
         raise RowSkip("image_missing", "empty left/right image name")
-    return Row(key, (rec["left"], rec["right"]), {"id": pair_id, "sentence": sentence, "label": rec["label"] == "True"})
+    meta = {"id": pair_id, "sentence": sentence, "label": rec["label"] == "True"}
+    trace = " ".join((rec.get("trace") or "").split())
+    if trace:  # only the synthetic generator writes one
+        meta["trace"] = trace
+    return Row(key, (rec["left"], rec["right"]), meta)
 
 
 class NLVR2Env(Env):
     """Decide whether a statement about a left and a right image is true; samples come from webdataset shards."""
 
     name = "nlvr2"
-    Params = ThinkParams  # nlvr2's reward has no settings of its own: only the R1 think/answer option
+    Params = NLVR2Params
     DataParams = nlvr2_data.NLVR2DataParams
     schema = RowSchema("nlvr2", ("id", "sentence", "label", "left", "right"), ("left.jpg", "right.jpg"), parse_row)
     # the overall accuracy, then one per statement type (synthetic templates; the real NLVR2 has only the first)
-    metric_rows = {"accuracy": ("accuracy", "rate"), **nlvr2_types.metric_rows()}
+    metric_rows = {"accuracy": ("accuracy", "rate"), **nlvr2_types.metric_rows(),
+                   "trace_exact": ("description of both images exact (samples with a trace)", "rate")}
     ood_note = "the statements over shapes of another size (data.nlvr2.ood_object_scale), which train never shows"
 
     def __init__(self, samples: Sequence[SampleLike] | None = None, **kwargs: Any) -> None:
@@ -82,17 +110,23 @@ class NLVR2Env(Env):
         return (f"the statements over shapes scaled {s.ood_object_scale:g}x (train and test: {s.object_scale:g}x; "
                 "data.nlvr2.ood_object_scale), a size train never shows")
 
+    def uses_trace(self, meta: Mapping[str, Any]) -> bool:
+        """Whether this sample's answer starts with the trace: the trace option is on and the sample has one."""
+        return bool(getattr(self.params, "trace", False)) and bool(meta.get("trace"))
+
     def prompt(self, sample: SampleLike) -> str:
-        """The statement and the one-word question."""
-        return PROMPT.format(sentence=sample.meta["sentence"])
+        """The statement and the question: the one word, or (with a trace) the description, then the word."""
+        return (TRACE_PROMPT if self.uses_trace(sample.meta) else PROMPT).format(sentence=sample.meta["sentence"])
 
     def prepare_truth(self, sample: SampleLike) -> bool:
         """The sample's truth value."""
         return sample.meta["label"]
 
     def score(self, state: State, text: str) -> tuple[float, dict]:
-        """1 when the answer names the right truth value unambiguously, else 0."""
-        answer = parse_answer(text)
+        """1 when the answer names the right truth value unambiguously, else 0; a leading trace is not read for
+        it (its lookup says yes and no)."""
+        trace = TRACE.match(text or "")
+        answer = parse_answer((text or "")[trace.end():] if trace else text)
         correct = answer is not None and answer == state.truth
         reward = 1.0 if correct else 0.0
         info = {
@@ -100,16 +134,23 @@ class NLVR2Env(Env):
             "pred_label": answer,
             "label": answer_word(state.truth),
             "correct": correct,
-            "format_ok": FORMAT_PATTERN.fullmatch(text or "") is not None,
+            "format_ok": (TRACE_FORMAT_PATTERN if self.uses_trace(state.meta) else FORMAT_PATTERN)
+            .fullmatch(text or "") is not None,
+            "trace": " ".join(trace.group(0).split()) if trace else None,
             "parse_failed": answer is None,
             "reward_components": {"correct": reward},
         }
         return reward, info
 
-    @staticmethod
-    def ideal_answer(meta: dict[str, Any]) -> str:
-        """The SFT target for a sample's meta: 'True' or 'False'."""
-        return answer_word(meta["label"])
+    def ideal_answer(self, meta: dict[str, Any]) -> str:
+        """The SFT target for a sample's meta: 'True' or 'False', after the trace when the sample uses one."""
+        verdict = answer_word(meta["label"])
+        return f"{meta['trace']} {verdict}" if self.uses_trace(meta) else verdict
+
+    def reasoning(self, meta: dict[str, Any]) -> str:
+        """The think block's trace: what each image holds, as the synthetic generator wrote it (none for the hub's
+        pairs)."""
+        return meta.get("trace") or ""
 
     @classmethod
     def corpus(cls) -> list[str]:
@@ -131,11 +172,14 @@ class NLVR2Env(Env):
 
     @classmethod
     def record_fields(cls, info: Mapping[str, Any], meta: Mapping[str, Any]) -> dict[str, Any]:
-        """The answer word, the predicted truth value and the truth (label, sentence)."""
+        """The answer word and description, the predicted truth value and the truth (label, sentence, trace)."""
         word = info.get("answer")
-        return {"parsed": {"answer": word},
+        truth = {"label": meta.get("label"), "sentence": meta.get("sentence")}
+        if meta.get("trace"):
+            truth["trace"] = meta["trace"]
+        return {"parsed": {"answer": word, "trace": info.get("trace")},
                 "pred_label": {"True": True, "False": False}.get(word) if isinstance(word, str) else None,
-                "truth": {"label": meta.get("label"), "sentence": meta.get("sentence")}}
+                "truth": truth}
 
     @classmethod
     def usable_prediction(cls, record: Mapping[str, Any]) -> bool:
@@ -156,7 +200,16 @@ class NLVR2Env(Env):
             predicted = record.get("pred_label")
             correct.append(isinstance(predicted, bool) and predicted is label)
         correct = np.asarray(correct, np.float64)
-        return {"accuracy": Statistic("mean", correct), **nlvr2_types.type_statistics(records, correct)}
+        stats = {"accuracy": Statistic("mean", correct), **nlvr2_types.type_statistics(records, correct)}
+        # The description's accuracy, over the samples that have a trace: what the policy sees, apart from what it
+        # concludes (issue 19: perception or binding).
+        truths = [(record.get("truth") or {}).get("trace") for record in records]
+        if any(truths):
+            has = np.array([bool(t) for t in truths], np.float64)
+            said = [(record.get("parsed") or {}).get("trace") for record in records]
+            exact = np.array([bool(t) and s == t for s, t in zip(said, truths)], np.float64)
+            stats["trace_exact"] = Statistic("ratio", exact, has)
+        return stats
 
     @classmethod
     def truth_text(cls, truth: Mapping[str, Any]) -> str:
