@@ -96,7 +96,7 @@ class NLVR2Env(Env):
     schema = RowSchema("nlvr2", ("id", "sentence", "label", "left", "right"), ("left.jpg", "right.jpg"), parse_row)
     # the overall accuracy, then one per statement type (synthetic templates; the real NLVR2 has only the first)
     metric_rows = {"accuracy": ("accuracy", "rate"), **nlvr2_types.metric_rows(),
-                   "trace_exact": ("description of both images exact (samples with a trace)", "rate")}
+                   "trace_exact": ("trace exact: description and lookup (samples with a trace)", "rate")}
     ood_note = "the statements over shapes of another size (data.nlvr2.ood_object_scale), which train never shows"
 
     def __init__(self, samples: Sequence[SampleLike] | None = None, **kwargs: Any) -> None:
@@ -146,11 +146,6 @@ class NLVR2Env(Env):
         """The SFT target for a sample's meta: 'True' or 'False', after the trace when the sample uses one."""
         verdict = answer_word(meta["label"])
         return f"{meta['trace']} {verdict}" if self.uses_trace(meta) else verdict
-
-    def reasoning(self, meta: dict[str, Any]) -> str:
-        """The think block's trace: what each image holds, as the synthetic generator wrote it (none for the hub's
-        pairs)."""
-        return meta.get("trace") or ""
 
     @classmethod
     def corpus(cls) -> list[str]:
