@@ -182,3 +182,7 @@ def test_trace_exact_counts_the_descriptions_of_samples_with_a_trace():
     assert exact.kind == "ratio" and exact.values.tolist() == [1.0, 0.0, 0.0]
     assert exact.denominator.tolist() == [1, 1, 0]
     assert "trace_exact" not in NLVR2Env.task_statistics(records[2:])  # no trace anywhere: no such metric
+    off = NLVR2Env(samples=traced([True]), params=NLVR2Env.Params(trace=False))  # not asked for: not scored
+    state, _ = off.reset(0)
+    record = NLVR2Env.record_fields(off.step_text(state, "True")[4], state.meta)
+    assert "trace" not in record["truth"] and "trace_exact" not in NLVR2Env.task_statistics([record])

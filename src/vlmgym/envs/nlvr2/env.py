@@ -63,7 +63,7 @@ class NLVR2Params(ThinkParams):
     trace: bool = spec(True, doc="where a sample has a trace (the synthetic generator's: 'left: blue, red. right: "
                                  "green.'), the prompt asks to say what each image holds before True or False and "
                                  "SFT teaches that trace; only the verdict is scored. Off (and for the hub's "
-                                 "pairs): the one word, which the tiny default model never learns (issue 19)")
+                                 "pairs): the one word, which the tiny default model does not learn (issue 19)")
 
 
 def parse_row(rec: dict[str, str]) -> Row:
@@ -137,6 +137,7 @@ class NLVR2Env(Env):
             "format_ok": (TRACE_FORMAT_PATTERN if self.uses_trace(state.meta) else FORMAT_PATTERN)
             .fullmatch(text or "") is not None,
             "trace": " ".join(trace.group(0).split()) if trace else None,
+            "trace_asked": self.uses_trace(state.meta),
             "parse_failed": answer is None,
             "reward_components": {"correct": reward},
         }
@@ -170,7 +171,7 @@ class NLVR2Env(Env):
         """The answer word and description, the predicted truth value and the truth (label, sentence, trace)."""
         word = info.get("answer")
         truth = {"label": meta.get("label"), "sentence": meta.get("sentence")}
-        if meta.get("trace"):
+        if info.get("trace_asked"):  # the trace the answer was asked for (none with env.nlvr2.trace off)
             truth["trace"] = meta["trace"]
         return {"parsed": {"answer": word, "trace": info.get("trace")},
                 "pred_label": {"True": True, "False": False}.get(word) if isinstance(word, str) else None,
