@@ -7,7 +7,8 @@ the images train it, the rest score it. Run where the nlvr2 shards and a model f
 
     python scripts/nlvr2/probe.py [--model models/jax/base] [--max-pixels 49152] [--pairs 800]
 
-The scene descriptions come from the generator itself (same seed and size as params.yaml's data section).
+The scene descriptions come from the generator itself (the seed, size and data.nlvr2 settings of params.yaml). Issue
+19's numbers in the README are on the full generator (data.nlvr2 as in the README's full-generator command).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import jax
 import numpy as np
 
 from vlmgym import envs
-from vlmgym.envs.nlvr2.data import COLOURS, generate_split
+from vlmgym.envs.nlvr2.data import COLOURS, NLVR2DataParams, generate_split
 from vlmgym.models.qwen3_vl.model import encode_inputs
 from vlmgym.params import load_section
 from vlmgym.rl.run import load_policy
@@ -34,12 +35,17 @@ def main() -> None:
     parser.add_argument("--pairs", type=int, default=800, help="train pairs used (two images each)")
     args = parser.parse_args()
     data = load_section("data")
+    # the scenes the shards were rendered from: the configured generator (data.nlvr2), not generate_split's defaults
+    settings = data.sections.get("nlvr2") or NLVR2DataParams()
+    knobs = settings.knobs()
     policy, params = load_policy(args.model, load_section("model"), 8)
     if args.max_pixels:
         policy.processor.settings = dataclasses.replace(policy.processor.settings, max_pixels=args.max_pixels)
     env = envs.from_params(load_section("env"), shards_dir="data/shards", split="train", limit=args.pairs)
     scenes = {p.id: (p.left, p.right)
-              for p in generate_split(data.seed, "train", args.pairs, data.image_width, data.image_height)}
+              # every train pair: the shard stage held some out as val, so the first N served are not pairs 0..N-1
+              for p in generate_split(data.seed, "train", settings.train_pairs or data.train_images, data.image_width,
+                                      data.image_height, **knobs)}
     encode = jax.jit(lambda prm, inputs: encode_inputs(prm, policy.cfg, inputs)[0])
     features, facts = [], []
     for start in range(0, len(env), 16):

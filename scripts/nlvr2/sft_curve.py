@@ -6,7 +6,7 @@ minus that of "False" per pair gives the accuracy, the share answered True and t
 of the difference over pairs; a spread near 0 means the answer no longer depends on the images or statement.
 --caption: the target first describes both scenes ("left: large red circle, ...; right: ... . True"), a
 first-order visual task, and the greedy answers give the verdict's accuracy and the share of exact captions.
-Run where the nlvr2 shards and base model exist (see probe.py):
+Run where the nlvr2 shards and base model exist, with env.nlvr2.trace: false (see probe.py):
 
     python scripts/nlvr2/sft_curve.py --steps 400 --lr 3e-4 [--text-first] [--caption] [--max-pixels 49152]
 """
@@ -23,7 +23,7 @@ import jax
 import numpy as np
 
 from vlmgym import envs
-from vlmgym.envs.nlvr2.data import generate_split
+from vlmgym.envs.nlvr2.data import NLVR2DataParams, generate_split
 from vlmgym.envs.nlvr2.env import parse_answer
 from vlmgym.params import load_section
 from vlmgym.rl.run import load_policy
@@ -66,19 +66,25 @@ def _describe(scene) -> str:
 def main() -> None:
     args = _arguments()
     data = load_section("data")
+    # the scenes the shards were rendered from: the configured generator (data.nlvr2), not generate_split's defaults
+    settings = data.sections.get("nlvr2") or NLVR2DataParams()
+    knobs = settings.knobs()
     sft = dataclasses.replace(load_section("sft"), steps=args.steps, lr=args.lr, batch_size=args.batch, val_every=0,
                               warmup_steps=args.warmup, save_every=10**9, max_target_tokens=args.max_target)
     policy, params = load_policy(args.model, load_section("model"), args.max_target if args.caption else 8)
     if args.max_pixels:
         policy.processor.settings = dataclasses.replace(policy.processor.settings, max_pixels=args.max_pixels)
     env_params = load_section("env")
+    if getattr(env_params.settings(), "trace", False):  # it measures the one-word setup (or its own --caption)
+        raise SystemExit("sft_curve.py runs the one-word target: set env.nlvr2.trace: false in params.yaml")
     train = envs.from_params(env_params, shards_dir="data/shards", split="train")
     test = envs.from_params(env_params, shards_dir="data/shards", split="test", limit=args.eval_n)
     if args.text_first:
         _statement_first(train)
         _statement_first(test)
-    pairs = {p.id: p for split, count in (("train", data.train_images), ("test", data.test_images))
-             for p in generate_split(data.seed, split, count, data.image_width, data.image_height)}
+    pairs = {p.id: p for split, count in (("train", settings.train_pairs or data.train_images),
+                                          ("test", data.test_images))
+             for p in generate_split(data.seed, split, count, data.image_width, data.image_height, **knobs)}
 
     def caption_target(meta: dict) -> str:
         pair = pairs[meta["id"]]
