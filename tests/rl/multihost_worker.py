@@ -6,6 +6,7 @@ final params (.npz) and the per-step figures (.json).
 """
 
 import argparse
+import dataclasses
 import json
 import time
 
@@ -25,8 +26,18 @@ from vlmgym.models.qwen3_vl.processor import Processor  # noqa: E402
 from vlmgym.models.qwen3_vl.sharding import make_mesh, param_shardings  # noqa: E402
 from vlmgym.params import TrainParams  # noqa: E402
 from vlmgym.rl.policy import Qwen3VLPolicy  # noqa: E402
+from vlmgym.rl import trainer as trainer_module  # noqa: E402
 from vlmgym.rl.trainer import GRPOTrainer  # noqa: E402
 from vlmgym.rollout.sampling import SamplingSettings  # noqa: E402
+
+# Adam's eps: at the default 1e-8 Adam's first update, lr * g / (|g| + eps), turns a last-bit difference in an
+# element whose gradient is ~1e-8 (a cancellation) into a few percent of lr. XLA does not promise the same last
+# bits from a two-process and a one-process program (on an Intel Xeon they differ; on an AMD EPYC they did not), so
+# with it the comparison measured rounding luck. At 1e-3 last-bit differences stay last-bit and a real difference
+# (a missed all-reduce, a wrong data shard) is still of the order of the update itself.
+ADAM_EPS = 1e-3
+_optimizer_config = trainer_module.optimizer_config
+trainer_module.optimizer_config = lambda section: dataclasses.replace(_optimizer_config(section), eps=ADAM_EPS)
 
 FIGURES = ("reward_mean", "reward_std", "loss", "grad_norm", "completion_length")
 

@@ -99,11 +99,11 @@ def test_two_processes_train_as_one_and_resume_after_a_kill(tiny_vlm, tmp_path):
             assert ours[name] == pytest.approx(value, rel=1e-5, abs=1e-6), name
     ours, theirs = _params(tmp_path / "resumed"), _params(tmp_path / "single")
     assert ours.keys() == theirs.keys() and len(ours) > 10
-    changed = 0
+    moved = 0.0
     for name in theirs:
         np.testing.assert_allclose(ours[name], theirs[name], rtol=0, atol=1e-6, err_msg=name)
-        changed += not np.array_equal(theirs[name], _initial(tiny_vlm, name))
-    assert changed > 0  # the steps trained something
+        moved = max(moved, float(np.abs(theirs[name] - _initial(tiny_vlm, name)).max()))
+    assert moved > 1e-3  # the steps trained: a layout that trained differently would be far outside 1e-6
 
 
 def _initial(tiny_vlm, name: str) -> np.ndarray:
