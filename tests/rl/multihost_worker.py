@@ -25,8 +25,8 @@ from vlmgym.models.qwen3_vl.convert import hf_to_params, read_safetensors  # noq
 from vlmgym.models.qwen3_vl.processor import Processor  # noqa: E402
 from vlmgym.models.qwen3_vl.sharding import make_mesh, param_shardings  # noqa: E402
 from vlmgym.params import TrainParams  # noqa: E402
-from vlmgym.rl.policy import Qwen3VLPolicy  # noqa: E402
 from vlmgym.rl import trainer as trainer_module  # noqa: E402
+from vlmgym.rl.policy import Qwen3VLPolicy  # noqa: E402
 from vlmgym.rl.trainer import GRPOTrainer  # noqa: E402
 from vlmgym.rollout.sampling import SamplingSettings  # noqa: E402
 
