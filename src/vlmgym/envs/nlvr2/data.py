@@ -17,10 +17,12 @@ Synthetic (the default): each image shows non-overlapping circles, squares and t
 sizes on a tinted, noisy background; statements come from templates (counting, "every ... is <colour>", spatial
 relations, comparisons across the two images, existence) and their truth is computed from the scene descriptions.
 Exactly half of each split is true; the template is drawn before the label so it does not give the answer away.
-Each pair also gets a trace, what each image holds ("left: blue, red. right: green."), which nlvr2's think option
-teaches before the verdict. `data.nlvr2` (NLVR2DataParams) picks the templates, what descriptions name, how many
-and how large the shapes are; its defaults are the level the tiny default model learns (the three colour templates
-over 1-2 shapes at 3x size); the full generator is all nine templates, full descriptions, 1-6 shapes at scale 1.
+Each pair also gets a trace (scene_trace): what each image holds, then, for the exists and exactly_one_image
+statements, whether each image has what they are about ("left: blue, red. right: green. red object: left yes, right
+no."), which nlvr2's answer gives before the verdict (env.nlvr2.trace). `data.nlvr2` (NLVR2DataParams) picks the
+templates, what descriptions name, how many and how large the shapes are; its defaults are the level the tiny
+default model learns (the two colour-presence templates over 1-2 shapes at 3x size); the full generator is all
+nine templates, full descriptions, 1-6 shapes at scale 1.
 With `data.ood_images` > 0 it also writes test_ood: the same statements over shapes of another size
 (`data.nlvr2.ood_object_scale`, 2 by default), which train never shows.
 Hub: the first N rows of the train and test splits of `data.hub_repo` (default HuggingFaceM4/NLVR2), images
