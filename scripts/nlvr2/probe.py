@@ -20,7 +20,8 @@ import jax
 import numpy as np
 
 from vlmgym import envs
-from vlmgym.envs.nlvr2.data import COLOURS, NLVR2DataParams, generate_split
+from vlmgym.envs.nlvr2.data import COLOURS, generate_split
+from vlmgym.envs.nlvr2.env import NLVR2Env
 from vlmgym.models.qwen3_vl.model import encode_inputs
 from vlmgym.params import load_section
 from vlmgym.rl.run import load_policy
@@ -36,7 +37,7 @@ def main() -> None:
     args = parser.parse_args()
     data = load_section("data")
     # the scenes the shards were rendered from: the configured generator (data.nlvr2), not generate_split's defaults
-    settings = data.sections.get("nlvr2") or NLVR2DataParams()
+    settings = NLVR2Env.data_settings(data)
     knobs = settings.knobs()
     policy, params = load_policy(args.model, load_section("model"), 8)
     if args.max_pixels:

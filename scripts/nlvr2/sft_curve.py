@@ -23,8 +23,8 @@ import jax
 import numpy as np
 
 from vlmgym import envs
-from vlmgym.envs.nlvr2.data import NLVR2DataParams, generate_split
-from vlmgym.envs.nlvr2.env import parse_answer
+from vlmgym.envs.nlvr2.data import generate_split
+from vlmgym.envs.nlvr2.env import NLVR2Env, parse_answer
 from vlmgym.params import load_section
 from vlmgym.rl.run import load_policy
 from vlmgym.rl.trainer import SFTTrainer
@@ -67,7 +67,7 @@ def main() -> None:
     args = _arguments()
     data = load_section("data")
     # the scenes the shards were rendered from: the configured generator (data.nlvr2), not generate_split's defaults
-    settings = data.sections.get("nlvr2") or NLVR2DataParams()
+    settings = NLVR2Env.data_settings(data)
     knobs = settings.knobs()
     sft = dataclasses.replace(load_section("sft"), steps=args.steps, lr=args.lr, batch_size=args.batch, val_every=0,
                               warmup_steps=args.warmup, save_every=10**9, max_target_tokens=args.max_target)

@@ -39,6 +39,16 @@ CASES = {
 }
 
 
+def _prompt_length(tokenizer, text: str, image_count: int) -> int:
+    """Tokens of a user message with `image_count` 256x192 images and `text`, through the chat template."""
+    image = Image.fromarray(np.full((192, 256, 3), 128, np.uint8))
+    messages = [{"role": "user", "content": [{"type": "image"}] * image_count + [{"type": "text", "text": text}]}]
+    inputs = build_inputs(tokenizer, [messages], [[image] * image_count],
+                          settings=ImageSettings(min_pixels=TINY_MIN_PIXELS, max_pixels=TINY_MAX_PIXELS))
+    assert int(inputs["image_tokens"][0]) == 12 * image_count
+    return int(inputs["prompt_lengths"][0])
+
+
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_longest_prompt_fits_its_bucket(name):
     metas, bucket = CASES[name]
@@ -46,12 +56,7 @@ def test_longest_prompt_fits_its_bucket(name):
     env_class = envs.env_class(name)
     prompts = [env_class.prompt(None, SimpleNamespace(meta=meta)) for meta in metas]
     longest = max(prompts, key=lambda text: len(tokenizer(text)["input_ids"]))
-    image = Image.fromarray(np.full((192, 256, 3), 128, np.uint8))
-    messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": longest}]}]
-    inputs = build_inputs(tokenizer, [messages], [[image]],
-                          settings=ImageSettings(min_pixels=TINY_MIN_PIXELS, max_pixels=TINY_MAX_PIXELS))
-    assert int(inputs["image_tokens"][0]) == 12
-    length = int(inputs["prompt_lengths"][0])
+    length = _prompt_length(tokenizer, longest, 1)
     assert bucket // 2 < length <= bucket, f"{name}: the longest prompt is {length} tokens: {longest!r}"
 
 
@@ -66,8 +71,4 @@ def test_nlvr2_default_prompts_fit_128_with_their_two_images(trace):
         params=envs.env_class("nlvr2").Params(trace=trace))
     longest = max((env.prompt(sample) for sample in env.samples), key=lambda text: len(tokenizer(text)["input_ids"]))
     assert ("Say what each image holds" in longest) is trace
-    image = Image.fromarray(np.full((192, 256, 3), 128, np.uint8))
-    messages = [{"role": "user", "content": [{"type": "image"}, {"type": "image"}, {"type": "text", "text": longest}]}]
-    inputs = build_inputs(tokenizer, [messages], [[image, image]],
-                          settings=ImageSettings(min_pixels=TINY_MIN_PIXELS, max_pixels=TINY_MAX_PIXELS))
-    assert 64 < int(inputs["prompt_lengths"][0]) <= 128, longest
+    assert 64 < _prompt_length(tokenizer, longest, 2) <= 128, longest

@@ -125,7 +125,7 @@ class NLVR2Env(Env):
     def score(self, state: State, text: str) -> tuple[float, dict]:
         """1 when the answer names the right truth value unambiguously, else 0; a leading trace is not read for
         it (its lookup says yes and no)."""
-        trace = TRACE.match(text or "")
+        trace, asked = TRACE.match(text or ""), self.uses_trace(state.meta)
         answer = parse_answer((text or "")[trace.end():] if trace else text)
         correct = answer is not None and answer == state.truth
         reward = 1.0 if correct else 0.0
@@ -134,10 +134,9 @@ class NLVR2Env(Env):
             "pred_label": answer,
             "label": answer_word(state.truth),
             "correct": correct,
-            "format_ok": (TRACE_FORMAT_PATTERN if self.uses_trace(state.meta) else FORMAT_PATTERN)
-            .fullmatch(text or "") is not None,
+            "format_ok": (TRACE_FORMAT_PATTERN if asked else FORMAT_PATTERN).fullmatch(text or "") is not None,
             "trace": " ".join(trace.group(0).split()) if trace else None,
-            "trace_asked": self.uses_trace(state.meta),
+            "trace_asked": asked,
             "parse_failed": answer is None,
             "reward_components": {"correct": reward},
         }
