@@ -4,11 +4,13 @@ Greedy answers (the headline numbers) with the rollout engine in batches of `rol
 env at curriculum progress `rollout.progress`; with `rollout.sampled_answers: k > 0` also k sampled answers per
 prompt in <policy>.sampled.jsonl. One record per answer (schema: vlmgym.eval.records and vlmgym.eval.rollouts);
 When the shards hold the env's out-of-distribution split (`rollout.ood_split`, test_ood), each policy also answers
-it, greedy, into test_ood/<policy>.jsonl. summary.json holds each policy's counts, mean reward and format rate;
-a mixture of envs (env.name: mixture) answers each sub-env's splits into <name>/<policy>.jsonl and
-<name>/test_ood/<policy>.jsonl, and its summary.json holds {name: {policy: figures}}. Speeds (seconds,
-tokens/s) go to the MLflow run only, so the folder is the same bytes on every run. The folder is replaced as a
-whole, atomically.
+it, greedy, into test_ood/<policy>.jsonl. The image-blind baselines (vlmgym.eval.blind) answer the same splits:
+each of `rollout.blind_policies` again with its images blanked, as <policy>_blind.jsonl, and with
+`rollout.constant_baseline` the best constant answer chosen on the val split, as constant.jsonl. summary.json
+holds each policy's counts, mean reward and format rate; a mixture of envs (env.name: mixture) answers each
+sub-env's splits into <name>/<policy>.jsonl and <name>/test_ood/<policy>.jsonl, and its summary.json holds
+{name: {policy: figures}}. Speeds (seconds, tokens/s) go to the MLflow run only, so the folder is the same bytes
+on every run. The folder is replaced as a whole, atomically.
 
     python stages/rollout.py [--params params.yaml]
 """
@@ -27,10 +29,14 @@ import numpy as np
 
 from vlmgym import envs, tracking
 from vlmgym.atomic import atomic_dir
+from vlmgym.eval import blind
 from vlmgym.eval.records import write_jsonl
 from vlmgym.eval.rollouts import answer_split, load_engine
 from vlmgym.params import load_section
 from vlmgym.rollout import RolloutEngine
+
+# Train samples the constant baseline is chosen on when the shards hold no val split.
+CONSTANT_TRAIN_SAMPLES = 256
 
 
 def part_envs(rollout: Any, env_params: Any, shards_dir: str, tokenizer: Any) -> tuple[Any, Any]:
@@ -47,21 +53,34 @@ def part_envs(rollout: Any, env_params: Any, shards_dir: str, tokenizer: Any) ->
                                  limit=rollout.limit, progress=rollout.progress)
 
 
-def answer_policy(rollout: Any, engine: Any, params: Any, env: Any, ood_env: Any, policy: str, number: int,
-                  out: Path) -> tuple[dict[str, float], dict[str, float]]:
-    """One policy's answers to one env's splits written under `out`: (figures for summary.json, speeds)."""
-    records, timing = answer_split(engine, params, env, policy=policy, batch_size=rollout.batch_size)
-    write_jsonl(out / f"{policy}.jsonl", records)
-    figures = {**timing.counts(), "mean_reward": float(np.mean([r["reward"] for r in records])),
-               "format_ok_rate": float(np.mean([r["format_ok"] for r in records]))}
+def answer_greedy(rollout: Any, engine: Any, params: Any, env: Any, ood_env: Any, name: str, out: Path,
+                  blank_images: bool = False) -> tuple[dict[str, float], dict[str, float]]:
+    """Greedy answers to the split (and the out-of-distribution split) as the policy `name` under `out`."""
+    records, timing = answer_split(engine, params, env, policy=name, batch_size=rollout.batch_size,
+                                   blank_images=blank_images)
+    write_jsonl(out / f"{name}.jsonl", records)
+    figures = {**timing.counts(), **reward_figures(records)}
     speed = timing.speed()
     if ood_env is not None:
         ood = rollout.ood_split
-        ood_records, ood_timing = answer_split(engine, params, ood_env, policy=policy, batch_size=rollout.batch_size)
-        write_jsonl(out / ood / f"{policy}.jsonl", ood_records)
+        ood_records, ood_timing = answer_split(engine, params, ood_env, policy=name, batch_size=rollout.batch_size,
+                                               blank_images=blank_images)
+        write_jsonl(out / ood / f"{name}.jsonl", ood_records)
         figures[f"{ood}_mean_reward"] = float(np.mean([r["reward"] for r in ood_records]))
         figures[f"{ood}_samples"] = ood_timing.samples
         speed[f"{ood}_tokens_per_s"] = ood_timing.tokens_per_s
+    return figures, speed
+
+
+def reward_figures(records: list[dict]) -> dict[str, float]:
+    return {"mean_reward": float(np.mean([r["reward"] for r in records])),
+            "format_ok_rate": float(np.mean([r["format_ok"] for r in records]))}
+
+
+def answer_policy(rollout: Any, engine: Any, params: Any, env: Any, ood_env: Any, policy: str, number: int,
+                  out: Path) -> tuple[dict[str, float], dict[str, float]]:
+    """One policy's answers to one env's splits written under `out`: (figures for summary.json, speeds)."""
+    figures, speed = answer_greedy(rollout, engine, params, env, ood_env, policy, out)
     if rollout.sampled_answers > 0:
         engine = RolloutEngine(engine.cfg, engine.processor,
                                replace(engine.settings, greedy=False, temperature=rollout.temperature))
@@ -72,6 +91,40 @@ def answer_policy(rollout: Any, engine: Any, params: Any, env: Any, ood_env: Any
         figures["sampled_mean_reward"] = float(np.mean([r["reward"] for r in sampled]))
         speed["sampled_tokens_per_s"] = sampled_timing.tokens_per_s
     return figures, speed
+
+
+def answer_constant(rollout: Any, env_params: Any, shards_dir: str, env: Any, ood_env: Any,
+                    out: Path) -> dict[str, Any] | None:
+    """The constant baseline (vlmgym.eval.blind): chosen on the val split (train's first samples without one),
+    written as the policy `constant`; None (with a note) when the env has no ideal answer to propose."""
+    split = "val" if (Path(shards_dir) / "val").is_dir() else "train"
+    chooser = envs.from_params(env_params, shards_dir=shards_dir, split=split, tokenizer=env.tokenizer,
+                               limit=None if split == "val" else CONSTANT_TRAIN_SAMPLES, progress=rollout.progress)
+    candidates = blind.candidate_answers(chooser, rollout.constant_candidates)
+    if not candidates:
+        print(f"rollout: {env.name} has no ideal answer to propose as a constant: no constant baseline")
+        return None
+    answer, chosen_reward = blind.best_constant(chooser, candidates)
+    records = blind.constant_records(env, answer)
+    write_jsonl(out / f"{blind.CONSTANT}.jsonl", records)
+    figures: dict[str, Any] = {"answer": answer, "candidates": len(candidates), "chosen_on": split,
+                               f"{split}_mean_reward": chosen_reward, "samples": len(records),
+                               **reward_figures(records)}
+    if ood_env is not None:
+        ood_records = blind.constant_records(ood_env, answer)
+        write_jsonl(out / rollout.ood_split / f"{blind.CONSTANT}.jsonl", ood_records)
+        figures[f"{rollout.ood_split}_mean_reward"] = float(np.mean([r["reward"] for r in ood_records]))
+    return figures
+
+
+def report(run: Any, name: str, policy: str, figures: dict[str, float], speed: dict[str, float], ood: str) -> None:
+    """Log one policy's figures to MLflow and print them."""
+    prefix = f"{name}/" if name else ""
+    run.log_metrics({f"{prefix}{policy}/{k}": v for k, v in {**figures, **speed}.items()})
+    print(f"rollout: {prefix}{policy}: {figures['samples']} samples, mean reward "
+          f"{figures['mean_reward']:.4f}, format ok {figures['format_ok_rate']:.1%}"
+          + (f", {speed['tokens_per_s']:.0f} tokens/s" if "tokens_per_s" in speed else "")
+          + (f"; {ood}: mean reward {figures[f'{ood}_mean_reward']:.4f}" if ood else ""))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -105,14 +158,27 @@ def main(argv: list[str] | None = None) -> int:
                     env, ood_env = built[name]
                     figures, speed = answer_policy(rollout, engine, params, env, ood_env, policy, number,
                                                    tmp / folder)
-                    summary.setdefault(name, {})[policy] = figures
-                    prefix = f"{name}/" if name else ""
-                    run.log_metrics({f"{prefix}{policy}/{k}": v for k, v in {**figures, **speed}.items()})
-                    ood = rollout.ood_split if ood_env is not None else ""
-                    print(f"rollout: {prefix}{policy}: {figures['samples']} samples, mean reward "
-                          f"{figures['mean_reward']:.4f}, format ok {figures['format_ok_rate']:.1%}, "
-                          f"{speed['tokens_per_s']:.0f} tokens/s"
-                          + (f"; {ood}: mean reward {figures[f'{ood}_mean_reward']:.4f}" if ood else ""))
+                    answered = [(policy, figures, speed)]
+                    if policy in rollout.blind_policies:
+                        blind_figures, blind_speed = answer_greedy(rollout, engine, params, env, ood_env,
+                                                                   blind.blind_name(policy), tmp / folder,
+                                                                   blank_images=True)
+                        answered.append((blind.blind_name(policy), blind_figures, blind_speed))
+                    for answered_as, answer_figures, answer_speed in answered:
+                        summary.setdefault(name, {})[answered_as] = answer_figures
+                        report(run, name, answered_as, answer_figures, answer_speed,
+                               rollout.ood_split if ood_env is not None else "")
+            if rollout.constant_baseline:
+                for name, part_env, shards_dir, folder in parts:
+                    env, ood_env = built[name]
+                    figures = answer_constant(rollout, part_env, shards_dir, env, ood_env, tmp / folder)
+                    if figures is not None:
+                        summary.setdefault(name, {})[blind.CONSTANT] = figures
+                        report(run, name, blind.CONSTANT, {k: v for k, v in figures.items()
+                                                           if isinstance(v, int | float)}, {},
+                               rollout.ood_split if ood_env is not None else "")
+                        print(f"rollout: {name or env.name}: constant answer {figures['answer']!r} (best of "
+                              f"{figures['candidates']} on {figures['chosen_on']})")
             summary = summary.get("", summary)  # one env: {policy: figures}, as before mixtures
             (tmp / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
         run.log_dict(summary, "rollout_summary.json")

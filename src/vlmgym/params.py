@@ -119,8 +119,18 @@ class EnvParams:
 
     name: str = spec(DEFAULT_ENV, env_name=True,
                      doc="the task: a registered env name, an entry point (vlmgym.envs) or 'package.module:Class'")
+    recipe: str = spec("", doc="the env whose recipe the other sections hold (`vlmgym recipe <env>` writes it and "
+                           "name); a stage stops when it is not name, so switching env.name alone never trains a task "
+                           "with another's settings ('': settings chosen by hand, run as they are)")
     sections: dict[str, Any] = spec(default_factory=dict, env_sections="Params",
                                     doc="each env's own settings (reward, report), under its name")
+
+    def __post_init__(self) -> None:
+        if self.recipe and self.recipe != self.name:
+            raise ParamsError(f"env.name is {self.name!r} but env.recipe is {self.recipe!r}: the other sections "
+                              f"hold the settings of that env's recipe. `vlmgym recipe {self.name}` applies this env's "
+                              f"(or `dvc exp run $(vlmgym recipe {self.name} --overrides)`); env.recipe: '' runs "
+                              "these settings as they are")
 
     def settings(self) -> Any:
         """The active env's section (env.<its name>), its defaults when absent; None when it takes none."""
@@ -269,11 +279,27 @@ class RolloutParams:
     limit: int = spec(0, ge=0, doc="answer only the first this many samples (0: all)")
     batch_size: int = spec(16, ge=1, doc="prompts per rollout-engine call")
     max_new_tokens: int = spec(64, ge=1, doc="answer length budget (tokens)")
-    sampled_answers: int = spec(0, ge=0, doc="sampled answers per prompt written beside the greedy one (0: none)")
+    sampled_answers: int = spec(4, ge=0, doc="sampled answers per prompt written beside the greedy one, reported as "
+                                "their mean reward and pass@k (0: none)")
     temperature: float = spec(1.0, gt=0, doc="sampling temperature of the sampled answers")
     seed: int = spec(0, ge=0, doc="seed of the sampled answers")
     progress: float = spec(1.0, ge=0, le=1, doc="curriculum progress at which answers are scored (1: final reward)")
+    constant_baseline: bool = spec(True, doc="also score the image-blind baseline `constant`: the one answer (of the "
+                                   "val split's ideal answers) with the best mean val reward, given to every sample")
+    constant_candidates: int = spec(128, ge=1, doc="ideal answers of val samples tried as the constant answer")
+    blind_policies: list[str] = spec(default_factory=lambda: ["sft", "grpo"],
+                                     doc="policies also answering with every image blanked to grey, as "
+                                     "<policy>_blind: the text-only baseline (each one of policies; empty: none)")
     out_dir: str = spec("outputs/rollouts", doc="one <policy>.jsonl (and <policy>.sampled.jsonl) per policy")
+
+    def __post_init__(self) -> None:
+        unknown = [p for p in self.blind_policies if p not in self.policies]
+        if unknown:
+            raise ParamsError(f"rollout.blind_policies: {unknown} not among rollout.policies {self.policies}")
+        clash = [p for p in self.policies if p == "constant" or p.endswith("_blind")]
+        if clash:
+            raise ParamsError(f"rollout.policies: {clash} are baseline names (constant, <policy>_blind); "
+                              "rename the model folder")
 
 
 @dataclass(frozen=True)

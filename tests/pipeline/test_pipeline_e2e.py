@@ -21,6 +21,8 @@ from pipeline_helpers import STAGES, run_checked, stages_run
 from vlmgym import pipeline_run
 
 POLICIES = ["base", "sft", "grpo"]
+BASELINES = ["constant", "sft_blind", "grpo_blind"]  # the image-blind baselines (vlmgym.eval.blind)
+BLIND_PAIRS = ["sft_minus_constant", "sft_minus_sft_blind", "grpo_minus_constant", "grpo_minus_grpo_blind"]
 
 
 def _all_runs(root: Path) -> list:
@@ -80,11 +82,23 @@ def test_rollouts_cover_the_test_split(pipeline):
         records = read_jsonl(root / "outputs/rollouts/test_ood" / f"{policy}.jsonl")
         assert {r["id"] for r in records} == ood_keys and all(r["policy"] == policy for r in records)
     summary = json.loads((root / "outputs/rollouts/summary.json").read_text())
-    assert set(summary) == set(POLICIES)
-    for figures in summary.values():  # no speeds: they differ on every run (they are in MLflow)
-        assert set(figures) == {"answers", "format_ok_rate", "generated_tokens", "mean_reward", "samples",
-                                "test_ood_mean_reward", "test_ood_samples"}
-        assert figures["test_ood_samples"] == 8
+    assert set(summary) == {*POLICIES, *BASELINES}
+    greedy = {"answers", "format_ok_rate", "generated_tokens", "mean_reward", "samples", "test_ood_mean_reward",
+              "test_ood_samples"}
+    for policy in (*POLICIES, "sft_blind", "grpo_blind"):  # no speeds: they differ on every run (they are in MLflow)
+        assert set(summary[policy]) == greedy | ({"sampled_mean_reward"} if policy in POLICIES else set()), policy
+        assert summary[policy]["test_ood_samples"] == 8
+    # the text-only policy answered every sample of both splits; the constant gave one answer, chosen on val
+    for split in ("", "test_ood/"):
+        for policy in ("sft_blind", "grpo_blind", "constant"):
+            assert len(read_jsonl(root / f"outputs/rollouts/{split}{policy}.jsonl")) == (8 if split else 16)
+    constant = summary["constant"]
+    assert constant["chosen_on"] == "val" and 1 <= constant["candidates"] <= 8
+    answers = {r["answer"] for r in read_jsonl(root / "outputs/rollouts/constant.jsonl")}
+    assert answers == {constant["answer"]} and constant["answer"].count("\n") == 4  # a five-line geospot answer
+    for policy in POLICIES:  # rollout.sampled_answers: 4 per test prompt
+        sampled = read_jsonl(root / "outputs/rollouts" / f"{policy}.sampled.jsonl")
+        assert len(sampled) == 4 * 16 and {r["sample"] for r in sampled} == {0, 1, 2, 3}
 
 
 def test_metrics_plots_and_reports(pipeline):
@@ -92,8 +106,11 @@ def test_metrics_plots_and_reports(pipeline):
 
     root = pipeline["root"]
     metrics = json.loads((root / "metrics/eval.json").read_text())
-    ood = {f"{key}_test_ood" for key in (*POLICIES, "grpo_minus_sft")}
-    assert set(metrics) == {*POLICIES, "grpo_minus_sft", "hf_baseline", *ood}
+    columns = (*POLICIES, *BASELINES, "grpo_minus_sft", *BLIND_PAIRS)
+    assert set(metrics) == {*columns, "hf_baseline", *(f"{key}_test_ood" for key in columns)}
+    for policy in POLICIES:  # sampled answers: the mean over each prompt's 4, beside greedy (geospot: no pass@k)
+        assert "sampled_mean_reward" in metrics[policy] and "pass_at_k" not in metrics[policy]
+    assert "sampled_mean_reward" not in metrics["constant"]
     for policy in POLICIES:
         assert metrics[f"{policy}_test_ood"]["n"] == 8
         ood_rewards = [r["reward"] for r in read_jsonl(root / "outputs/rollouts/test_ood" / f"{policy}.jsonl")]
@@ -116,6 +133,8 @@ def test_metrics_plots_and_reports(pipeline):
     assert "data:image/jpeg;base64," in page and "data:image/png;base64," in page and "hf_baseline" in page
     table = (root / "reports/eval.md").read_text()
     assert "grpo_minus_sft" in table and "| sft (test) | sft (test_ood) |" in table
+    assert "Image-blind check" in table and "sft - constant (test_ood)" in table
+    assert "| metric | base | sft | grpo | constant | sft_blind | grpo_blind | grpo_minus_sft |" in table
     assert "test_ood: test's places rendered in fog (data.geospot.ood_shift)" in table  # the configured shift
     assert "grpo_minus_sft (test_ood)" in page
     for sections in (yaml.safe_load((root / "metrics/sft.json").read_text()),

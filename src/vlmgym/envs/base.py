@@ -95,6 +95,9 @@ class Env(abc.ABC):
     # task under a shift that train never shows, so a policy's ID-to-OOD drop measures how far what it learned
     # carries over.
     ood_note: ClassVar[str] = ""
+    # The settings of the other sections this task trains with, as a partial params mapping (e.g. {"sft": {"lr":
+    # 0.001}}); `vlmgym recipe <env>` applies it (vlmgym.recipes). Empty: the defaults, the default env's recipe.
+    recipe: ClassVar[Mapping[str, Any]] = {}
 
     def __init__(self, samples: Sequence[SampleLike] | None = None, *, shards_dir: str = "data/shards",
                  split: str = "train", limit: int | None = None, tokenizer: Any = None, params: Any = None):
@@ -268,6 +271,12 @@ class Env(abc.ABC):
     def usable_prediction(cls, record: Mapping[str, Any]) -> bool:
         """Whether the record holds a prediction the metrics can use (with format_ok: the format-valid rate)."""
         return True
+
+    @classmethod
+    def solved(cls, record: Mapping[str, Any]) -> bool | None:
+        """Whether a record's answer is correct, the bit pass@k counts over sampled answers (default: None, the
+        env has no correctness bit; its reward is graded)."""
+        return None
 
     @classmethod
     def task_statistics(cls, records: Sequence[Mapping[str, Any]], **options: Any) -> dict[str, Statistic]:

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from vlmgym.eval.bootstrap import Interval, Statistic, bootstrap_intervals, paired_bootstrap_intervals
+from vlmgym.eval.sampled import sampled_statistics
 
 
 def env_class(env: Any) -> type:
@@ -72,6 +73,7 @@ def statistics_for(env: Any, records: Sequence[Mapping[str, Any]], **options: An
     rewards = np.array([reward_value(r, record_where(r, i)) for i, r in enumerate(records)], dtype=np.float64)
     stats["format_valid_rate"] = Statistic("mean", format_ok)
     stats["mean_reward"] = Statistic("mean", rewards)
+    stats.update(sampled_statistics(records))
     return stats
 
 

@@ -9,6 +9,7 @@ from typing import Any
 
 from PIL import Image
 
+from vlmgym.eval.blind import blind_check, blind_comparisons
 from vlmgym.eval.metrics import COLLAPSE_TOP_SHARE, answer_spread, collapsed, env_class, evaluate_policies
 from vlmgym.eval.plots import (
     RewardCurves,
@@ -20,6 +21,9 @@ from vlmgym.eval.plots import (
 )
 from vlmgym.eval.records import write_metrics_json
 from vlmgym.eval.report import write_html, write_markdown
+
+BLIND_HEADING = ("Image-blind check (each trained policy minus each baseline, mean reward: a policy that uses the "
+                 "image lies above 0)")
 
 
 @dataclass(frozen=True)
@@ -64,7 +68,10 @@ def write_evaluation(env: Any, records_by_policy: Mapping[str, Sequence[Mapping[
                      start_policies: Sequence[str] = (),
                      ood_records_by_policy: Mapping[str, Sequence[Mapping[str, Any]]] | None = None,
                      ood_split: str = "test_ood", in_split: str = "test",
-                     ood_note: str | None = None) -> EvaluationOutputs:
+                     ood_note: str | None = None,
+                     baseline_records: Mapping[str, Sequence[Mapping[str, Any]]] | None = None,
+                     ood_baseline_records: Mapping[str, Sequence[Mapping[str, Any]]] | None = None,
+                     ) -> EvaluationOutputs:
     """Compute every metric and write the stage's outputs under `out_root` (each file atomically).
 
     `env` is an Env class or name; `env_params` its own params section (None: its defaults), `metric_options`
@@ -82,6 +89,10 @@ def write_evaluation(env: Any, records_by_policy: Mapping[str, Sequence[Mapping[
     Every policy also gets `answers_distinct_share` and `answers_top_share` (the answer collapse check, see
     answer_collapse; `start_policies` are exempt from its warnings), and both reports an "Answer collapse check"
     table; the warnings are returned in EvaluationOutputs.warnings.
+    `baseline_records` (and `ood_baseline_records`), the image-blind baselines' records (vlmgym.eval.blind), get the
+    same metrics and columns; each trained policy minus each baseline goes into metrics/eval.json and the reports'
+    "Image-blind check", with a warning where the mean-reward difference's interval does not lie above 0. They are
+    left out of the gallery and the env's plots.
     """
     env = env_class(env)
     if env_params is None and env.Params is not None:
@@ -92,13 +103,17 @@ def write_evaluation(env: Any, records_by_policy: Mapping[str, Sequence[Mapping[
     if not records_by_policy:
         raise ValueError("write_evaluation: no policies to evaluate")
     root = Path(out_root)
-    results = evaluate_policies(env, records_by_policy, comparisons=comparisons, n_resamples=n_resamples, seed=seed,
-                                confidence=confidence, **(metric_options or {}))
+    baselines = dict(baseline_records or {})
+    pairs = blind_comparisons(list(records_by_policy), list(baselines), start_policies)
+    blind_keys = {f"{a}_minus_{b}" for a, b in pairs}
+    options = dict(n_resamples=n_resamples, seed=seed, confidence=confidence, **(metric_options or {}))
+    results = evaluate_policies(env, {**records_by_policy, **baselines}, comparisons=[*comparisons, *pairs],
+                                **options)
     ood_results = {}
     if ood_records_by_policy:
-        ood_results = evaluate_policies(env, ood_records_by_policy, comparisons=comparisons, n_resamples=n_resamples,
-                                        seed=seed, confidence=confidence, **(metric_options or {}))
-    spreads, warnings = answer_collapse(records_by_policy, start_policies)
+        ood_results = evaluate_policies(env, {**ood_records_by_policy, **(ood_baseline_records or {})},
+                                        comparisons=[*comparisons, *pairs], **options)
+    spreads, warnings = answer_collapse({**records_by_policy, **baselines}, [*start_policies, *baselines])
     for policy, spread in spreads.items():
         results[policy]["answers_distinct_share"] = spread["distinct_share"]
         results[policy]["answers_top_share"] = spread["top_share"]
@@ -108,11 +123,18 @@ def write_evaluation(env: Any, records_by_policy: Mapping[str, Sequence[Mapping[
     ood_keyed = {f"{key}_{ood_split}": values for key, values in ood_results.items()}
     write_metrics_json(files["metrics"], {**results, **ood_keyed, **sections})
     collapse = collapse_section(spreads, warnings)
+    blind_figures, blind_warnings = blind_check(results, pairs, in_split)
+    ood_figures, ood_warnings = blind_check(ood_results, pairs, ood_split)
+    if pairs:
+        collapse[BLIND_HEADING] = {**blind_figures, **ood_figures, **{
+            f"warning {i}": text for i, text in enumerate(blind_warnings + ood_warnings, start=1)}}
+    warnings = warnings + blind_warnings + ood_warnings
+    shown = {key: values for key, values in results.items() if key not in blind_keys}
     tables = {}
     if ood_results:
-        tables[shift_heading(env, in_split, ood_split, ood_note)] = side_by_side(results, ood_results, in_split,
-                                                                                 ood_split)
-    write_markdown(files["table"], env, results, title=f"{title} ({env.name})", confidence=confidence,
+        tables[shift_heading(env, in_split, ood_split, ood_note)] = side_by_side(
+            shown, {k: v for k, v in ood_results.items() if k not in blind_keys}, in_split, ood_split)
+    write_markdown(files["table"], env, shown, title=f"{title} ({env.name})", confidence=confidence,
                    sections={**sections, **collapse}, tables=tables)
     env_files, figures = env.write_report_files(root, records_by_policy, env_params)
     files.update(env_files)
@@ -131,7 +153,7 @@ def write_evaluation(env: Any, records_by_policy: Mapping[str, Sequence[Mapping[
         plot_reward_curve_png(files["train_reward_png"], curves)
         figures = {**figures, "Training reward": files["train_reward_png"]}
         notes["Training reward"] = reward_curve_note(curves)
-    write_html(files["html"], env, results, records_by_policy, images, env_params=env_params, title=title,
+    write_html(files["html"], env, shown, records_by_policy, images, env_params=env_params, title=title,
                confidence=confidence, max_samples=max_samples, sections={**sections, **collapse}, figures=figures,
                figure_notes=notes, tables=tables)
     return EvaluationOutputs({**results, **ood_keyed, **sections}, files, warnings)

@@ -20,6 +20,7 @@ import jax
 import numpy as np
 from tqdm import tqdm
 
+from vlmgym.eval.blind import blank_observation
 from vlmgym.eval.records import rollout_record
 
 
@@ -74,8 +75,9 @@ def _batches(count: int, batch_size: int) -> list[range]:
 
 def answer_split(engine: Any, params: Any, env: Any, *, policy: str, batch_size: int, group_size: int = 1,
                  key: jax.Array | None = None, indices: Sequence[int] | None = None,
-                 show_progress: bool = True) -> tuple[list[dict[str, Any]], RolloutTiming]:
-    """group_size answers per env sample (all samples unless `indices`), as rollout records in sample order.
+                 show_progress: bool = True, blank_images: bool = False) -> tuple[list[dict[str, Any]], RolloutTiming]:
+    """group_size answers per env sample (all samples unless `indices`), as rollout records in sample order;
+    `blank_images` shows every image as a grey image of its size (the text-only baseline, vlmgym.eval.blind).
 
     Every batch is padded to `batch_size` prompts by repeating its last prompt (those answers are dropped), so
     the engine compiles once per run instead of once more for a short last batch.
@@ -94,7 +96,7 @@ def answer_split(engine: Any, params: Any, env: Any, *, policy: str, batch_size:
     try:
         for number, rows in enumerate(_batches(len(indices), batch_size)):
             resets = [env.reset(indices[i]) for i in rows]
-            observations = [obs for _, obs in resets]
+            observations = [blank_observation(obs) if blank_images else obs for _, obs in resets]
             observations += [observations[-1]] * (batch_size - len(observations))
             started = time.perf_counter()
             batch = engine.generate(params, observations, group_size, jax.random.fold_in(key, number))

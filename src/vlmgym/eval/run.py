@@ -8,10 +8,12 @@ from pathlib import Path
 
 from vlmgym import envs
 from vlmgym.data.shards import open_split
+from vlmgym.eval.blind import CONSTANT, baseline_policies
 from vlmgym.eval.curve import reward_curves
 from vlmgym.eval.hf_baseline import run_hf_baseline
 from vlmgym.eval.outputs import EvaluationOutputs, write_evaluation
 from vlmgym.eval.records import read_jsonl
+from vlmgym.eval.sampled import attach_sampled
 from vlmgym.params import DataParams, EnvParams, EvalParams, ModelParams, ParamsError, RolloutParams
 
 
@@ -39,6 +41,25 @@ def read_rollouts(rollouts_dir: str | Path, policies: list[str]) -> dict[str, li
                              f"expected {policy!r}")
         out[policy] = records
     return out
+
+
+def with_sampled(env: type, rollouts_dir: str | Path,
+                 records_by_policy: dict[str, list[dict]]) -> dict[str, list[dict]]:
+    """Each policy's greedy records with its sampled answers' summary (vlmgym.eval.sampled) where the rollout stage
+    wrote `<policy>.sampled.jsonl`."""
+    out = {}
+    for policy, records in records_by_policy.items():
+        path = Path(rollouts_dir) / f"{policy}.sampled.jsonl"
+        out[policy] = attach_sampled(env, records, read_jsonl(path), where=str(path)) if path.exists() else records
+    return out
+
+
+def read_baselines(rollouts_dir: str | Path, rollout: RolloutParams) -> dict[str, list[dict]]:
+    """{baseline: records} of the image-blind baselines the rollout settings ask for (vlmgym.eval.blind) in
+    `rollouts_dir`; the constant is left out where the rollout stage proposed none (an env without ideal answers)."""
+    names = [name for name in baseline_policies(rollout)
+             if name != CONSTANT or (Path(rollouts_dir) / f"{CONSTANT}.jsonl").exists()]
+    return read_rollouts(rollouts_dir, names) if Path(rollouts_dir).is_dir() else {}
 
 
 def hf_baseline(eval_params: EvalParams, rollout: RolloutParams, model: ModelParams, env_params: EnvParams,
@@ -77,7 +98,8 @@ def evaluate_pipeline(eval_params: EvalParams, rollout: RolloutParams, model: Mo
 
         return evaluate_parts(eval_params, rollout, model, env_params, train_out_dir, tracking_uri, experiment,
                               out_root, data)
-    records = read_rollouts(eval_params.rollouts_dir, rollout.policies)
+    env = envs.env_class(env_params.name)
+    records = with_sampled(env, eval_params.rollouts_dir, read_rollouts(eval_params.rollouts_dir, rollout.policies))
     extra, timing = {}, {}
     if eval_params.hf_samples > 0:
         if eval_params.hf_policy not in records:
@@ -85,7 +107,6 @@ def evaluate_pipeline(eval_params: EvalParams, rollout: RolloutParams, model: Mo
                               f"{rollout.policies}")
         extra["hf_baseline"], timing = hf_baseline(eval_params, rollout, model, env_params,
                                                    records[eval_params.hf_policy])
-    env = envs.env_class(env_params.name)
     curves, train_run = reward_curves(env, train_out_dir, eval_params.reward_curve_metric, tracking_uri=tracking_uri,
                                       experiment=experiment, prefix=curve_prefix)
     if not curves.total:
@@ -103,7 +124,10 @@ def evaluate_pipeline(eval_params: EvalParams, rollout: RolloutParams, model: Mo
                                start_policies=start_policies(rollout, model),
                                ood_records_by_policy=read_ood_rollouts(eval_params.rollouts_dir, rollout.policies,
                                                                        rollout.ood_split),
-                               ood_split=rollout.ood_split, in_split=rollout.split, ood_note=env.ood_description(data))
+                               ood_split=rollout.ood_split, in_split=rollout.split, ood_note=env.ood_description(data),
+                               baseline_records=read_baselines(eval_params.rollouts_dir, rollout),
+                               ood_baseline_records=read_baselines(Path(eval_params.rollouts_dir) / rollout.ood_split,
+                                                                   rollout) if rollout.ood_split else {})
     for warning in outputs.warnings:
         print(f"evaluate: WARNING: {warning}", file=sys.stderr)
     return outputs, train_run, timing
