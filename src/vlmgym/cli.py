@@ -11,6 +11,7 @@ Table = dict[str, tuple[str, str]]
 COMMANDS: Table = {
     "params": ("vlmgym.params:main", "validate params.yaml (or another params file) and print it"),
     "preset": ("vlmgym.presets:main", "merge a partial params file (e.g. configs/micro.yaml) into params.yaml"),
+    "recipe": ("vlmgym.recipes:main", "switch params.yaml to an env with the settings it trains with"),
     "parity": ("vlmgym.models.qwen3_vl.parity:main", "compare the JAX port with transformers on the same inputs"),
     "clean-temps": ("vlmgym.temps:main", "remove temp outputs that killed runs left behind (live writers' kept)"),
     "compare": ("vlmgym.compare:main", "train SFT-longer, GRPO, PPO and DPO from the SFT model at one budget; compare"),

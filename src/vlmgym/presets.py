@@ -31,7 +31,13 @@ def merge(base: Mapping[str, Any], overlay: Mapping[str, Any]) -> dict[str, Any]
 
 def apply_preset(preset: str | Path, params_file: str | Path = params_mod.DEFAULT_PARAMS_FILE) -> dict[str, Any]:
     """Merge `preset` into `params_file` in place (validated first); returns the validated sections."""
-    merged = merge(params_mod.read_yaml(params_file), params_mod.read_yaml(preset))
+    return apply_overlay(params_mod.read_yaml(preset), params_file, what=str(preset))
+
+
+def apply_overlay(overlay: Mapping[str, Any], params_file: str | Path = params_mod.DEFAULT_PARAMS_FILE,
+                  what: str = "the overlay") -> dict[str, Any]:
+    """Merge a partial params mapping into `params_file` in place (validated first); returns the sections."""
+    merged = merge(params_mod.read_yaml(params_file), overlay)
     params_file = Path(params_file)
     lines = params_file.read_text().splitlines()
     header = "".join(f"{line}\n" for line in lines[: next((i for i, x in enumerate(lines) if not x.startswith("#")),
@@ -44,7 +50,7 @@ def apply_preset(preset: str | Path, params_file: str | Path = params_mod.DEFAUL
         try:
             sections = params_mod.load_all(tmp)
         except params_mod.ParamsError as err:
-            raise params_mod.ParamsError(f"{preset} merged into {params_file}: {err}") from err
+            raise params_mod.ParamsError(f"{what} merged into {params_file}: {err}") from err
         tmp.write_text(header + ("\n" if header else "") + params_mod.render_yaml(sections))
     return sections
 

@@ -17,7 +17,7 @@ def readme_section() -> str:
 def test_readme_shows_the_tested_module():
     blocks = re.findall(r"```python\n(.*?)```", readme_section(), re.S)
     assert blocks == [EXAMPLE.read_text()], "README example and tests/envs/colour_env.py differ"
-    assert "dvc exp run -S env.name=colour_env:ColourEnv" in readme_section()
+    assert "dvc exp run $(.venv/bin/vlmgym recipe colour_env:ColourEnv --overrides)" in readme_section()
 
 
 def test_the_example_plays_an_episode(monkeypatch):

@@ -98,6 +98,8 @@ class NLVR2Env(Env):
     metric_rows = {"accuracy": ("accuracy", "rate"), **nlvr2_types.metric_rows(),
                    "trace_exact": ("trace exact: description and lookup (samples with a trace)", "rate")}
     ood_note = "the statements over shapes of another size (data.nlvr2.ood_object_scale), which train never shows"
+    # at geospot's SFT lr 3e-3 the trace collapses to one answer (README nlvr2: 50.0%); at 1e-3 SFT reaches 92.9%
+    recipe = {"sft": {"lr": 0.001}}
 
     def __init__(self, samples: Sequence[SampleLike] | None = None, **kwargs: Any) -> None:
         super().__init__(samples, **kwargs)

@@ -1,0 +1,110 @@
+"""vlmgym recipe: switch the pipeline to an env together with the settings that env trains with.
+
+    vlmgym recipe nlvr2                          # rewrites params.yaml (validated, atomically)
+    dvc exp run $(vlmgym recipe nlvr2 --overrides)   # the same as an experiment; params.yaml untouched
+
+An env's recipe is its class attribute `Env.recipe`: a partial params mapping over the other sections (e.g.
+{"sft": {"lr": 0.001}}). Applying env X sets env.name and env.recipe to X and every key that any registered env's
+recipe sets to X's value, or to the key's default where X's recipe leaves it out, so moving from one env to
+another never keeps the first one's settings. The defaults are the default env's (geospot's) recipe. A stage
+whose env.recipe names another env than env.name stops (vlmgym.params.EnvParams), so `-S env.name=...` alone is
+an error, not a run with another task's settings.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from vlmgym import params as params_mod
+
+
+def _paths(tree: Mapping[str, Any], prefix: tuple[str, ...] = ()) -> Iterator[tuple[tuple[str, ...], Any]]:
+    for key, value in tree.items():
+        if isinstance(value, Mapping):
+            yield from _paths(value, (*prefix, key))
+        else:
+            yield (*prefix, key), value
+
+
+def _shared(path: tuple[str, ...]) -> bool:
+    """Whether a recipe key is one of its section's own keys (True) or under an env's own section such as
+    data.<env>, which only that env reads, so other envs need not reset it (False)."""
+    section = path[0]
+    if section not in params_mod.SECTIONS or section == "env" or len(path) < 2:
+        raise params_mod.ParamsError(f"recipe key {'.'.join(path)}: a recipe sets keys of the sections other "
+                                     "than env (its own settings are env.<name>'s defaults)")
+    fields = {f.name: f for f in dataclasses.fields(params_mod.SECTIONS[section])}
+    if path[1] in fields:
+        return True
+    if not any(f.metadata.get("env_sections") for f in fields.values()):
+        raise params_mod.ParamsError(f"recipe key {'.'.join(path)}: no such key in params")
+    return False
+
+
+def _default(path: tuple[str, ...]) -> Any:
+    section, *keys = path
+    value: Any = params_mod.to_dict(params_mod.SECTIONS[section]())
+    for key in keys:
+        if not isinstance(value, Mapping) or key not in value:
+            raise params_mod.ParamsError(f"recipe key {'.'.join(path)}: no such key in params")
+        value = value[key]
+    return value
+
+
+def recipe_overlay(name: str) -> dict[str, Any]:
+    """The partial params mapping that switches to env `name` with its recipe (module docstring)."""
+    from vlmgym import envs
+
+    target = envs.env_class(name)  # an error naming the env when it is unknown
+    own = dict(_paths(target.recipe))
+    keys = dict.fromkeys(own)
+    for path in own:
+        _shared(path)  # an error for a key outside the sections a recipe may set
+    for other in envs.names():
+        keys.update(dict.fromkeys(p for p, _ in _paths(envs.env_class(other).recipe) if _shared(p)))
+    overlay: dict[str, Any] = {"env": {"name": name, "recipe": name}}
+    for path in keys:
+        node = overlay
+        for key in path[:-1]:
+            node = node.setdefault(key, {})
+        node[path[-1]] = own[path] if path in own else _default(path)
+    return overlay
+
+
+def overrides(overlay: Mapping[str, Any]) -> list[str]:
+    """The overlay as `dvc exp run` arguments: -S key=value each, values in YAML flow style."""
+    out = []
+    for path, value in _paths(overlay):
+        # no spaces, so the line survives the shell's word splitting in `dvc exp run $(...)`
+        plain = isinstance(value, str) and value.replace("_", "").replace(":", "").replace(".", "").isalnum()
+        text = value if plain else "''" if value == "" else json.dumps(value, separators=(",", ":"))
+        out += ["-S", f"{'.'.join(path)}={text}"]
+    return out
+
+
+def main(argv: list[str]) -> int:
+    """`vlmgym recipe ENV [--params params.yaml] [--overrides]`: switch to ENV with its recipe."""
+    parser = argparse.ArgumentParser(prog="vlmgym recipe", description=main.__doc__)
+    parser.add_argument("env", help="a registered env name, an entry point or 'package.module:Class'")
+    parser.add_argument("--params", default=str(params_mod.DEFAULT_PARAMS_FILE), help="params file rewritten")
+    parser.add_argument("--overrides", action="store_true",
+                        help="print the recipe as `dvc exp run` -S arguments instead of rewriting the params file")
+    args = parser.parse_args(argv)
+    from vlmgym.presets import apply_overlay
+
+    try:
+        overlay = recipe_overlay(args.env)
+        if args.overrides:
+            print(" ".join(overrides(overlay)))
+            return 0
+        apply_overlay(overlay, args.params, what=f"the recipe of {args.env}")
+    except (params_mod.ParamsError, ValueError, ImportError, KeyError) as err:
+        print(f"error: {err.args[0] if isinstance(err, KeyError) else err}")
+        return 1
+    print(f"{args.params}: env {args.env} with its recipe "
+          f"({' '.join(overrides(overlay)).replace('-S ', '') or 'the defaults'})")
+    return 0

@@ -1,0 +1,68 @@
+"""`vlmgym recipe`: an env's recipe applied over params.yaml, every other env's recipe keys reset to their defaults,
+and the stop when env.name and env.recipe disagree."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from vlmgym import params as params_mod
+from vlmgym import recipes
+from vlmgym.envs import registry
+from vlmgym.envs.nlvr2 import NLVR2Env
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def params_file(tmp_path):
+    path = tmp_path / "params.yaml"
+    shutil.copy(REPO / "params.yaml", path)
+    return path
+
+
+def test_the_default_params_hold_geospots_recipe(params_file):
+    assert params_mod.load_section("env", params_file).recipe == "geospot"
+
+
+def test_switching_env_name_alone_stops_with_the_command_that_applies_the_recipe(params_file):
+    params_file.write_text(params_file.read_text().replace("  name: geospot", "  name: digits"))
+    with pytest.raises(params_mod.ParamsError, match="vlmgym recipe digits"):
+        params_mod.load_section("env", params_file)
+
+
+def test_a_recipe_sets_its_keys_and_another_envs_keys_go_back_to_their_defaults(params_file, monkeypatch):
+    monkeypatch.setattr(NLVR2Env, "recipe", {"sft": {"lr": 0.001, "steps": 300}})
+    assert recipes.main(["nlvr2", "--params", str(params_file)]) == 0
+    sections = params_mod.load_all(params_file)
+    assert (sections["env"].name, sections["env"].recipe) == ("nlvr2", "nlvr2")
+    assert (sections["sft"].lr, sections["sft"].steps) == (0.001, 300)
+    assert sections["train"] == params_mod.load_all(REPO / "params.yaml")["train"]  # untouched
+    assert recipes.main(["digits", "--params", str(params_file)]) == 0  # digits' recipe leaves sft.lr out
+    sections = params_mod.load_all(params_file)
+    assert (sections["env"].name, sections["sft"].lr, sections["sft"].steps) == ("digits", 0.003, 600)
+
+
+def test_the_overrides_are_dvc_exp_run_arguments_that_survive_word_splitting(monkeypatch):
+    monkeypatch.setattr(NLVR2Env, "recipe", {"sft": {"lr": 0.001, "lora": {"targets": ["q", "v"]}}})
+    # `$(...)` splits on whitespace and keeps quotes: what dvc receives
+    words = " ".join(recipes.overrides(recipes.recipe_overlay("nlvr2"))).split()
+    assert words == ["-S", "env.name=nlvr2", "-S", "env.recipe=nlvr2", "-S", "sft.lr=0.001", "-S",
+                     'sft.lora.targets=["q","v"]']
+
+
+def test_a_recipe_outside_the_sections_it_may_set_is_an_error(monkeypatch):
+    monkeypatch.setattr(NLVR2Env, "recipe", {"env": {"nlvr2": {"trace": False}}})
+    with pytest.raises(params_mod.ParamsError, match="other than env"):
+        recipes.recipe_overlay("nlvr2")
+    monkeypatch.setattr(NLVR2Env, "recipe", {"sft": {"nope": 1}})
+    with pytest.raises(params_mod.ParamsError, match="sft.nope: no such key"):
+        recipes.recipe_overlay("nlvr2")
+
+
+def test_every_built_in_recipe_validates(params_file):
+    for name in registry.names():
+        assert recipes.main([name, "--params", str(params_file)]) == 0, name
+        assert params_mod.load_all(params_file)["env"].name == name
