@@ -130,3 +130,22 @@ def test_sampled_answers_give_each_prompt_its_mean_reward_and_pass_at_k(monkeypa
     assert "pass_at_k" not in statistics_for(ColourEnv, attach_sampled(ColourEnv, greedy, sampled))
     with pytest.raises(ValueError, match="1 prompts have none"):
         attach_sampled(ColourEnv, greedy, sampled[:4])
+
+
+@pytest.mark.parametrize(("env", "right", "wrong"), [
+    ("digits", {"pred_answer": "1, 3", "truth": {"task": "sort", "digits": [3, 1], "answer": "1, 3"}},
+     {"pred_answer": "1, 4", "truth": {"task": "sort", "digits": [3, 1], "answer": "1, 3"}}),
+    ("message_decoding", {"pred_answer": "house", "truth": {"answer": "house"}},
+     {"pred_answer": "mouse", "truth": {"answer": "house"}}),
+    ("nlvr2", {"pred_label": True, "truth": {"label": True, "sentence": "There is a red object in the left image."}},
+     {"pred_label": None, "truth": {"label": True, "sentence": "There is a red object in the left image."}}),
+    ("rec", {"pred_box": [0, 0, 500, 500], "truth": {"bbox_2d": [0, 0, 500, 450]}},
+     {"pred_box": [0, 0, 500, 200], "truth": {"bbox_2d": [0, 0, 500, 450]}}),
+])
+def test_the_built_in_envs_correctness_bit_is_their_exact_accuracy(env, right, wrong):
+    from vlmgym.envs import env_class
+
+    cls = env_class(env)
+    assert cls.solved({"id": "a", "reward": 1.0, **right}) is True
+    assert cls.solved({"id": "b", "reward": 0.5, **wrong}) is False
+    assert env_class("geospot").solved({"id": "c"}) is None  # graded: no pass@k

@@ -98,6 +98,9 @@ class Env(abc.ABC):
     # The settings of the other sections this task trains with, as a partial params mapping (e.g. {"sft": {"lr":
     # 0.001}}); `vlmgym recipe <env>` applies it (vlmgym.recipes). Empty: the defaults, the default env's recipe.
     recipe: ClassVar[Mapping[str, Any]] = {}
+    # The task statistic (task_statistics) that is 1 for a correct answer and 0 otherwise, e.g. an exact-match
+    # accuracy: what pass@k counts over sampled answers ("": the reward is graded and there is no such bit).
+    solved_metric: ClassVar[str] = ""
 
     def __init__(self, samples: Sequence[SampleLike] | None = None, *, shards_dir: str = "data/shards",
                  split: str = "train", limit: int | None = None, tokenizer: Any = None, params: Any = None):
@@ -274,9 +277,11 @@ class Env(abc.ABC):
 
     @classmethod
     def solved(cls, record: Mapping[str, Any]) -> bool | None:
-        """Whether a record's answer is correct, the bit pass@k counts over sampled answers (default: None, the
-        env has no correctness bit; its reward is graded)."""
-        return None
+        """Whether a record's answer is correct, the bit pass@k counts over sampled answers: the env's
+        `solved_metric` on that record alone (None without one: the reward is graded)."""
+        if not cls.solved_metric:
+            return None
+        return bool(cls.task_statistics([record])[cls.solved_metric].point() > 0.5)
 
     @classmethod
     def task_statistics(cls, records: Sequence[Mapping[str, Any]], **options: Any) -> dict[str, Statistic]:

@@ -113,6 +113,7 @@ class DigitsEnv(Env):
     Params = DigitsParams
     DataParams = digits_data.DigitsDataParams
     schema = RowSchema("digits", digits_data.CSV_COLUMNS, ("jpg",), parse_row)
+    solved_metric = "accuracy"
     # exact-match accuracy overall, per task and per digit count
     metric_rows = {"accuracy": ("accuracy", "rate"),
                    **{f"accuracy_{task}": (f"accuracy, {task}", "rate") for task in digits_data.TASKS},

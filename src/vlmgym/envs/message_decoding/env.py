@@ -112,6 +112,7 @@ class MessageDecodingEnv(Env):
     Params = MessageDecodingParams
     DataParams = md_data.MessageDecodingDataParams
     schema = RowSchema("message_decoding", md_data.CSV_COLUMNS, ("jpg",), parse_row)
+    solved_metric = "accuracy"
     metric_rows = {"accuracy": ("accuracy", "rate"), "char_accuracy": ("character accuracy", "rate"),
                    **{length_group(low): (f"accuracy, {low}-{high} letters", "rate") for low, high in LENGTH_GROUPS}}
     ood_note = (f"words longer than train ever uses (max_length + 1 to + {md_data.OOD_EXTRA_LETTERS} letters, 9-10 by "

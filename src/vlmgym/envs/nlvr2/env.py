@@ -94,6 +94,7 @@ class NLVR2Env(Env):
     Params = NLVR2Params
     DataParams = nlvr2_data.NLVR2DataParams
     schema = RowSchema("nlvr2", ("id", "sentence", "label", "left", "right"), ("left.jpg", "right.jpg"), parse_row)
+    solved_metric = "accuracy"
     # the overall accuracy, then one per statement type (synthetic templates; the real NLVR2 has only the first)
     metric_rows = {"accuracy": ("accuracy", "rate"), **nlvr2_types.metric_rows(),
                    "trace_exact": ("trace exact: description and lookup (samples with a trace)", "rate")}

@@ -102,6 +102,7 @@ class RecEnv(Env):
     Params = RecParams
     DataParams = rec_data.RecDataParams
     schema = RowSchema("rec", rec_data.CSV_COLUMNS, ("jpg",), parse_row)
+    solved_metric = "accuracy_iou50"
     metric_rows = {"mean_iou": ("mean IoU", "reward"),
                    **{f"accuracy_iou{round(100 * t)}": (f"accuracy at IoU {t}", "rate") for t in IOU_THRESHOLDS}}
     ood_note = ("crowded scenes of 7-9 objects (data.rec.ood_min_objects..ood_max_objects), more distractors than the "
