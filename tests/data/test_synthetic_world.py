@@ -179,3 +179,16 @@ def test_country_is_learnable_from_pixels(tiny_raw):
     centroids = np.stack([x_train[y_train == c].mean(axis=0) for c in classes])
     predicted = np.array(classes)[np.argmin(((x_test[:, None] - centroids[None]) ** 2).sum(-1), axis=1)]
     assert (predicted == y_test).mean() > 1.5 / len(classes)
+
+
+@pytest.mark.parametrize("shift", ["fog", "night"])
+def test_a_milder_shift_stays_between_the_clean_scene_and_the_full_shift(shift):
+    place = Place(48.4, -4.5, "FR", "Bretagne_FR", "Brest_Finistere_Bretagne_FR")
+
+    def render(**kwargs):
+        return np.asarray(render_scene(place, np.random.default_rng(7), 96, 72, **kwargs), float)
+
+    clean, half, full = render(), render(shift=shift, strength=0.5), render(shift=shift)
+    assert np.array_equal(full, render(shift=shift, strength=1.0))  # the default is the full shift
+    distance = [np.abs(image - clean).mean() for image in (half, full)]
+    assert 0.3 * distance[1] < distance[0] < 0.7 * distance[1]

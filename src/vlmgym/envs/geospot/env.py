@@ -93,7 +93,8 @@ class GeospotEnv(Env):
     def describe_ood(cls, settings: Any) -> str:
         """The configured rendering shift (data.geospot.ood_shift: fog or night)."""
         shift = {"fog": "in fog", "night": "at night"}[settings.ood_shift]
-        return f"test's places rendered {shift} (data.geospot.ood_shift), which train never shows"
+        strength = "" if settings.ood_strength == 1 else f" at strength {settings.ood_strength:g}"
+        return f"test's places rendered {shift}{strength} (data.geospot.ood_shift), which train never shows"
 
     def prompt(self, sample: SampleLike) -> str:
         """The same question for every image."""

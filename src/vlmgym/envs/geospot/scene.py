@@ -96,9 +96,9 @@ FOG_RGB = (196, 199, 204)
 
 
 def render_scene(place: Place, rng: np.random.Generator, width: int, height: int,
-                 shift: str | None = None) -> Image.Image:
+                 shift: str | None = None, strength: float = 1.0) -> Image.Image:
     """Render one street scene for `place`; `rng` draws the nuisance; `shift` (one of SHIFTS) the weather or time
-    of day of the out-of-distribution split."""
+    of day of the out-of-distribution split, at `strength` (0: none, 1: full)."""
     if shift is not None and shift not in SHIFTS:
         raise ValueError(f"render_scene: unknown shift {shift!r}; expected one of {SHIFTS}")
     warmth, wetness = climate(place.latitude, place.longitude)
@@ -118,19 +118,21 @@ def render_scene(place: Place, rng: np.random.Generator, width: int, height: int
     _draw_signs(draw, place, rng, width, height, horizon)
     _draw_banner(draw, place.country, rng, width, height, horizon)
     if shift is not None:
-        image = _apply_shift(image, shift, horizon)
+        image = _apply_shift(image, shift, horizon, strength)
     return _camera_and_sensor(image, rng)
 
 
-def _apply_shift(image: Image.Image, shift: str, horizon: int) -> Image.Image:
+def _apply_shift(image: Image.Image, shift: str, horizon: int, strength: float = 1.0) -> Image.Image:
     pixels = np.asarray(image, np.float32)
     if shift == "fog":
         rows = np.arange(pixels.shape[0], dtype=np.float32)
-        # 0.5 of the scene's contrast left in the foreground, 0.2 at the horizon
-        veil = 0.5 + 0.3 * np.exp(-np.abs(rows - horizon) / (0.2 * pixels.shape[0]))
+        # at full strength 0.5 of the scene's contrast left in the foreground, 0.2 at the horizon
+        veil = strength * (0.5 + 0.3 * np.exp(-np.abs(rows - horizon) / (0.2 * pixels.shape[0])))
         pixels = pixels * (1 - veil[:, None, None]) + np.asarray(FOG_RGB, np.float32) * veil[:, None, None]
-    else:  # night: a third of the light, tinted blue
-        pixels = pixels * np.asarray((0.28, 0.32, 0.42), np.float32) + np.asarray((4, 6, 18), np.float32)
+    else:  # night, at full strength: a third of the light, tinted blue
+        dark = np.asarray((0.28, 0.32, 0.42), np.float32)
+        scale = dark + (1 - strength) * (1 - dark)  # exactly `dark` at full strength
+        pixels = pixels * scale + strength * np.asarray((4, 6, 18), np.float32)
     return Image.fromarray(pixels.clip(0, 255).astype(np.uint8))
 
 

@@ -196,15 +196,16 @@ def sample_split(params: DataParams, world: GeospotDataParams, split: str, count
     return [osv5m_row(image_id(params.seed, split, i), lat[i], lon[i], labels[i]) for i in range(count)]
 
 
-def render_row(row: list[str], params: DataParams, split: str, index: int, shift: str | None = None) -> bytes:
+def render_row(row: list[str], params: DataParams, split: str, index: int, shift: str | None = None,
+               strength: float = 1.0) -> bytes:
     """JPEG bytes of the scene for one CSV row (its own RNG, so any image can be regenerated alone), rendered with
-    `shift` (scene.SHIFTS) when given."""
+    `shift` (scene.SHIFTS) at `strength` when given."""
     column = {name: k for k, name in enumerate(layout.OSV5M_COLUMNS)}
     place = Place(latitude=float(row[column["latitude"]]), longitude=float(row[column["longitude"]]),
                   country=row[column["country"]], unique_region=row[column["unique_region"]],
                   unique_city=row[column["unique_city"]])
     rng = np.random.default_rng([params.seed, SPLIT_CODES[split], index, 1])
-    image = render_scene(place, rng, params.image_width, params.image_height, shift=shift)
+    image = render_scene(place, rng, params.image_width, params.image_height, shift=shift, strength=strength)
     buffer = io.BytesIO()
     image.save(buffer, format="JPEG", quality=int(rng.integers(80, 96)))
     return buffer.getvalue()
@@ -231,7 +232,7 @@ def write_synthetic_raw(params: DataParams, out_dir: Path, world: GeospotDataPar
             train_points = unit_vectors(np.array([float(r[1]) for r in rows]), np.array([float(r[2]) for r in rows]))
         for first in range(0, len(rows), IMAGES_PER_ZIP):
             chunk = range(first, min(first + IMAGES_PER_ZIP, len(rows)))
-            members = [(f"{rows[i][0]}.jpg", render_row(rows[i], params, split, i, shift))
+            members = [(f"{rows[i][0]}.jpg", render_row(rows[i], params, split, i, shift, world.ood_strength))
                        for i in tqdm(chunk, desc=f"render {split} {layout.zip_name(first // IMAGES_PER_ZIP)}",
                                      unit="img", leave=False)]
             layout.write_zip(layout.zip_dir(out_dir, split) / layout.zip_name(first // IMAGES_PER_ZIP), members)
