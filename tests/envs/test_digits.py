@@ -9,6 +9,7 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
+from adversarial import TAGGED, adversarial
 from shard_helpers import build_shards
 
 from vlmgym import envs
@@ -175,9 +176,11 @@ def test_ideal_answer_scores_one(task, digits):
     ("1, 7, 3", 1 / 3, True),      # two swapped: only the first in place
     ("7, 3, 1", 1 / 3, True),      # wrong order: the middle one matches
     ("3, 7", 0.0, True),           # shifted: nothing in place
-    ("The digits are 1, 3, 7", 1.0, False),  # right, but more than the list
-    ("1, 3, 17", 2 / 3, False),    # not single digits
-    ("1,, 3, 7", 1.0, False),      # malformed list
+    ("The digits are 1, 3, 7", 0.0, False),  # right, but more than the list: not read
+    ("1, 3, 17", 0.0, False),      # not single digits
+    ("1,, 3, 7", 0.0, False),      # malformed list
+    ("1, 3, 7, 8, 9", 0.0, False),  # more digits than a canvas holds (MAX_DIGITS)
+    ("١, ٣, ٧", 0.0, False),       # Arabic-Indic digits: not the expected ASCII shape
     ("", 0.0, False),
 ])
 def test_sort_partial_credit_by_hand(text, credit, format_ok):
@@ -189,8 +192,9 @@ def test_sort_partial_credit_by_hand(text, credit, format_ok):
 
 @pytest.mark.parametrize(("text", "correct", "format_ok"), [
     ("11", True, True), (" 11. ", True, True), ("+11", True, True), ("12", False, True), ("-11", False, True),
-    ("1 + 3 + 7 = 11", True, False), ("11 or 12", False, False), ("eleven", False, False), ("", False, False),
-    ("١١", True, False),  # Arabic-Indic digits read as 11, but the expected shape is ASCII
+    ("1 + 3 + 7 = 11", False, False), ("11 or 12", False, False), ("eleven", False, False), ("", False, False),
+    ("١١", False, False),  # Arabic-Indic digits: int() reads 11, but the expected shape is ASCII
+    ("011", False, False),  # more digits than a sum of MAX_DIGITS digits has
 ])
 def test_sum_by_hand(text, correct, format_ok):
     reward, info = _score("sum", [7, 1, 3], text)
@@ -253,6 +257,27 @@ def test_score_never_raises_and_stays_in_range():
         assert 0.0 <= reward <= 1.0, (text[:80], reward)
         assert isinstance(info["format_ok"], bool) and set(info["reward_components"]) == {"format", "correct"}
         assert len(info["numbers"]) <= 32
+        assert info["format_ok"] or reward == 0.0  # no credit outside the format
+
+
+DIGITS_JUNK = [*adversarial("digits"), *(tagged(t) for t in ("1, 3, 7", "11", "3") for tagged in TAGGED),
+               "The digits are 1, 3, 7", "1 + 3 + 7 = 11", "sum: 11", "3 (three)", "[1, 3, 7]", "1, 3, 7, 1, 3, 7"]
+
+
+@pytest.mark.parametrize("task", ["sort", "sum"])
+def test_answers_not_in_the_format_score_zero(task):
+    """Digits in JSON, tags, prose, spam or other scripts earn neither the format nor the correctness share, even
+    where they spell the truth (1, 3, 7 sorted is 1, 3, 7; their sum is 11; ٣ is 3)."""
+    samples = [_sample(task, digits) for digits in ([7, 1, 3], [3], [0], [9, 9, 9], [5, 0, 0, 5])]
+    env = DigitsEnv(samples=samples)
+    states = [env.reset(i)[0] for i in range(len(samples))]
+    other = "11" if task == "sort" else "1, 3, 7"  # the other task's answer
+    for text in [*DIGITS_JUNK, other]:
+        for state in states:
+            reward, info = env.score(state, text)
+            assert reward == 0.0 and info["correctness"] == 0.0, (task, state.meta["digits"], text[:80])
+            assert info["reward_components"] == {"format": 0.0, "correct": 0.0} and not info["format_ok"]
+            assert info["answer"] is None and not info["exact"]
 
 
 # --- metrics --------------------------------------------------------------------------

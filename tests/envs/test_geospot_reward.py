@@ -6,6 +6,7 @@ import random
 from dataclasses import dataclass, field
 
 import pytest
+from adversarial import adversarial
 from geographiclib.geodesic import Geodesic
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -141,6 +142,17 @@ def test_garbage_scores_zero(env, states, text):
         value, info = reward(env, states[0], text, at)
         assert value == 0.0
         assert all(info[f"k_{level}"] == 0.0 for level in LEVELS)
+
+
+def test_other_answers_and_junk_score_nothing(env, states):
+    """Tags, spam, JSON, other envs' answers: no format share and next to no content. The bound is a tolerance,
+    not 0: the inline form reads two numbers as a coordinate guess and comma-separated words as names, which
+    exp(-d / tau) never scores exactly 0 (digit spam lies thousands of km away; "[NaN, Infinity, ...]" names the
+    city Nan, Thailand, and earns ~3e-4 on the samples nearest it)."""
+    for text in adversarial("geospot"):
+        for state in states:
+            value, info = reward(env, state, text)
+            assert value < 1e-3 and not info["format_ok"], (state.meta["id"], text[:80], value)
 
 
 garbage = st.text(st.characters(blacklist_characters="0123456789:=：-–—,;|\n", blacklist_categories=("Nd",)))

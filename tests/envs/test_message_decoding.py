@@ -12,6 +12,7 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
+from adversarial import TAGGED, adversarial
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from PIL import Image
@@ -219,11 +220,13 @@ def test_ideal_answer_scores_one(word):
     ("huose", 3 / 5, True),          # two swapped: h, s, e in place
     ("esuoh", 1 / 5, True),          # reversed: only the middle u in place
     ("ouse", 0.0, True),             # shifted: nothing in place
-    ("housexxxxxxxxxxxxxxx", 5 / 20, True),  # padding does not pay
-    ("The word is house.", 1.0, False),      # the last word is read, but more than one word
-    ("house house", 1.0, False),
-    ("house, or mouse", 4 / 5, False),       # the last word
-    ("hôuse", 4 / 5, False),         # another script's letter: read, but not in place, nor a-z
+    ("housexxxxxxxxx", 5 / 14, True),  # padding does not pay
+    ("housexxxxxxxxxxxxxxx", 0.0, False),  # longer than any answer (MAX_ANSWER letters): not a word of the task
+    ("The word is house.", 0.0, False),      # more than one word: not read
+    ("house house", 0.0, False),
+    ("house, or mouse", 0.0, False),
+    ("<answer>house</answer>", 0.0, False),  # tags: not read
+    ("hôuse", 0.0, False),           # another script's letter: not a-z
     ("hou5e", 0.0, False),           # a digit splits the word: "e" is read
     ("h o u s e", 0.0, False),       # spaced letters: "e" is read
     ("", 0.0, False),
@@ -299,13 +302,33 @@ def test_score_never_raises_and_stays_in_range():
         assert isinstance(info["format_ok"], bool) and set(info["reward_components"]) == {"format", "correct"}
         assert info["answer"] is None or len(info["answer"]) <= 64
         assert info["exact"] == (info["correctness"] == 1.0) and (info["answer"] is not None or not info["format_ok"])
+        assert info["format_ok"] or reward == 0.0  # no credit outside the format
 
 
 @settings(max_examples=300, deadline=None)
 @given(st.text())
 def test_score_of_any_text_is_a_reward(text):
     reward, info = _score("house", text)
-    assert 0.0 <= reward <= 1.0 and (info["format_ok"] or reward <= 0.9)
+    assert 0.0 <= reward <= 1.0 and (info["format_ok"] or reward == 0.0)
+
+
+WORD_JUNK = [*adversarial("message_decoding"), *(tagged("house") for tagged in TAGGED), "The word is house.",
+             "house house", "answer: house", "house!", "house..", "h-o-u-s-e", "HOUSE\nHOUSE",
+             "house" + "x" * 60, "Ηouse"]  # the last: a Greek capital eta
+
+
+def test_answers_not_in_the_format_score_zero():
+    """Letters in tags, prose, JSON, spam or other scripts earn neither share, even where the last word is the truth
+    (the last run of letters of `<answer></answer>` is "answer", one sample's truth here)."""
+    samples = [_sample(word) for word in ("the", "house", "answer", "think", "true", "bbox", "something")]
+    env = MessageDecodingEnv(samples=samples)
+    states = [env.reset(i)[0] for i in range(len(samples))]
+    for text in WORD_JUNK:
+        for state in states:
+            reward, info = env.score(state, text)
+            assert reward == 0.0 and info["correctness"] == 0.0, (state.truth, text[:80])
+            assert info["reward_components"] == {"format": 0.0, "correct": 0.0} and not info["format_ok"]
+            assert info["answer"] is None and not info["exact"]
 
 
 # --- metrics --------------------------------------------------------------------------

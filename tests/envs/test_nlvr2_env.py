@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import pytest
+from adversarial import TAGGED, adversarial
 from PIL import Image
 
 from vlmgym.envs.nlvr2 import NLVR2Env, parse_answer
@@ -30,6 +31,10 @@ def make_samples(labels: list[bool]) -> list[FakeSample]:
     ("untrue", None), ("falsehood", None), ("known", None), ("nothing", None), ("trueish", None),
     ("true or false", None), ("Yes... no", None), ("True. Actually False.", None),
     ("", None), ("   ", None), ("maybe", None), ("1", None),
+    # not a short verdict: spam, an essay, tags, a trace's lookup
+    ("true " * 13, None), ("The left image shows " + "a shape " * 10 + "so it is true.", None),
+    ("<answer>True</answer>", None), ("<think>true</think>", None), ("red object: left yes, right yes.", None),
+    (None, None),
 ])
 def test_parse_answer(text, expected):
     assert parse_answer(text) is expected
@@ -186,3 +191,20 @@ def test_trace_exact_counts_the_descriptions_of_samples_with_a_trace():
     state, _ = off.reset(0)
     record = NLVR2Env.record_fields(off.step_text(state, "True")[4], state.meta)
     assert "trace" not in record["truth"] and "trace_exact" not in NLVR2Env.task_statistics([record])
+
+
+VERDICT_JUNK = [*adversarial("nlvr2"), *(tagged(t) for t in ("True", "False", "yes") for tagged in TAGGED),
+                "red object: left yes, right yes.", "left: red. right: blue. red object: left yes, right yes",
+                "left: red. right: blue. " + "True " * 20, "True " + "x " * 50, "yes " * 1000]
+
+
+def test_answers_that_are_no_verdict_score_zero():
+    """Answer words in spam, tags, long text or a trace's lookup are no verdict, on either label, with and
+    without a trace asked for."""
+    env = NLVR2Env(samples=traced([True, False]) + make_samples([True, False]))
+    states = [env.reset(i)[0] for i in range(len(env))]
+    for text in VERDICT_JUNK:
+        for state in states:
+            reward, info = env.score(state, text)
+            assert reward == 0.0 and info["reward_components"] == {"correct": 0.0}, (state.truth, text[:80])
+            assert info["answer"] is None and info["parse_failed"] and not info["format_ok"]

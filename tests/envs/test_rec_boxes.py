@@ -8,6 +8,7 @@ import math
 import random
 
 import pytest
+from adversarial import adversarial
 
 from vlmgym.envs.rec import RecEnv, RecParams, iou, parse_answer, pixels_to_qwen, qwen_to_pixels
 from vlmgym.envs.rec.boxes import answer_json, ordered, xywh_to_xyxy
@@ -106,6 +107,8 @@ def test_ideal_answer_scores_the_maximum():
     ('[{"bbox_2d": [100, 100, 300, 300], "label": "x", "score": 1}]', 1.0, False),  # another key
     ('[{"bbox_2d": [100, 100, 300, 300], "label": 7}]', 1.0, False),          # a label that is no string
     ("(100, 100, 300, 300)", 0.0, False),                                        # not a list
+    ('<think>[0, 0, 10, 10]?</think>[{"bbox_2d": [100, 100, 300, 300]}]', 1.0, False),  # reasoning is not read
+    ('[-1e309, 100, 300, 300] [100, 100, 300, 300]', 1.0, False),              # no float: not a box
     ("", 0.0, False),
 ])
 def test_reward_by_hand(text, overlap, format_ok):
@@ -193,3 +196,22 @@ def test_score_never_raises_and_stays_in_range():
         assert box is None or (len(box) == 4 and all(0 <= v <= 1000 for v in box) and box[0] <= box[2]
                                and box[1] <= box[3])
         json.dumps(info, allow_nan=False)  # the record is plain JSON
+
+
+BOX_JUNK = [*adversarial("rec"), "[-1e999, -1e999, 1e999, 1e999]", '[{"bbox_2d": [-1e309, 0, 1e309, 1e309]}]',
+            "[" + ", ".join(["-" + "9" * 400] * 2 + ["9" * 400] * 2) + "]",  # beyond a float: inf
+            '<think>[{"bbox_2d": [100, 100, 300, 300]}]</think>', '<think>[{"bbox_2d": [0, 0, 1000, 1000]}]',
+            '{"bbox_2d": [null, null, null, null]}', '{"bbox_2d": ["0", "0", "1000", "1000"]}']
+
+
+def test_answers_without_a_finite_box_score_zero():
+    """Non-finite numbers (clipped, they would make the whole image), boxes only inside a think block, and other
+    envs' answers earn nothing, even against the whole-image truth."""
+    boxes = (TRUTH, [0, 0, 1000, 1000], [0, 0, 500, 1000])
+    env = RecEnv(samples=[_sample(box) for box in boxes])
+    states = [env.reset(i)[0] for i in range(len(boxes))]
+    for text in BOX_JUNK:
+        for state in states:
+            reward, info = env.score(state, text)
+            assert reward == 0.0 and info["reward_components"] == {"format": 0.0, "iou": 0.0}, (state.truth, text[:80])
+            assert info["parse_failed"] and not info["format_ok"]

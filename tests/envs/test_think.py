@@ -7,6 +7,7 @@ import random
 from dataclasses import replace
 
 import pytest
+from adversarial import TAGGED, adversarial
 
 from vlmgym import envs
 from vlmgym.envs import think
@@ -45,6 +46,10 @@ def test_structure_is_one_think_then_one_answer_block(text, ok):
     ("<answer>unclosed", ""),
     ("no tags at all: 7", ""),
     ("<think>x</think><answer>a\nb</answer>", "a\nb"),
+    # a block holding a tag is no answer: lenient parsers would read through it
+    ("<answer><answer>7</answer></answer>", ""),
+    ("<think>x</think><answer><think>y</think>7</answer>", ""),
+    ("<think>x</think><answer>7</think></answer>", ""),
 ])
 def test_the_answer_is_the_first_complete_answer_block(text, answer):
     assert think.answer(text) == answer
@@ -117,3 +122,17 @@ def test_fuzz_think_rewards_stay_in_range_and_never_raise(name):
     for i, text in enumerate(texts):
         reward, info = env.step_text(states[i % len(states)], text)[2::2]
         assert 0.0 <= reward <= 1.0 and isinstance(info["think_format_ok"], bool), text[:80]
+
+
+@pytest.mark.parametrize("name", BUILTIN)
+def test_junk_and_tags_in_the_answer_block_earn_no_answer_reward(name):
+    env = _env(name)
+    states = [env.reset(i)[0] for i in range(len(env))]
+    texts = [*adversarial(name), *(f"<think>x</think><answer>{t}</answer>" for t in adversarial(name)[:60])]
+    for state in states:
+        ideal = env.ideal_answer(state.meta)
+        # the right answer, but in a block that holds a tag, or only in the think block
+        texts += [tagged(ideal) for tagged in TAGGED[:3]] + [f"<think>x</think><answer><think>{ideal}</think></answer>"]
+    for i, text in enumerate(texts):
+        info = env.step_text(states[i % len(states)], text)[4]
+        assert info["answer_reward"] < 1e-3, (name, text[:80])  # not 0 for geospot: see its junk test

@@ -2,8 +2,8 @@
 
 With `env.<name>.think: true` the prompt asks the model to reason inside `<think>...</think>` and to give its
 final answer inside `<answer>...</answer>`; the env scores only what is inside the first complete
-`<answer>...</answer>` (the empty string when there is none, which every built-in env scores 0), and a structure
-component rewards the shape itself:
+`<answer>...</answer>` (the empty string when there is none or it holds a think or answer tag, which every
+built-in env scores 0), and a structure component rewards the shape itself:
 
     reward = think_format_weight x structure_ok + (1 - think_format_weight) x the env's reward of the answer
 
@@ -56,9 +56,13 @@ def structure_ok(text: str) -> bool:
 
 
 def answer(text: str) -> str:
-    """What the first complete answer block holds, stripped ("" when there is none)."""
+    """What the first complete answer block holds, stripped ("" when there is none, or when it holds one of the
+    tags: `<answer><answer>7</answer>` or a think block inside the answer is not an answer, and a lenient env
+    parser would otherwise read through the tags)."""
     match = ANSWER.search(text)
-    return match.group(1).strip() if match else ""
+    if match is None or any(tag in match.group(1) for tag in TAGS):
+        return ""
+    return match.group(1).strip()
 
 
 def target(ideal: str) -> str:

@@ -7,13 +7,16 @@ MissingPart error).
 Reward, in [0, 1] for any text: format_weight x format_ok + (1 - format_weight) x correctness (format_weight:
 `env.digits.format_weight`, 0.1 by default).
 - format_ok: the answer is only the expected shape, ignoring surrounding whitespace and one trailing full stop:
-  single ASCII digits separated by commas and/or spaces for sort, one integer for sum.
-- correctness, sort: the integers read from the answer, in order, against the ascending truth: 1 when they are
-  equal, else partial credit = position-wise matches / max(len(answer), len(truth)), so a missing, extra or
-  misplaced digit each costs a share and padding the list with guesses does not pay.
-- correctness, sum: 1 when the last integer of the answer is the sum, else 0.
-Integers are read with any sign and in any script's decimal digits (int() accepts them); one longer than
-MAX_INT_DIGITS digits is read as unreadable (None) rather than converted, so huge numbers cost nothing.
+  1 to MAX_DIGITS single ASCII digits separated by commas and/or spaces for sort, one integer of at most
+  MAX_SUM_DIGITS ASCII digits (a sign allowed) for sum. Longer lists and numbers cannot be an answer.
+- correctness is 0 unless format_ok: digits found elsewhere (in JSON, prose, tags, other scripts) earn nothing.
+- correctness, sort: the digits of the answer, in order, against the ascending truth: 1 when they are equal, else
+  partial credit = position-wise matches / max(len(answer), len(truth)), so a missing, extra or misplaced digit
+  each costs a share and padding the list with guesses does not pay.
+- correctness, sum: 1 when the answer's integer is the sum, else 0.
+`numbers` in the info lists every integer in the text, whatever its format, for diagnosis: read with any sign
+and in any script's decimal digits (int() accepts them); one longer than MAX_INT_DIGITS digits is unreadable
+(None) rather than converted, so huge numbers cost nothing.
 """
 
 from __future__ import annotations
@@ -42,8 +45,9 @@ PROMPTS = {
 # \d is Unicode-aware: "٣" reads as 3, like int() reads it
 INTEGER = re.compile(r"[-+]?\d+")
 MAX_INT_DIGITS = 18  # a sum of digits has at most 2; this keeps int() far from Python's 4,300-digit limit
-SORT_FORMAT = re.compile(r"\s*[0-9](?:\s*,\s*[0-9]|\s+[0-9])*\s*\.?\s*", re.ASCII)
-SUM_FORMAT = re.compile(r"\s*[-+]?[0-9]+\s*\.?\s*", re.ASCII)
+MAX_SUM_DIGITS = len(str(9 * digits_data.MAX_DIGITS))
+SORT_FORMAT = re.compile(rf"\s*[0-9](?:\s*,\s*[0-9]|\s+[0-9]){{0,{digits_data.MAX_DIGITS - 1}}}\s*\.?\s*", re.ASCII)
+SUM_FORMAT = re.compile(rf"\s*[-+]?[0-9]{{1,{MAX_SUM_DIGITS}}}\s*\.?\s*", re.ASCII)
 PARSED_NUMBERS_KEPT = 32  # how many read integers a record keeps (the count is kept in full)
 COUNTS = range(1, digits_data.MAX_DIGITS + 1)
 
@@ -149,16 +153,19 @@ class DigitsEnv(Env):
         truth = state.truth if state.truth is not None else self.prepare_truth(_MetaSample(state.meta))
         task = truth["task"]
         numbers = read_integers(text)
-        if task == "sort":
-            format_ok = SORT_FORMAT.fullmatch(text) is not None
+        format_ok = (SORT_FORMAT if task == "sort" else SUM_FORMAT).fullmatch(text) is not None
+        # only an answer of the task's shape is read: integers inside JSON, prose or tags would pay for any text
+        # that happens to hold digits
+        if not format_ok:
+            correctness = 0.0
+        elif task == "sort":
             correctness = sort_credit(numbers, truth["sorted"])
         else:
-            format_ok = SUM_FORMAT.fullmatch(text) is not None
-            correctness = float(bool(numbers) and numbers[-1] is not None and numbers[-1] == truth["sum"])
+            correctness = float(numbers == [truth["sum"]])
         weight = self.params.format_weight
         components = {"format": weight * format_ok, "correct": (1 - weight) * correctness}
         reward = min(1.0, max(0.0, components["format"] + components["correct"]))
-        answer = canonical(task, numbers)
+        answer = canonical(task, numbers) if format_ok else None
         info = {
             "task": task,
             "numbers": numbers[:PARSED_NUMBERS_KEPT],
@@ -199,7 +206,7 @@ class DigitsEnv(Env):
 
     @classmethod
     def usable_prediction(cls, record: Mapping[str, Any]) -> bool:
-        """An answer that read as a list of digits (sort) or an integer (sum)."""
+        """An answer in the task's shape: a list of digits (sort) or an integer (sum)."""
         return isinstance(record.get("pred_answer"), str)
 
     @classmethod

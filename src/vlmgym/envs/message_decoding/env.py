@@ -7,16 +7,15 @@ hub loader, so `data.source: hub` stops with the base class's MissingPart error.
 
 Reward, in [0, 1] for any text: format_weight x format_ok + (1 - format_weight) x correctness (format_weight:
 `env.message_decoding.format_weight`, 0.1 by default).
-- The word read: the answer's last run of letters, lowercased (any script's letters count, so a wrong accented
-  letter costs only its place; digits, spaces and punctuation separate runs). The last, like digits' sum reads the
-  last integer, so "The word is house." reads "house"; one of more than MAX_WORD_LETTERS letters is unreadable (None).
-- correctness: position-wise matching letters / max(len(word read), len(truth)), case-insensitive: 1 exactly for the
-  right word, and a missing, extra or misplaced letter each costs a share, so padding with guesses does not pay.
-  Nothing read scores 0.
-- format_ok: the whole answer is one word of at most MAX_WORD_LETTERS letters A-Z / a-z (either case), give or take
-  surrounding whitespace, a quote on either side and one final full stop; several words, digits or other scripts
-  are not.
-Garbage with no letters scores 0; a wrong word of letters can still earn the letters that happen to sit in place.
+- format_ok: the whole answer is one word of 1 to MAX_ANSWER letters A-Z / a-z (either case; no answer is
+  longer), give or take surrounding whitespace, a quote on either side and one final full stop; several words,
+  digits, tags or other scripts are not.
+- The word read: that word, lowercased; an answer not in that format reads no word (None) and scores 0, so
+  "The word is house." and "<answer>house</answer>" earn nothing.
+- correctness: position-wise matching letters / max(len(word read), len(truth)): 1 exactly for the right word,
+  and a missing, extra or misplaced letter each costs a share, so padding with guesses does not pay.
+A wrong word in the format earns the format share and the letters that happen to sit in place; anything else 0.
+`n_words` in the info counts the runs of letters of any script in the text (read_word), for diagnosis.
 """
 
 from __future__ import annotations
@@ -41,8 +40,8 @@ PROMPT = ('The image is a decoder table: each coded letter above maps to the pla
           '"{coded}". Answer with the decoded word.')
 MAX_WORD_LETTERS = 64  # answers have at most 14; a longer run is not read (nor well-formed), so records stay small
 LETTERS = re.compile(r"[^\W\d_]+")  # a run of letters of any script
-FORMAT = re.compile(rf"\s*[\"'“”‘’`]?[A-Za-z]{{1,{MAX_WORD_LETTERS}}}[\"'“”‘’`]?\.?\s*", re.ASCII)
 MAX_ANSWER = md_data.MAX_LENGTH + md_data.OOD_EXTRA_LETTERS
+FORMAT = re.compile(rf"\s*[\"'“”‘’`]?([A-Za-z]{{1,{MAX_ANSWER}}})[\"'“”‘’`]?\.?\s*", re.ASCII)
 ANSWER = re.compile(rf"[a-z]{{1,{MAX_ANSWER}}}")
 # exact accuracy by word length, two lengths a group: 3-4, 5-6, 7-8 (train and test), 9-10 (test_ood's long words)
 LENGTH_GROUPS = tuple((low, low + 1) for low in range(1, MAX_ANSWER + 1, 2))
@@ -146,9 +145,12 @@ class MessageDecodingEnv(Env):
         """format_weight x format_ok + (1 - format_weight) x correctness (module docstring); never raises."""
         text = text if isinstance(text, str) else ""
         truth = state.truth if state.truth is not None else state.meta["answer"]
-        word, n_words = read_word(text)
+        _, n_words = read_word(text)
+        # only a bare word is read: the last word of any text would pay for prose, tags and JSON keys
+        match = FORMAT.fullmatch(text)
+        format_ok = match is not None
+        word = match.group(1).lower() if match else None
         correctness = char_credit(word, truth)
-        format_ok = FORMAT.fullmatch(text) is not None
         weight = self.params.format_weight
         components = {"format": weight * format_ok, "correct": (1 - weight) * correctness}
         reward = min(1.0, max(0.0, components["format"] + components["correct"]))
@@ -193,7 +195,7 @@ class MessageDecodingEnv(Env):
 
     @classmethod
     def usable_prediction(cls, record: Mapping[str, Any]) -> bool:
-        """An answer in which a word was read."""
+        """An answer that is one word (the format)."""
         return isinstance(record.get("pred_answer"), str)
 
     @classmethod

@@ -45,9 +45,19 @@ TRACE_PROMPT = PROMPT.replace("Answer with one word: True or False.",
                               "Say what each image holds, then answer True or False.")
 
 
+# A verdict is a word or a short sentence ("Yes, the statement is true."). Past this, or holding markup or a trace
+# lookup's "left yes", the text is not one: an answer word somewhere in it would pay for spam, essays and traces.
+MAX_VERDICT_WORDS = 12
+NOT_A_VERDICT = re.compile(r"</?[A-Za-z][^<>]*>|\b(?:left|right)\s+(?:yes|no)\b", re.IGNORECASE)
+
+
 def parse_answer(text: str) -> bool | None:
-    """True / False from the answer words in `text`; None when it has none or both (never guess a side)."""
-    values = {ANSWER_VALUES[word.lower()] for word in ANSWER_PATTERN.findall(text or "")}
+    """True / False from the answer words in `text`; None when it has none or both (never guess a side), or when
+    `text` is not a short verdict (MAX_VERDICT_WORDS words at most, no tags, no trace lookup)."""
+    text = text if isinstance(text, str) else ""
+    if len(text.split(maxsplit=MAX_VERDICT_WORDS)) > MAX_VERDICT_WORDS or NOT_A_VERDICT.search(text):
+        return None
+    values = {ANSWER_VALUES[word.lower()] for word in ANSWER_PATTERN.findall(text)}
     return values.pop() if len(values) == 1 else None
 
 
@@ -126,10 +136,11 @@ class NLVR2Env(Env):
         return sample.meta["label"]
 
     def score(self, state: State, text: str) -> tuple[float, dict]:
-        """1 when the answer names the right truth value unambiguously, else 0; a leading trace is not read for
-        it (its lookup says yes and no)."""
-        trace, asked = TRACE.match(text or ""), self.uses_trace(state.meta)
-        answer = parse_answer((text or "")[trace.end():] if trace else text)
+        """1 when the answer names the right truth value unambiguously in a short verdict (parse_answer), else 0;
+        a leading trace is not read for it (its lookup says yes and no)."""
+        text = text if isinstance(text, str) else ""
+        trace, asked = TRACE.match(text), self.uses_trace(state.meta)
+        answer = parse_answer(text[trace.end():] if trace else text)
         correct = answer is not None and answer == state.truth
         reward = 1.0 if correct else 0.0
         info = {
@@ -137,7 +148,7 @@ class NLVR2Env(Env):
             "pred_label": answer,
             "label": answer_word(state.truth),
             "correct": correct,
-            "format_ok": (TRACE_FORMAT_PATTERN if asked else FORMAT_PATTERN).fullmatch(text or "") is not None,
+            "format_ok": (TRACE_FORMAT_PATTERN if asked else FORMAT_PATTERN).fullmatch(text) is not None,
             "trace": " ".join(trace.group(0).split()) if trace else None,
             "trace_asked": asked,
             "parse_failed": answer is None,

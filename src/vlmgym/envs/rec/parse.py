@@ -5,7 +5,10 @@ The box scored (parse_answer):
   `[{"bbox_2d": [...], "label": "..."}]`, a bare dict `{"bbox_2d": [...]}`, a bare list, a ```json fence, or
   with text around it. Numbers may be integers or floats (signs and exponents allowed);
 - clipped to 0-1000 (so -5 reads as 0 and 1e9 as 1000), then its corners put in order (x1 <= x2, y1 <= y2), so
-  swapped corners score like the right ones;
+  swapped corners score like the right ones; a number too large for a float (1e309, a 400-digit one) makes the
+  list no box, since clipping infinities would read junk like `[-1e309, -1e309, 1e309, 1e309]` as the whole
+  image;
+- outside `<think>...</think>` blocks (an unclosed one runs to the end): reasoning is not the answer;
 - several boxes: only the first is scored; `n_boxes` counts them all (up to MAX_BOXES_COUNTED) and the format flag
   is off, since the question asks for one object;
 - nothing else: lists of another length, `(x1, y1, x2, y2)` in parentheses, NaN or words read as no box.
@@ -30,6 +33,7 @@ _NUMBER = r"[-+]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][-+]?[0-9]+)?"
 # Each number is bounded by the brackets and commas around it, so a failed match backtracks over one number only.
 BOX_PATTERN = re.compile(rf"\[\s*({_NUMBER})\s*,\s*({_NUMBER})\s*,\s*({_NUMBER})\s*,\s*({_NUMBER})\s*\]")
 ALLOWED_KEYS = {"bbox_2d", "label"}
+THINK = re.compile(r"<think>.*?(?:</think>|$)", re.DOTALL)
 
 
 @dataclass(frozen=True)
@@ -42,18 +46,16 @@ class ParsedAnswer:
     format_ok: bool
 
 
-def _clip(token: str) -> float:
-    value = float(token)  # the pattern admits only float literals; a huge one is inf, never an error
-    return min(float(SCALE), max(0.0, value)) if not math.isnan(value) else 0.0
-
-
 def read_boxes(text: str) -> tuple[Box | None, int]:
     """(the first box, clipped to 0-1000 with its corners in order, or None; the number of boxes, capped)."""
     first: Box | None = None
     count = 0
-    for match in BOX_PATTERN.finditer(text[:MAX_ANSWER_CHARS]):
+    for match in BOX_PATTERN.finditer(THINK.sub(" ", text[:MAX_ANSWER_CHARS])):
+        values = [float(token) for token in match.groups()]  # float literals only: a huge one is inf, no error
+        if not all(map(math.isfinite, values)):
+            continue
         if first is None:
-            first = ordered(tuple(_clip(token) for token in match.groups()))  # type: ignore[arg-type]
+            first = ordered(tuple(min(float(SCALE), max(0.0, v)) for v in values))  # type: ignore[arg-type]
         count += 1
         if count >= MAX_BOXES_COUNTED:
             break

@@ -1,0 +1,51 @@
+"""Answers no built-in env may pay for: every env's fuzz test scores these and expects reward 0.
+
+FORMATS holds one well-formed answer of each env; an env's test adds the others' (adversarial(name)), since a
+right answer to one task is junk to another. JUNK is shared: tags, digit and word spam, JSON with non-finite or
+missing numbers, empty and whitespace-only text, very long text and non-ASCII digits and letters."""
+
+from __future__ import annotations
+
+FORMATS = {
+    "geospot": "Country: France\nRegion: Île-de-France\nCity: Paris\nLatitude: 48.8566\nLongitude: 2.3522",
+    "rec": '[{"bbox_2d": [100, 100, 300, 300], "label": "small red circle"}]',
+    "nlvr2": "left: blue, red. right: green. red object: left yes, right no. True",
+    "digits": "1, 3, 7",
+    "message_decoding": "house",
+}
+
+JUNK = [
+    # empty and whitespace
+    "", " ", "\n\t \n", ".", "\x00", "\ud800",
+    # tags, empty or around junk
+    "<answer></answer>", "<think>..</think>", "<think></think><answer></answer>", "<think>" * 50,
+    "<answer>" * 20 + "</answer>" * 20, "<think>\n</think>\n<answer>\n</answer>",
+    # digit spam
+    "0123456789" * 200, "7 " * 500, "1, 2, 3, 4, 5, 6, 7, 8, 9, 0", "9" * 5000, "-" + "1" * 30, "1" * 3,
+    ",".join("7" * 50),
+    # word spam
+    "house " * 500, "a" * 1000, "abcdefghijklmnopqrstuvwxyz", "true false yes no " * 50, "true " * 300,
+    "lorem ipsum dolor sit amet " * 4000,
+    # JSON with non-finite, missing or no numbers
+    '[{"bbox_2d": [1e309, -5, "x", null]}]', '{"bbox_2d": []}', '[{"bbox_2d": [-1e309, -1e309, 1e309, 1e309]}]',
+    "[1e309, 1e309, -1e309, -1e309]", "[NaN, Infinity, -Infinity, null]", '{"answer": 1e309}', "-inf", "[]", "{}",
+    # very long
+    "x" * 100_000, "\n" * 50_000,
+    # digits and letters of other scripts
+    "١, ٣, ٧", "١١", "१, ३, ७", "１, ３, ７", "１１", "①②③", "٣", "hôuse", "ΗΟΥΣΕ", "ℌ𝔬𝔲𝔰𝔢",
+]
+
+
+# JSON's constants bare: junk to every env but message_decoding, where each is a (wrong) word of letters
+CONSTANTS = ["null", "NaN", "inf", "Infinity"]
+# an answer inside tags: no env asks for tags without its think option, and with it the answer block is unwrapped
+# before the env sees the answer
+TAGGED = ("<think>{}</think>".format, "<answer><answer>{}</answer>".format,
+          "<think>{}</think><answer></answer>".format, "<answer>{}</answer>".format)
+
+
+def adversarial(name: str) -> list[str]:
+    """JUNK, the other envs' answers, and those answers inside tags."""
+    others = [text for env, text in FORMATS.items() if env != name]
+    constants = [] if name == "message_decoding" else CONSTANTS
+    return [*JUNK, *constants, *others, *(tagged(text) for text in others for tagged in TAGGED)]
