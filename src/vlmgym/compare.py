@@ -1,6 +1,6 @@
 """vlmgym compare: training algorithms from one start policy at a matched budget, compared on the held-out splits.
 
-    vlmgym compare [--params params.yaml] [--arms sft_longer grpo ppo dpo [rloo]] [--out outputs/compare]
+    vlmgym compare [--params params.yaml] [--arms sft_longer grpo ppo dpo [rloo]] [--seeds N] [--out outputs/compare]
 
 Arms (each against `sft`, the start policy itself: `train.init_dir`, the pipeline's SFT model):
 - grpo, ppo, dpo (and rloo, on request): the train section with `train.algorithm` set to the arm, everything
@@ -17,6 +17,11 @@ and .png (not under reports/, which is the evaluate stage's DVC output as a whol
 vlmgym.role=compare) holding those figures, with each arm's training in a nested run. An arm whose model and
 answers exist for the same settings is not trained again; a killed arm resumes from its checkpoints
 (checkpoints/compare/<arm>/<config hash>/).
+
+--seeds N (N > 1) repeats all of it for seeds 0..N-1 (vlmgym.compare_seeds): seed s trains its own SFT start from
+the base model with sft.seed = s (the pipeline's SFT model is reused when it is that one), then every arm from it
+with train.seed = s, under <out>/seed<s>/ and checkpoints/compare/seed<s>/; the report gives means over seeds with
+two-level bootstrap intervals (seeds, then samples) and each seed's mean reward.
 """
 
 from __future__ import annotations
@@ -43,10 +48,10 @@ def sft_longer_steps(train: Any, sft: Any) -> int:
     return math.ceil(train.steps * train.batch_prompts * train.group_size / sft.batch_size)
 
 
-def arm_config(arm: str, sections: dict[str, Any], out: Path) -> Any:
+def arm_config(arm: str, sections: dict[str, Any], out: Path, checkpoints: Path = Path("checkpoints/compare")) -> Any:
     """The sft or train section an arm trains with (paths under `out`, start = train.init_dir)."""
     train, sft = sections["train"], sections["sft"]
-    checkpoints = str(Path("checkpoints") / "compare" / arm)
+    checkpoints = str(checkpoints / arm)
     if arm == "sft_longer":
         return replace(sft, steps=sft_longer_steps(train, sft), init_dir=train.init_dir,
                        out_dir=str(out / arm / "model"), checkpoint_dir=checkpoints, shards_dir=train.shards_dir)
@@ -60,7 +65,7 @@ def train_arm(arm: str, config: Any, sections: dict[str, Any], log_metrics: Any)
     from vlmgym.rl.run import resume_dir, save_model, stage_policy, stage_trainer
 
     model, env_params = sections["model"], sections["env"]
-    stage = "sft" if arm == "sft_longer" else "train"
+    stage = "sft" if arm in ("sft_longer", CONTROL) else "train"  # the control trains only as a seed's SFT start
     policy, params = stage_policy(stage, config, model)
     checkpoints = resume_dir(config.checkpoint_dir, config, model, env_params, init_dir=config.init_dir)
     trainer = stage_trainer(stage, config, policy, params, env_params, checkpoints, metrics_callback=log_metrics)
@@ -82,25 +87,26 @@ def answer(model_dir: Path, split: str, arm: str, sections: dict[str, Any]) -> l
 
 
 def fingerprint(arm: str, config: Any, sections: dict[str, Any]) -> str:
-    """What an arm's results depend on: its training section, the model and env settings, the start model."""
+    """What an arm's results depend on: its training section, the model and env settings, the start model (the
+    model that answers for an untrained control)."""
     from vlmgym.params import to_dict
     from vlmgym.rl.loop import config_fingerprint
     from vlmgym.rl.run import folder_identity, source_identity
 
-    start = sections["train"].init_dir
+    start = sections["train"].init_dir if config is None else config.init_dir
     return config_fingerprint({"arm": arm, "config": None if config is None else to_dict(config),
                                "model": to_dict(sections["model"]), "env": to_dict(sections["env"]),
                                "rollout": to_dict(sections["rollout"]), "start": folder_identity(start),
                                "code": source_identity()})
 
 
-def run_arm(arm: str, sections: dict[str, Any], out: Path, splits: list[str], log_metrics: Any) -> dict[str, list]:
-    """Train (unless it is the control) and answer every split; reuses a finished arm with the same settings."""
+def run_arm(arm: str, config: Any, sections: dict[str, Any], folder: Path, splits: list[str],
+            log_metrics: Any) -> dict[str, list]:
+    """Train with `config` (None: the start train.init_dir answers) and answer every split into `folder`; reuses a
+    finished arm with the same settings."""
     from vlmgym.atomic import write_text_atomically
     from vlmgym.eval.records import read_jsonl, write_jsonl
 
-    config = None if arm == CONTROL else arm_config(arm, sections, out)
-    folder = out / arm
     done = folder / "done.json"
     key = fingerprint(arm, config, sections)
     if done.exists() and json.loads(done.read_text()) == {"fingerprint": key, "splits": splits}:
@@ -124,7 +130,7 @@ def available_splits(shards_dir: str) -> list[str]:
 
 
 def write_report(report: Path, env_name: str, results: dict[str, dict], arms: list[str], sections: dict[str, Any],
-                 confidence: float) -> dict[str, Path]:
+                 confidence: float, seeds: list[int] | None = None) -> dict[str, Path]:
     """reports/compare.{md,json,png}: per split the summary table (every arm, each minus sft) and a plot."""
     from vlmgym.atomic import write_text_atomically
     from vlmgym.envs import env_class
@@ -133,8 +139,18 @@ def write_report(report: Path, env_name: str, results: dict[str, dict], arms: li
     env = env_class(env_name)
     train, sft = sections["train"], sections["sft"]
     budget = train.steps * train.batch_prompts * train.group_size
-    lines = [f"# Algorithm comparison ({env.name})", "",
-             f"Every arm starts from `{train.init_dir}` (the `sft` column). RL arms: {train.steps} steps x "
+    n_seeds = len(seeds) if seeds else 1
+    if seeds:
+        start = (f"{n_seeds} seeds ({', '.join(map(str, seeds))}): seed s trains its own SFT start (the `sft` column, "
+                 f"from `{sft.init_dir}` with sft.seed = s) and every arm from it with train.seed = s. Values are "
+                 f"means over seeds; intervals are a two-level bootstrap (seeds with replacement, then test samples "
+                 f"within each), so they include the run-to-run variance; differences pair each seed's arm with "
+                 f"that seed's sft on the same samples.")
+    else:
+        start = (f"1 seed: intervals over test samples only (one training run; run-to-run variance is not in them). "
+                 f"Every arm starts from `{train.init_dir}` (the `sft` column).")
+    lines = [f"# Algorithm comparison ({env.name}, {n_seeds} seed{'s' if n_seeds > 1 else ''})", "",
+             f"{start} RL arms: {train.steps} steps x "
              f"{train.batch_prompts} prompts x {train.group_size} answers = {budget} sampled completions each; "
              f"sft_longer: {sft_longer_steps(train, sft)} more SFT steps x {sft.batch_size} = the same number of "
              f"training sequences on ideal answers. Greedy answers; `arm_minus_sft` columns are paired differences.",
@@ -143,6 +159,10 @@ def write_report(report: Path, env_name: str, results: dict[str, dict], arms: li
         shift = env.ood_description(sections.get("data"))
         note = f" ({shift})" if split != "test" and shift else ""
         lines += [f"## {split}{note}", "", markdown_table(env, split_results, confidence)]
+        if seeds:
+            from vlmgym.compare_seeds import per_seed_table
+
+            lines += [f"### {split}: mean reward on each seed", "", per_seed_table(split_results, seeds)]
     if len(results) > 1:
         from vlmgym.eval.outputs import side_by_side
 
@@ -154,11 +174,11 @@ def write_report(report: Path, env_name: str, results: dict[str, dict], arms: li
     files = {"md": report.with_suffix(".md"), "json": report.with_suffix(".json"), "png": report.with_suffix(".png")}
     write_text_atomically(files["md"], "\n".join(lines))
     write_text_atomically(files["json"], json.dumps(results, indent=1, sort_keys=True) + "\n")
-    plot_comparison(files["png"], results, arms, confidence)
+    plot_comparison(files["png"], results, arms, confidence, n_seeds)
     return files
 
 
-def plot_comparison(path: Path, results: dict[str, dict], arms: list[str], confidence: float) -> None:
+def plot_comparison(path: Path, results: dict[str, dict], arms: list[str], confidence: float, n_seeds: int = 1) -> None:
     """Per split: each arm's mean reward with its interval, and each arm minus sft with its paired interval."""
     import matplotlib
 
@@ -184,7 +204,8 @@ def plot_comparison(path: Path, results: dict[str, dict], arms: list[str], confi
                 axis.bar(range(len(keys)), values, yerr=[low, high], color=colours, capsize=4)
                 axis.set_xticks(range(len(keys)), [k.replace(f"_minus_{CONTROL}", "") for k in keys])
                 axis.axhline(0, color="grey", linewidth=0.8)
-                axis.set_title(title + f" [{100 * confidence:.0f}% interval]", fontsize="medium")
+                seeds = f"{n_seeds} seed{'s' if n_seeds > 1 else ''}"
+                axis.set_title(title + f" [{seeds}, {100 * confidence:.0f}% interval]", fontsize="medium")
         figure.tight_layout()
         save_figure(figure, path)
     finally:
@@ -197,12 +218,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--params", default="params.yaml", help="params file (the pipeline's)")
     parser.add_argument("--arms", nargs="+", default=list(DEFAULT_ARMS), choices=ARMS,
                         help=f"arms besides sft (default: {' '.join(DEFAULT_ARMS)})")
+    parser.add_argument("--seeds", type=int, default=1,
+                        help="training seeds 0..N-1, each with its own SFT start (default 1: the configured seeds "
+                             "and the pipeline's SFT model, intervals over test samples only)")
     parser.add_argument("--out", default="outputs/compare", help="models and answers, one folder per arm")
     args = parser.parse_args(argv)
+    if args.seeds < 1:
+        parser.error("--seeds must be at least 1")
     import mlflow
 
     from vlmgym import tracking
-    from vlmgym.eval.metrics import evaluate_policies
+    from vlmgym.compare_seeds import seed_plan, seed_results
     from vlmgym.eval.outputs import mlflow_metrics
     from vlmgym.params import load_section
 
@@ -217,25 +243,37 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     mlflow.set_tracking_uri(tracking.tracking_uri(sections["tracking"].tracking_uri))
     mlflow.set_experiment(sections["tracking"].experiment)
-    answers: dict[str, dict[str, list]] = {}
+    # One seed keeps the configured seeds, the pipeline's SFT start and the folders of a run without --seeds.
+    seeds = list(range(args.seeds)) if args.seeds > 1 else []
+    answers: list[dict[str, dict[str, list]]] = []
     env_name = sections["env"].name
-    with mlflow.start_run(run_name=f"compare-{env_name}", tags={"vlmgym.role": "compare", "env.name": env_name}):
+    run_name = f"compare-{env_name}" + (f"-{len(seeds)}seeds" if seeds else "")
+    with mlflow.start_run(run_name=run_name, tags={"vlmgym.role": "compare", "env.name": env_name}):
         train = sections["train"]
         mlflow.log_params({"arms": ",".join(arms), "splits": ",".join(splits), "start": train.init_dir,
-                           "train.steps": train.steps, "train.batch_prompts": train.batch_prompts,
+                           "seeds": args.seeds, "train.steps": train.steps, "train.batch_prompts": train.batch_prompts,
                            "train.group_size": train.group_size,
                            "sft_longer.steps": sft_longer_steps(train, sections["sft"])})
-        for arm in [CONTROL, *arms]:
-            with mlflow.start_run(run_name=arm, nested=True, tags={"vlmgym.role": "compare-arm", "vlmgym.arm": arm}):
-                answers[arm] = run_arm(arm, sections, out, splits,
-                                       lambda step, metrics: mlflow.log_metrics(metrics, step=step))
+        for seed in seeds or [None]:
+            folder, checkpoints = out, Path("checkpoints/compare")
+            seed_sections, start_config = sections, None
+            if seed is not None:
+                folder, checkpoints = out / f"seed{seed}", checkpoints / f"seed{seed}"
+                seed_sections, start_config = seed_plan(sections, seed, folder, checkpoints)
+            answers.append({})
+            for arm in [CONTROL, *arms]:
+                config = start_config if arm == CONTROL else arm_config(arm, seed_sections, folder, checkpoints)
+                tags = {"vlmgym.role": "compare-arm", "vlmgym.arm": arm,
+                        "vlmgym.seed": str(seed_sections["train"].seed)}
+                with mlflow.start_run(run_name=arm if seed is None else f"seed{seed}/{arm}", nested=True, tags=tags):
+                    answers[-1][arm] = run_arm(arm, config, seed_sections, folder / arm, splits,
+                                               lambda step, metrics: mlflow.log_metrics(metrics, step=step))
         evaluation = sections["eval"]
-        results = {split: evaluate_policies(env_name, {arm: answers[arm][split] for arm in answers},
-                                            comparisons=[(arm, CONTROL) for arm in arms],
-                                            n_resamples=evaluation.n_resamples, seed=evaluation.seed,
-                                            confidence=evaluation.confidence)
+        results = {split: seed_results(env_name, [{arm: a[arm][split] for arm in a} for a in answers], arms,
+                                       n_resamples=evaluation.n_resamples, seed=evaluation.seed,
+                                       confidence=evaluation.confidence)
                    for split in splits}
-        files = write_report(out / "compare", env_name, results, arms, sections, evaluation.confidence)
+        files = write_report(out / "compare", env_name, results, arms, sections, evaluation.confidence, seeds)
         for split, split_results in results.items():
             mlflow.log_metrics({f"{split}/{k}": v for k, v in mlflow_metrics(split_results).items()
                                 if np.isfinite(v)})

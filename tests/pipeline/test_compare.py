@@ -1,6 +1,6 @@
 """`vlmgym compare` end to end on the micro pipeline (in a copy of it): every arm trains from the sft model,
 answers the test split, and the paired comparison lands in outputs/compare/ and one MLflow run; a second call
-reuses every arm."""
+reuses every arm. With --seeds 2 each seed trains its own start and arm, and the figures are over seeds."""
 
 from __future__ import annotations
 
@@ -38,7 +38,8 @@ def test_compare_trains_every_arm_and_writes_the_paired_comparison(pipeline, tmp
         assert len((out / arm / "test.jsonl").read_text().splitlines()) == 16
     table = (out / "compare.md").read_text()
     assert "## test" in table and "## test_ood (test's places rendered in fog" in table and "dpo_minus_sft" in table
-    assert "sampled completions" in table
+    assert "sampled completions" in table and "# Algorithm comparison (geospot, 1 seed)" in table
+    assert "1 seed: intervals over test samples only" in table and "on each seed" not in table
     assert "| metric | sft_longer_minus_sft (test) | sft_longer_minus_sft (test_ood) | grpo_minus_sft (test) |" in table
     assert (out / "compare.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert first.stdout.strip().endswith(table.strip().splitlines()[-1])  # the table is printed too
@@ -59,4 +60,43 @@ def test_compare_trains_every_arm_and_writes_the_paired_comparison(pipeline, tmp
 
     again = run_checked(["vlmgym", "compare", "--arms", *ARMS], root, env, timeout=600)
     assert all(f"compare: {arm}: reusing" in again.stdout for arm in ["sft", *ARMS])
+    assert json.loads((out / "compare.json").read_text()) == results
+
+
+def test_compare_with_two_seeds_trains_a_start_and_an_arm_per_seed_and_reports_over_seeds(pipeline, tmp_path):
+    from mlflow.tracking import MlflowClient
+
+    root = tmp_path / "seeds"
+    shutil.copytree(pipeline["root"], root, symlinks=True)
+    env = {**pipeline["env"], "PYTHONPATH": str(root / "src"), "MLFLOW_TRACKING_URI": f"sqlite:///{root / 'mlflow.db'}"}
+    run_checked(["vlmgym", "compare", "--seeds", "2", "--arms", "grpo"], root, env, timeout=1200)
+    out = root / "outputs/compare"
+    # seed 0 is the configured sft.seed: the pipeline's SFT model answers; seed 1 trains its own from the base
+    assert not (out / "seed0/sft/model").exists() and (out / "seed1/sft/model/vlmgym_checkpoint.json").exists()
+    assert all((out / f"seed{s}/grpo/model/vlmgym_checkpoint.json").exists() for s in (0, 1))
+    assert (root / "checkpoints/compare/seed1/sft").is_dir() and (root / "checkpoints/compare/seed1/grpo").is_dir()
+    results = json.loads((out / "compare.json").read_text())
+    assert list(results) == ["test", "test_ood"]
+    difference = results["test"]["grpo_minus_sft"]
+    assert difference["seeds"] == 2 and difference["n"] == 16
+    seeds = [difference["mean_reward_seed0"], difference["mean_reward_seed1"]]
+    assert difference["mean_reward"] == pytest.approx(sum(seeds) / 2)
+    assert difference["mean_reward_ci_low"] <= difference["mean_reward"] <= difference["mean_reward_ci_high"]
+    table = (out / "compare.md").read_text()
+    assert "# Algorithm comparison (geospot, 2 seeds)" in table and "two-level bootstrap" in table
+    assert "### test: mean reward on each seed" in table and "| policy | seed 0 | seed 1 | mean |" in table
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{root / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name("vlmgym")
+    parent = client.search_runs([experiment.experiment_id], filter_string="tags.`vlmgym.role` = 'compare'")[0]
+    assert parent.data.params["seeds"] == "2"
+    assert parent.data.metrics["test/grpo_minus_sft/mean_reward_seed1"] == seeds[1]
+    arms = client.search_runs([experiment.experiment_id],
+                              filter_string=f"tags.`mlflow.parentRunId` = '{parent.info.run_id}'")
+    assert sorted((r.data.tags["vlmgym.seed"], r.data.tags["vlmgym.arm"]) for r in arms) == [
+        ("0", "grpo"), ("0", "sft"), ("1", "grpo"), ("1", "sft")]
+
+    again = run_checked(["vlmgym", "compare", "--seeds", "2", "--arms", "grpo"], root, env, timeout=600)
+    assert all(f"compare: {arm}: reusing outputs/compare/seed{s}/{arm}" in again.stdout
+               for s in (0, 1) for arm in ("sft", "grpo"))
     assert json.loads((out / "compare.json").read_text()) == results

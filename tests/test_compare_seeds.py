@@ -1,0 +1,67 @@
+"""What each seed of `vlmgym compare --seeds N` trains from, and its results over seeds (no training here; the
+micro-pipeline run is tests/pipeline/test_compare.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from vlmgym.compare_seeds import per_seed_table, seed_plan, seed_results
+from vlmgym.eval.metrics import evaluate_policies
+from vlmgym.params import LoRAParams, SFTParams, TrainParams
+
+
+def nlvr2_records(answers, order=None):
+    records = [{"id": f"s{i}", "answer": a, "pred_label": a == "True", "reward": float((a == "True") == (i % 2 == 0)),
+                "format_ok": True, "truth": {"label": i % 2 == 0, "sentence": "There is a red circle."}}
+               for i, a in enumerate(answers)]
+    return [records[i] for i in order] if order else records
+
+
+def test_one_seed_gives_exactly_evaluate_policies_figures():
+    sft = nlvr2_records(["True"] * 12)
+    grpo = nlvr2_records(["True", "False", "False"] * 4, order=list(range(11, -1, -1)))  # pairing goes by id
+    expected = evaluate_policies("nlvr2", {"sft": sft, "grpo": grpo}, comparisons=[("grpo", "sft")], n_resamples=50,
+                                 seed=3, confidence=0.9)
+    assert seed_results("nlvr2", [{"sft": sft, "grpo": grpo}], ["grpo"], n_resamples=50, seed=3,
+                        confidence=0.9) == expected
+
+
+def test_several_seeds_report_the_mean_and_each_seed():
+    per_seed = [{"sft": nlvr2_records(["True"] * 8), "grpo": nlvr2_records(["True", "False"] * 4)},
+                {"sft": nlvr2_records(["False"] * 8), "grpo": nlvr2_records(["True", "False"] * 4)}]
+    results = seed_results("nlvr2", per_seed, ["grpo"], n_resamples=50, seed=0, confidence=0.95)
+    assert set(results) == {"sft", "grpo", "grpo_minus_sft"}
+    difference = results["grpo_minus_sft"]
+    assert difference["seeds"] == 2 and difference["n"] == 8
+    seeds = [difference["mean_reward_seed0"], difference["mean_reward_seed1"]]
+    assert seeds == pytest.approx([1.0 - 0.5, 1.0 - 0.5])  # grpo right on every sample; sft on half, either seed
+    assert difference["mean_reward"] == pytest.approx(sum(seeds) / 2)
+    table = per_seed_table(results, [0, 1])
+    assert "| policy | seed 0 | seed 1 | mean |" in table and "| grpo_minus_sft | +0.500 | +0.500 | +0.500 |" in table
+
+
+def sections(sft=None, train=None):
+    return {"sft": sft or SFTParams(), "train": train or TrainParams()}
+
+
+def test_the_configured_seed_reuses_the_pipelines_sft_model_and_others_train_their_own(tmp_path):
+    base = sections()
+    same, config = seed_plan(base, 0, tmp_path / "seed0", Path("checkpoints/compare/seed0"))
+    assert config is None and same["train"].init_dir == "models/jax/sft" and same["train"].seed == 0
+    other, config = seed_plan(base, 1, tmp_path / "seed1", Path("checkpoints/compare/seed1"))
+    assert config.seed == 1 and config.init_dir == "models/jax/base" and config.steps == base["sft"].steps
+    assert config.out_dir == str(tmp_path / "seed1/sft/model") == other["train"].init_dir
+    assert config.checkpoint_dir == "checkpoints/compare/seed1/sft"
+    assert other["train"].seed == 1 and other["sft"].seed == 1 and other["train"].lora.seed == 0  # no adapters
+
+
+def test_adapters_get_the_seed_too_and_a_pass_through_sft_is_the_base_model(tmp_path):
+    lora = LoRAParams(rank=4)
+    plan, config = seed_plan(sections(SFTParams(lora=lora), TrainParams(lora=lora)), 2, tmp_path, tmp_path)
+    assert config.lora.seed == 2 and plan["train"].lora.seed == 2
+    # seed 0 with adapters seeded 0 is the configured sft section: the pipeline's model is reused
+    assert seed_plan(sections(SFTParams(lora=lora), TrainParams(lora=lora)), 0, tmp_path, tmp_path)[1] is None
+    plan, config = seed_plan(sections(SFTParams(steps=0), TrainParams(init_dir="elsewhere")), 1, tmp_path, tmp_path)
+    assert config is None and plan["train"].init_dir == "models/jax/base"
