@@ -453,7 +453,7 @@ def _synthetic_records(pairs: list[SyntheticPair], seed: int, split: str, width:
         yield RawRecord(pair.id, pair.sentence, pair.label, left, right, pair.trace)
 
 
-# The embedded default (issue 19): statements about where a colour is (there is / both / neither / exactly one),
+# The embedded default: statements about where a colour is (there is / both / neither / exactly one),
 # decided by the scene trace nlvr2's answer writes first, over at most two shapes of three times the full
 # generator's size. The tiny random model sees shapes that large at 12 tokens per image and learns to name their
 # colours; the full generator's small shapes and counting / spatial statements it does not learn (README, nlvr2).
@@ -469,7 +469,7 @@ class NLVR2DataParams:
 
     The defaults are the level the tiny default model learns (DEFAULT_*: colour statements over at most two large
     shapes). The full generator is templates [] (all nine), attributes [size, colour, shape], max_objects 6,
-    object_scale 1: on it the tiny model learns nothing (issue 19: SFT drives the images' effect on the answer to
+    object_scale 1: on it the tiny model learns nothing (SFT drives the images' effect on the answer to
     ~1e-5 and answers True everywhere); it is here for a pretrained model and to study what a model learns, with
     the per-type accuracy of the evaluate stage."""
 

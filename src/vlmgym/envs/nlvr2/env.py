@@ -73,7 +73,7 @@ class NLVR2Params(ThinkParams):
     trace: bool = spec(True, doc="where a sample has a trace (the synthetic generator's: 'left: blue, red. right: "
                                  "green.'), the prompt asks to say what each image holds before True or False and "
                                  "SFT teaches that trace; only the verdict is scored. Off (and for the hub's "
-                                 "pairs): the one word, which the tiny default model does not learn (issue 19)")
+                                 "pairs): the one word, which the tiny default model does not learn")
 
 
 def parse_row(rec: dict[str, str]) -> Row:
@@ -211,7 +211,7 @@ class NLVR2Env(Env):
         correct = np.asarray(correct, np.float64)
         stats = {"accuracy": Statistic("mean", correct), **nlvr2_types.type_statistics(records, correct)}
         # The description's accuracy, over the samples that have a trace: what the policy sees, apart from what it
-        # concludes (issue 19: perception or binding).
+        # concludes (perception or binding).
         truths = [(record.get("truth") or {}).get("trace") for record in records]
         if any(truths):
             has = np.array([bool(t) for t in truths], np.float64)
