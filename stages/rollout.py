@@ -35,9 +35,6 @@ from vlmgym.eval.rollouts import answer_split, load_engine
 from vlmgym.params import load_section
 from vlmgym.rollout import RolloutEngine
 
-# Train samples the constant baseline is chosen on when the shards hold no val split.
-CONSTANT_TRAIN_SAMPLES = 256
-
 
 def part_envs(rollout: Any, env_params: Any, shards_dir: str, tokenizer: Any) -> tuple[Any, Any]:
     """The env over the answered split and, when the shards hold it, over the out-of-distribution split (else None)."""
@@ -97,17 +94,19 @@ def answer_constant(rollout: Any, env_params: Any, shards_dir: str, env: Any, oo
                     out: Path) -> dict[str, Any] | None:
     """The constant baseline (vlmgym.eval.blind): chosen on the val split (train's first samples without one),
     written as the policy `constant`; None (with a note) when the env has no ideal answer to propose."""
-    split = "val" if (Path(shards_dir) / "val").is_dir() else "train"
-    chooser = envs.from_params(env_params, shards_dir=shards_dir, split=split, tokenizer=env.tokenizer,
-                               limit=None if split == "val" else CONSTANT_TRAIN_SAMPLES, progress=rollout.progress)
-    candidates = blind.candidate_answers(chooser, rollout.constant_candidates)
-    if not candidates:
+
+    def open_env(split: str, limit: int | None) -> Any:
+        return envs.from_params(env_params, shards_dir=shards_dir, split=split, tokenizer=env.tokenizer, limit=limit,
+                                progress=rollout.progress)
+
+    chosen = blind.choose_constant(open_env, shards_dir, rollout.constant_candidates)
+    if chosen is None:
         print(f"rollout: {env.name} has no ideal answer to propose as a constant: no constant baseline")
         return None
-    answer, chosen_reward = blind.best_constant(chooser, candidates)
+    answer, chosen_reward, split, candidates = chosen
     records = blind.constant_records(env, answer)
     write_jsonl(out / f"{blind.CONSTANT}.jsonl", records)
-    figures: dict[str, Any] = {"answer": answer, "candidates": len(candidates), "chosen_on": split,
+    figures: dict[str, Any] = {"answer": answer, "candidates": candidates, "chosen_on": split,
                                f"{split}_mean_reward": chosen_reward, "samples": len(records),
                                **reward_figures(records)}
     if ood_env is not None:

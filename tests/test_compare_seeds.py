@@ -42,6 +42,20 @@ def test_several_seeds_report_the_mean_and_each_seed():
     assert "| policy | seed 0 | seed 1 | mean |" in table and "| grpo_minus_sft | +0.500 | +0.500 | +0.500 |" in table
 
 
+def test_baselines_get_their_figures_and_sft_minus_each():
+    per_seed = [{"sft": nlvr2_records(["True", "False"] * 4), "grpo": nlvr2_records(["True"] * 8),
+                 "constant": nlvr2_records(["True"] * 8), "sft_blind": nlvr2_records(["False"] * 8)}
+                for _ in range(2)]
+    results = seed_results("nlvr2", per_seed, ["grpo"], n_resamples=50, seed=0, confidence=0.95,
+                           baselines=["constant", "sft_blind"])
+    assert set(results) == {"sft", "grpo", "constant", "sft_blind", "grpo_minus_sft", "sft_minus_constant",
+                            "sft_minus_sft_blind"}
+    # sft right on every sample; the constant "True" on the even half, the blind "False" on the odd half
+    assert results["sft_minus_constant"]["mean_reward"] == pytest.approx(0.5)
+    assert results["sft_minus_sft_blind"]["mean_reward"] == pytest.approx(0.5)
+    assert results["constant"]["mean_reward"] == pytest.approx(0.5) and results["constant"]["seeds"] == 2
+
+
 def sections(sft=None, train=None):
     return {"sft": sft or SFTParams(), "train": train or TrainParams()}
 
@@ -65,3 +79,15 @@ def test_adapters_get_the_seed_too_and_a_pass_through_sft_is_the_base_model(tmp_
     assert seed_plan(sections(SFTParams(lora=lora), TrainParams(lora=lora)), 0, tmp_path, tmp_path)[1] is None
     plan, config = seed_plan(sections(SFTParams(steps=0), TrainParams(init_dir="elsewhere")), 1, tmp_path, tmp_path)
     assert config is None and plan["train"].init_dir == "models/jax/base"
+
+
+def test_the_headline_table_has_a_row_per_policy_and_a_column_per_split():
+    from vlmgym.compare import headline_table
+
+    figures = {"mean_reward": 0.25, "mean_reward_ci_low": 0.125, "mean_reward_ci_high": 0.5}
+    difference = {"mean_reward": 0.03, "mean_reward_ci_low": -0.01, "mean_reward_ci_high": 0.07}
+    table = headline_table({"test": {"sft": figures, "grpo_minus_sft": difference},
+                            "test_ood": {"sft": figures, "grpo_minus_sft": {}}})
+    assert table.splitlines() == ["| policy | test | test_ood |", "|---|---|---|",
+                                  "| sft | 0.250 [0.125, 0.500] | 0.250 [0.125, 0.500] |",
+                                  "| grpo_minus_sft | +0.030 [-0.010, +0.070] | n/a [n/a, n/a] |"]

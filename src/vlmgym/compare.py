@@ -1,6 +1,7 @@
 """vlmgym compare: training algorithms from one start policy at a matched budget, compared on the held-out splits.
 
-    vlmgym compare [--params params.yaml] [--arms sft_longer grpo ppo dpo [rloo]] [--seeds N] [--out outputs/compare]
+    vlmgym compare [--params params.yaml] [--arms sft_longer grpo ppo dpo [rloo]] [--seeds N [--only-seed S]]
+                   [--out outputs/compare]
 
 Arms (each against `sft`, the start policy itself: `train.init_dir`, the pipeline's SFT model):
 - grpo, ppo, dpo (and rloo, on request): the train section with `train.algorithm` set to the arm, everything
@@ -10,6 +11,8 @@ Arms (each against `sft`, the start policy itself: `train.init_dir`, the pipelin
 - sft_longer: SFT continued from the same start on the env's ideal answers for as many training sequences as an
   RL arm samples (ceil(train.steps x batch_prompts x group_size / sft.batch_size) steps of the sft section's
   settings: lr, schedule, validation): what supervised data alone buys with the same number of sequences.
+Beside the arms, two image-blind baselines answer the same splits (vlmgym.eval.blind): `constant`, the best constant
+answer chosen on val, and `sft_blind`, the start policy with its images blanked; the report adds sft minus each.
 Each arm answers every split (`test`, plus the env's out-of-distribution `test_ood` when the shard stage wrote
 one) greedily as the rollout stage does; the report holds, per split, every arm's metrics with bootstrap
 intervals and each arm minus sft with paired bootstrap intervals (the same samples), as <out>/compare.md, .json
@@ -21,7 +24,9 @@ answers exist for the same settings is not trained again; a killed arm resumes f
 --seeds N (N > 1) repeats all of it for seeds 0..N-1 (vlmgym.compare_seeds): seed s trains its own SFT start from
 the base model with sft.seed = s (the pipeline's SFT model is reused when it is that one), then every arm from it
 with train.seed = s, under <out>/seed<s>/ and checkpoints/compare/seed<s>/; the report gives means over seeds with
-two-level bootstrap intervals (seeds, then samples) and each seed's mean reward.
+two-level bootstrap intervals (seeds, then samples) and each seed's mean reward. `--only-seed s` trains and
+answers seed s alone and writes no report, so seeds can run as processes side by side; the same command without it
+then reuses every seed's arms and reports.
 """
 
 from __future__ import annotations
@@ -41,6 +46,10 @@ DEFAULT_ARMS = ("sft_longer", "grpo", "ppo", "dpo")  # rloo on request: GRPO wit
 CONTROL = "sft"
 SPLITS = ("test", "test_ood")
 HEADLINE = "mean_reward"
+# The image-blind baselines beside the arms (vlmgym.eval.blind): the best constant answer, chosen on val, and the
+# start policy answering with its images blanked.
+BLIND = f"{CONTROL}_blind"
+BASELINES = ("constant", BLIND)
 
 
 def sft_longer_steps(train: Any, sft: Any) -> int:
@@ -73,8 +82,9 @@ def train_arm(arm: str, config: Any, sections: dict[str, Any], log_metrics: Any)
     return save_model(config.out_dir, policy, params, config.init_dir, config.lora.dropout)
 
 
-def answer(model_dir: Path, split: str, arm: str, sections: dict[str, Any]) -> list[dict]:
-    """Greedy answers of a model folder on a split, as the rollout stage writes them."""
+def answer(model_dir: Path, split: str, arm: str, sections: dict[str, Any], blank_images: bool = False) -> list[dict]:
+    """Greedy answers of a model folder on a split, as the rollout stage writes them (`blank_images`: every image
+    grey, the text-only baseline)."""
     from vlmgym import envs
     from vlmgym.eval.rollouts import answer_split, load_engine
 
@@ -83,7 +93,8 @@ def answer(model_dir: Path, split: str, arm: str, sections: dict[str, Any]) -> l
                                  param_dtype=model.param_dtype)
     env = envs.from_params(sections["env"], shards_dir=rollout.shards_dir, split=split,
                            tokenizer=engine.processor.tokenizer, limit=rollout.limit, progress=rollout.progress)
-    return answer_split(engine, params, env, policy=arm, batch_size=rollout.batch_size)[0]
+    return answer_split(engine, params, env, policy=arm, batch_size=rollout.batch_size,
+                        blank_images=blank_images)[0]
 
 
 def fingerprint(arm: str, config: Any, sections: dict[str, Any]) -> str:
@@ -103,7 +114,7 @@ def fingerprint(arm: str, config: Any, sections: dict[str, Any]) -> str:
 def run_arm(arm: str, config: Any, sections: dict[str, Any], folder: Path, splits: list[str],
             log_metrics: Any) -> dict[str, list]:
     """Train with `config` (None: the start train.init_dir answers) and answer every split into `folder`; reuses a
-    finished arm with the same settings."""
+    finished arm with the same settings. The arm `sft_blind` is the start model answering with blanked images."""
     from vlmgym.atomic import write_text_atomically
     from vlmgym.eval.records import read_jsonl, write_jsonl
 
@@ -115,9 +126,42 @@ def run_arm(arm: str, config: Any, sections: dict[str, Any], folder: Path, split
     model_dir = Path(sections["train"].init_dir) if config is None else train_arm(arm, config, sections, log_metrics)
     answers = {}
     for split in splits:
-        answers[split] = answer(model_dir, split, arm, sections)
+        answers[split] = answer(model_dir, split, arm, sections, blank_images=arm == BLIND)
         write_jsonl(folder / f"{split}.jsonl", answers[split])
     write_text_atomically(done, json.dumps({"fingerprint": key, "splits": splits}) + "\n")
+    return answers
+
+
+def constant_answers(sections: dict[str, Any], splits: list[str], folder: Path) -> dict[str, list] | None:
+    """The constant baseline's records on every split (one answer, chosen on val: the same for every seed); None
+    when the env has no ideal answer to propose."""
+    from vlmgym import envs
+    from vlmgym.atomic import write_text_atomically
+    from vlmgym.eval import blind
+    from vlmgym.eval.records import read_jsonl, write_jsonl
+    from vlmgym.models.qwen3_vl.processor import Processor
+
+    rollout, done = sections["rollout"], folder / "done.json"
+    key = fingerprint(blind.CONSTANT, None, sections)
+    if done.exists() and json.loads(done.read_text()) == {"fingerprint": key, "splits": splits}:
+        return {split: read_jsonl(folder / f"{split}.jsonl") for split in splits}
+    tokenizer = Processor.from_pretrained(sections["sft"].init_dir).tokenizer  # every start shares the base tokenizer
+
+    def open_env(split: str, limit: int | None) -> Any:
+        return envs.from_params(sections["env"], shards_dir=rollout.shards_dir, split=split, tokenizer=tokenizer,
+                                limit=limit, progress=rollout.progress)
+
+    chosen = blind.choose_constant(open_env, rollout.shards_dir, rollout.constant_candidates)
+    if chosen is None:
+        print(f"compare: {sections['env'].name} has no ideal answer to propose: no constant baseline", flush=True)
+        return None
+    # the held-out splits as the arms answer them (rollout.limit)
+    answers = {split: blind.constant_records(open_env(split, rollout.limit), chosen[0]) for split in splits}
+    for split, records in answers.items():
+        write_jsonl(folder / f"{split}.jsonl", records)
+    write_text_atomically(done, json.dumps({"fingerprint": key, "splits": splits}) + "\n")
+    print(f"compare: constant answer {chosen[0]!r} (best of {chosen[3]} on {chosen[2]}: mean reward "
+          f"{chosen[1]:.3f})", flush=True)
     return answers
 
 
@@ -155,6 +199,12 @@ def write_report(report: Path, env_name: str, results: dict[str, dict], arms: li
              f"sft_longer: {sft_longer_steps(train, sft)} more SFT steps x {sft.batch_size} = the same number of "
              f"training sequences on ideal answers. Greedy answers; `arm_minus_sft` columns are paired differences.",
              ""]
+    if BLIND in results.get("test", {}):
+        lines += ["Image-blind baselines: `constant` is the best constant answer (one answer for every sample, chosen "
+                  "on val), `sft_blind` each seed's start policy answering with its images blanked to grey; "
+                  "`sft_minus_constant` and `sft_minus_sft_blind` above 0 show that the start policy uses the "
+                  "image.", ""]
+    lines += ["## Mean reward, every split", "", headline_table(results), ""]
     for split, split_results in results.items():
         shift = env.ood_description(sections.get("data"))
         note = f" ({shift})" if split != "test" and shift else ""
@@ -176,6 +226,24 @@ def write_report(report: Path, env_name: str, results: dict[str, dict], arms: li
     write_text_atomically(files["json"], json.dumps(results, indent=1, sort_keys=True) + "\n")
     plot_comparison(files["png"], results, arms, confidence, n_seeds)
     return files
+
+
+def headline_table(results: dict[str, dict]) -> str:
+    """Markdown: one row per policy or difference, its mean reward [interval] on each split as a column."""
+    from vlmgym.eval.report import format_value
+
+    splits = list(results)
+    lines = ["| policy | " + " | ".join(splits) + " |", "|---|" + "---|" * len(splits)]
+    for name in results[splits[0]]:
+        cells = []
+        for split in splits:
+            flat = results[split].get(name, {})
+            signed = "_minus_" in name
+            cells.append(" ".join([format_value(flat.get(HEADLINE), "reward", signed),
+                                   f"[{format_value(flat.get(f'{HEADLINE}_ci_low'), 'reward', signed)},",
+                                   f"{format_value(flat.get(f'{HEADLINE}_ci_high'), 'reward', signed)}]"]))
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
 
 
 def plot_comparison(path: Path, results: dict[str, dict], arms: list[str], confidence: float, n_seeds: int = 1) -> None:
@@ -221,10 +289,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", type=int, default=1,
                         help="training seeds 0..N-1, each with its own SFT start (default 1: the configured seeds "
                              "and the pipeline's SFT model, intervals over test samples only)")
+    parser.add_argument("--only-seed", type=int, default=None, metavar="S",
+                        help="train and answer seed S of --seeds N only and write no report: run one process per "
+                             "seed side by side, then the same command without --only-seed reuses them and reports")
     parser.add_argument("--out", default="outputs/compare", help="models and answers, one folder per arm")
     args = parser.parse_args(argv)
     if args.seeds < 1:
         parser.error("--seeds must be at least 1")
+    if args.only_seed is not None and not (args.seeds > 1 and 0 <= args.only_seed < args.seeds):
+        parser.error(f"--only-seed {args.only_seed}: needs --seeds N > 1 and a seed in 0..N-1")
     import mlflow
 
     from vlmgym import tracking
@@ -234,7 +307,11 @@ def main(argv: list[str] | None = None) -> int:
 
     sections = {name: load_section(name, args.params)
                 for name in ("train", "sft", "model", "env", "rollout", "eval", "tracking", "data")}
-    if not Path(sections["train"].init_dir).is_dir():
+    # One seed keeps the configured seeds, the pipeline's SFT start and the folders of a run without --seeds.
+    seeds = list(range(args.seeds)) if args.seeds > 1 else []
+    trained_seeds = seeds if args.only_seed is None else [args.only_seed]
+    # the pipeline's SFT model is the start of the configured seed; the other seeds train their own
+    if (not seeds or sections["sft"].seed in trained_seeds) and not Path(sections["train"].init_dir).is_dir():
         print(f"compare: {sections['train'].init_dir}: no start model; run the pipeline (dvc repro) first",
               file=sys.stderr)
         return 1
@@ -243,18 +320,18 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     mlflow.set_tracking_uri(tracking.tracking_uri(sections["tracking"].tracking_uri))
     mlflow.set_experiment(sections["tracking"].experiment)
-    # One seed keeps the configured seeds, the pipeline's SFT start and the folders of a run without --seeds.
-    seeds = list(range(args.seeds)) if args.seeds > 1 else []
     answers: list[dict[str, dict[str, list]]] = []
     env_name = sections["env"].name
     run_name = f"compare-{env_name}" + (f"-{len(seeds)}seeds" if seeds else "")
+    run_name += "" if args.only_seed is None else f"-seed{args.only_seed}"
     with mlflow.start_run(run_name=run_name, tags={"vlmgym.role": "compare", "env.name": env_name}):
         train = sections["train"]
         mlflow.log_params({"arms": ",".join(arms), "splits": ",".join(splits), "start": train.init_dir,
                            "seeds": args.seeds, "train.steps": train.steps, "train.batch_prompts": train.batch_prompts,
                            "train.group_size": train.group_size,
                            "sft_longer.steps": sft_longer_steps(train, sections["sft"])})
-        for seed in seeds or [None]:
+        constant = constant_answers(sections, splits, out / BASELINES[0])
+        for seed in trained_seeds or [None]:
             folder, checkpoints = out, Path("checkpoints/compare")
             seed_sections, start_config = sections, None
             if seed is not None:
@@ -268,10 +345,17 @@ def main(argv: list[str] | None = None) -> int:
                 with mlflow.start_run(run_name=arm if seed is None else f"seed{seed}/{arm}", nested=True, tags=tags):
                     answers[-1][arm] = run_arm(arm, config, seed_sections, folder / arm, splits,
                                                lambda step, metrics: mlflow.log_metrics(metrics, step=step))
+            answers[-1][BLIND] = run_arm(BLIND, None, seed_sections, folder / BLIND, splits, None)
+            if constant is not None:
+                answers[-1][BASELINES[0]] = constant
+        if args.only_seed is not None:
+            print(f"compare: seed {args.only_seed} done; `vlmgym compare --seeds {args.seeds}` reports every seed")
+            return 0
+        baselines = [b for b in BASELINES if b in answers[0]]
         evaluation = sections["eval"]
         results = {split: seed_results(env_name, [{arm: a[arm][split] for arm in a} for a in answers], arms,
                                        n_resamples=evaluation.n_resamples, seed=evaluation.seed,
-                                       confidence=evaluation.confidence)
+                                       confidence=evaluation.confidence, baselines=baselines)
                    for split in splits}
         files = write_report(out / "compare", env_name, results, arms, sections, evaluation.confidence, seeds)
         for split, split_results in results.items():

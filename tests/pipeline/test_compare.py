@@ -28,7 +28,14 @@ def test_compare_trains_every_arm_and_writes_the_paired_comparison(pipeline, tmp
     assert set(results["test_ood"]) == set(test) and results["test_ood"]["dpo_minus_sft"]["n"] == 8
     for arm in ARMS:
         assert len((out / arm / "test_ood.jsonl").read_text().splitlines()) == 8
-    assert set(test) == {"sft", *ARMS, *(f"{arm}_minus_sft" for arm in ARMS)}
+    baselines = ["constant", "sft_blind"]  # the image-blind baselines beside the arms
+    assert set(test) == {"sft", *ARMS, *baselines, *(f"{p}_minus_sft" for p in ARMS),
+                         *(f"sft_minus_{b}" for b in baselines)}
+    assert test["sft_minus_constant"]["mean_reward"] == pytest.approx(
+        test["sft"]["mean_reward"] - test["constant"]["mean_reward"])
+    constant = [json.loads(line)["answer"] for line in (out / "constant/test.jsonl").read_text().splitlines()]
+    assert len(constant) == 16 and len(set(constant)) == 1  # one answer for every sample
+    assert len((out / "sft_blind/test_ood.jsonl").read_text().splitlines()) == 8
     for arm in ARMS:
         difference = test[f"{arm}_minus_sft"]
         assert difference["n"] == 16  # paired on every test sample
@@ -39,6 +46,7 @@ def test_compare_trains_every_arm_and_writes_the_paired_comparison(pipeline, tmp
     table = (out / "compare.md").read_text()
     assert "## test" in table and "## test_ood (test's places rendered in fog" in table and "dpo_minus_sft" in table
     assert "sampled completions" in table and "# Algorithm comparison (geospot, 1 seed)" in table
+    assert "## Mean reward, every split" in table and "| policy | test | test_ood |" in table
     assert "1 seed: intervals over test samples only" in table and "on each seed" not in table
     assert "| metric | sft_longer_minus_sft (test) | sft_longer_minus_sft (test_ood) | grpo_minus_sft (test) |" in table
     assert (out / "compare.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -69,8 +77,14 @@ def test_compare_with_two_seeds_trains_a_start_and_an_arm_per_seed_and_reports_o
     root = tmp_path / "seeds"
     shutil.copytree(pipeline["root"], root, symlinks=True)
     env = {**pipeline["env"], "PYTHONPATH": str(root / "src"), "MLFLOW_TRACKING_URI": f"sqlite:///{root / 'mlflow.db'}"}
-    run_checked(["vlmgym", "compare", "--seeds", "2", "--arms", "grpo"], root, env, timeout=1200)
     out = root / "outputs/compare"
+    # one seed alone, as a process beside the others would run it: no report
+    alone = run_checked(["vlmgym", "compare", "--seeds", "2", "--only-seed", "1", "--arms", "grpo"], root, env,
+                        timeout=1200)
+    assert "compare: seed 1 done" in alone.stdout and not (out / "compare.json").exists()
+    assert not (out / "seed0").exists() and (out / "seed1/grpo/done.json").exists()
+    full = run_checked(["vlmgym", "compare", "--seeds", "2", "--arms", "grpo"], root, env, timeout=1200)
+    assert "compare: grpo: reusing outputs/compare/seed1/grpo" in full.stdout
     # seed 0 is the configured sft.seed: the pipeline's SFT model answers; seed 1 trains its own from the base
     assert not (out / "seed0/sft/model").exists() and (out / "seed1/sft/model/vlmgym_checkpoint.json").exists()
     assert all((out / f"seed{s}/grpo/model/vlmgym_checkpoint.json").exists() for s in (0, 1))
@@ -98,5 +112,6 @@ def test_compare_with_two_seeds_trains_a_start_and_an_arm_per_seed_and_reports_o
 
     again = run_checked(["vlmgym", "compare", "--seeds", "2", "--arms", "grpo"], root, env, timeout=600)
     assert all(f"compare: {arm}: reusing outputs/compare/seed{s}/{arm}" in again.stdout
-               for s in (0, 1) for arm in ("sft", "grpo"))
+               for s in (0, 1) for arm in ("sft", "grpo", "sft_blind"))
+    assert results["test"]["sft_minus_sft_blind"]["seeds"] == 2
     assert json.loads((out / "compare.json").read_text()) == results

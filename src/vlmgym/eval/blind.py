@@ -12,7 +12,8 @@ paired intervals and warns when the interval does not exclude 0.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from PIL import Image
@@ -24,6 +25,8 @@ CONSTANT = "constant"
 BLIND_SUFFIX = "_blind"
 BLANK_GREY = (128, 128, 128)
 HEADLINE = "mean_reward"
+# Train samples the constant baseline is chosen on when the shards hold no val split.
+CONSTANT_TRAIN_SAMPLES = 256
 
 
 def blind_name(policy: str) -> str:
@@ -68,6 +71,20 @@ def best_constant(env: Any, candidates: Sequence[str]) -> tuple[str, float]:
         if reward > best_reward:
             best, best_reward = answer, reward
     return best, best_reward
+
+
+def choose_constant(open_env: Callable[[str, int | None], Any], shards_dir: str,
+                    limit: int) -> tuple[str, float, str, int] | None:
+    """(answer, mean reward, split chosen on, candidates tried) of the constant baseline: chosen on the val split, or
+    on train's first CONSTANT_TRAIN_SAMPLES samples when the shards hold none; `open_env(split, limit)` opens the
+    env over a split. None when the env has no ideal answer to propose."""
+    split = "val" if (Path(shards_dir) / "val").is_dir() else "train"
+    chooser = open_env(split, None if split == "val" else CONSTANT_TRAIN_SAMPLES)
+    candidates = candidate_answers(chooser, limit)
+    if not candidates:
+        return None
+    answer, reward = best_constant(chooser, candidates)
+    return answer, reward, split, len(candidates)
 
 
 def constant_records(env: Any, answer: str, policy: str = CONSTANT) -> list[dict[str, Any]]:
