@@ -4,6 +4,7 @@ and the stop when env.name and env.recipe disagree."""
 from __future__ import annotations
 
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -39,7 +40,10 @@ def test_a_recipe_sets_its_keys_and_another_envs_keys_go_back_to_their_defaults(
     sections = params_mod.load_all(params_file)
     assert (sections["env"].name, sections["env"].recipe) == ("nlvr2", "nlvr2")
     assert (sections["sft"].lr, sections["sft"].steps) == (0.001, 300)
-    assert sections["train"] == params_mod.load_all(REPO / "params.yaml")["train"]  # untouched
+    # geospot's recipe keys go back to their defaults; the rest of train is untouched
+    default_train = params_mod.load_all(REPO / "params.yaml")["train"]
+    assert sections["train"].temperature == 1.0 and default_train.temperature == 0.6
+    assert sections["train"] == replace(default_train, temperature=1.0)
     assert recipes.main(["digits", "--params", str(params_file)]) == 0  # digits' recipe leaves sft.lr out
     sections = params_mod.load_all(params_file)
     assert (sections["env"].name, sections["sft"].lr, sections["sft"].steps) == ("digits", 0.003, 600)
@@ -50,7 +54,7 @@ def test_the_overrides_are_dvc_exp_run_arguments_that_survive_word_splitting(mon
     # `$(...)` splits on whitespace and keeps quotes: what dvc receives
     words = " ".join(recipes.overrides(recipes.recipe_overlay("nlvr2"))).split()
     assert words == ["-S", "env.name=nlvr2", "-S", "env.recipe=nlvr2", "-S", "sft.lr=0.001", "-S",
-                     'sft.lora.targets=["q","v"]']
+                     'sft.lora.targets=["q","v"]', "-S", "sft.steps=600", "-S", "train.temperature=1.0"]
 
 
 def test_a_recipe_outside_the_sections_it_may_set_is_an_error(monkeypatch):
@@ -60,6 +64,14 @@ def test_a_recipe_outside_the_sections_it_may_set_is_an_error(monkeypatch):
     monkeypatch.setattr(NLVR2Env, "recipe", {"sft": {"nope": 1}})
     with pytest.raises(params_mod.ParamsError, match="sft.nope: no such key"):
         recipes.recipe_overlay("nlvr2")
+
+
+def test_geospots_recipe_is_what_the_default_params_hold(params_file):
+    overlay = recipes.recipe_overlay("geospot")
+    assert overlay["sft"]["steps"] == 450 and overlay["train"]["temperature"] == 0.6
+    before = params_mod.load_all(params_file)
+    assert recipes.main(["geospot", "--params", str(params_file)]) == 0
+    assert params_mod.load_all(params_file) == before  # params.yaml is geospot with its recipe
 
 
 def test_every_built_in_recipe_validates(params_file):

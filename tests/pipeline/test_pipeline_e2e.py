@@ -135,7 +135,7 @@ def test_metrics_plots_and_reports(pipeline):
     assert "grpo_minus_sft" in table and "| sft (test) | sft (test_ood) |" in table
     assert "Image-blind check" in table and "sft - constant (test_ood)" in table
     assert "| metric | base | sft | grpo | constant | sft_blind | grpo_blind | grpo_minus_sft |" in table
-    assert "test_ood: test's places rendered in fog (data.geospot.ood_shift)" in table  # the configured shift
+    assert "test_ood: test's places rendered in fog at strength 0.5 (data.geospot.ood_shift)" in table  # configured
     assert "grpo_minus_sft (test_ood)" in page
     for sections in (yaml.safe_load((root / "metrics/sft.json").read_text()),
                      yaml.safe_load((root / "metrics/train.json").read_text())):
