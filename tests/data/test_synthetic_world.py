@@ -118,13 +118,15 @@ def test_ood_split_is_tests_task_under_the_shift(tiny_raw, tmp_path):
     assert closest >= synthetic.TEST_MIN_DISTANCE_KM
     assert TINY_GEO.ood_shift == "fog"
     row = [ood[0][c] for c in layout.OSV5M_COLUMNS]
-    fog = Image.open(io.BytesIO(synthetic.render_row(row, TINY_WORLD, "test_ood", 0, "fog")))
+    fog = Image.open(io.BytesIO(synthetic.render_row(row, TINY_WORLD, "test_ood", 0, "fog", TINY_GEO.ood_strength)))
     clear = Image.open(io.BytesIO(synthetic.render_row(row, TINY_WORLD, "test_ood", 0)))
     with zipfile.ZipFile(layout.split_zips(tiny_raw, "test_ood")[0]) as archive:
         written = Image.open(io.BytesIO(archive.read(f"{ood[0]['id']}.jpg")))
     assert np.abs(np.asarray(written, int) - np.asarray(fog, int)).mean() < 2  # what was written is the fog
-    fog_px, clear_px = np.asarray(fog, float), np.asarray(clear, float)
-    assert fog_px.std() < 0.7 * clear_px.std()  # a veil: less contrast
+    full = Image.open(io.BytesIO(synthetic.render_row(row, TINY_WORLD, "test_ood", 0, "fog", 1.0)))
+    fog_px, clear_px, full_px = (np.asarray(image, float) for image in (fog, clear, full))
+    assert full_px.std() < 0.7 * clear_px.std()  # a veil: less contrast
+    assert TINY_GEO.ood_strength == 0.5 and full_px.std() < fog_px.std() < clear_px.std()  # the default's is thinner
     # no ood_images: no test_ood split, and train/test are unchanged bytes
     plain = tmp_path / "plain"
     synthetic.write_synthetic_raw(dataclasses.replace(TINY_WORLD, ood_images=0), plain)
