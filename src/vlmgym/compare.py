@@ -41,6 +41,8 @@ from typing import Any
 
 import numpy as np
 
+from vlmgym.eval.blind import CONSTANT, blind_name
+
 ARMS = ("sft_longer", "grpo", "ppo", "dpo", "rloo")
 DEFAULT_ARMS = ("sft_longer", "grpo", "ppo", "dpo")  # rloo on request: GRPO with another baseline
 CONTROL = "sft"
@@ -48,8 +50,8 @@ SPLITS = ("test", "test_ood")
 HEADLINE = "mean_reward"
 # The image-blind baselines beside the arms (vlmgym.eval.blind): the best constant answer, chosen on val, and the
 # start policy answering with its images blanked.
-BLIND = f"{CONTROL}_blind"
-BASELINES = ("constant", BLIND)
+BLIND = blind_name(CONTROL)
+BASELINES = (CONSTANT, BLIND)
 
 
 def sft_longer_steps(train: Any, sft: Any) -> int:
@@ -142,7 +144,7 @@ def constant_answers(sections: dict[str, Any], splits: list[str], folder: Path) 
     from vlmgym.models.qwen3_vl.processor import Processor
 
     rollout, done = sections["rollout"], folder / "done.json"
-    key = fingerprint(blind.CONSTANT, None, sections)
+    key = fingerprint(CONSTANT, None, sections)
     if done.exists() and json.loads(done.read_text()) == {"fingerprint": key, "splits": splits}:
         return {split: read_jsonl(folder / f"{split}.jsonl") for split in splits}
     tokenizer = Processor.from_pretrained(sections["sft"].init_dir).tokenizer  # every start shares the base tokenizer
@@ -330,7 +332,7 @@ def main(argv: list[str] | None = None) -> int:
                            "seeds": args.seeds, "train.steps": train.steps, "train.batch_prompts": train.batch_prompts,
                            "train.group_size": train.group_size,
                            "sft_longer.steps": sft_longer_steps(train, sections["sft"])})
-        constant = constant_answers(sections, splits, out / BASELINES[0])
+        constant = constant_answers(sections, splits, out / CONSTANT)
         for seed in trained_seeds or [None]:
             folder, checkpoints = out, Path("checkpoints/compare")
             seed_sections, start_config = sections, None
@@ -347,7 +349,7 @@ def main(argv: list[str] | None = None) -> int:
                                                lambda step, metrics: mlflow.log_metrics(metrics, step=step))
             answers[-1][BLIND] = run_arm(BLIND, None, seed_sections, folder / BLIND, splits, None)
             if constant is not None:
-                answers[-1][BASELINES[0]] = constant
+                answers[-1][CONSTANT] = constant
         if args.only_seed is not None:
             print(f"compare: seed {args.only_seed} done; `vlmgym compare --seeds {args.seeds}` reports every seed")
             return 0
