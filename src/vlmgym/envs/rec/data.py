@@ -35,11 +35,11 @@ from typing import Any
 
 from PIL import Image
 
+from vlmgym.config import DataParams, ParamsError, spec
 from vlmgym.data import layout
 from vlmgym.envs.nlvr2.data import render_scene
 from vlmgym.envs.rec import scene as rec_scene
 from vlmgym.envs.rec.boxes import xywh_to_xyxy
-from vlmgym.params import DataParams, ParamsError, spec
 
 CSV_COLUMNS = ("id", "expression", "label", "box", "width", "height", "image")
 IMAGES_PER_ZIP = 1_000  # a zip's images are held in memory until it is written (hub images are ~100-200 kB)
@@ -57,6 +57,9 @@ class RecDataParams:
     relation_share: float = spec(0.5, ge=0, le=1,
                                  doc="share of expressions naming a spatial relation to another object where both an "
                                      "attribute-only and a relational one fit (relations are only used when needed)")
+    object_scale: float = spec(1.0, gt=0, le=4, doc="the shapes' radii relative to nlvr2's 6.5% / 11% (small / large) "
+                                                     "of the image's shorter side, in every split (larger shapes "
+                                                     "span more of the image tokens)")
     ood_min_objects: int = spec(7, ge=1, le=rec_scene.MAX_OBJECTS,
                                 doc="objects per image at least in test_ood (data.ood_images; above max_objects, so "
                                     "train never shows such crowding)")
@@ -112,7 +115,8 @@ def generate_split(seed: int, split: str, count: int, width: int, height: int,
     """`count` deterministic samples of `split` (scene descriptions, nothing rendered)."""
     settings = settings or RecDataParams()
     fewest, most = settings.objects(split)
-    return [rec_scene.generate_sample(seed, split, i, width, height, fewest, most, settings.relation_share)
+    return [rec_scene.generate_sample(seed, split, i, width, height, fewest, most, settings.relation_share,
+                                      settings.object_scale)
             for i in range(count)]
 
 

@@ -149,11 +149,11 @@ class RecSample:
 
 
 def generate_sample(seed: int, split: str, index: int, width: int, height: int, min_objects: int, max_objects: int,
-                    relation_share: float) -> RecSample:
+                    relation_share: float, object_scale: float = 1.0) -> RecSample:
     """One sample (nothing rendered): a scene of the split's pool, a target, an expression only it fits."""
     rng = random.Random(f"rec-{seed}-{split}-{index}")
     for _ in range(SCENE_TRIES):
-        scene = sample_scene(rng, width, height, None, max_objects, 1.0, min_objects=min_objects)
+        scene = sample_scene(rng, width, height, None, max_objects, object_scale, min_objects=min_objects)
         if in_test_pool(scene) != (split != "train"):
             continue
         target = rng.randrange(len(scene))
