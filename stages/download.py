@@ -28,8 +28,8 @@ def main(argv: list[str] | None = None) -> int:
     with tracking.stage_run("download", params, extra_params={"env.name": env_params.name},
                             params_file=args.params) as run:
         # an env made of several (env.name: mixture) gets each one's layout in data/raw/<name>/
-        stats = (build_raw_parts(params, envs.parts(env_params)) if envs.has_parts(env_params)
-                 else build_raw(params, env_params.name))
+        stats = (build_raw_parts(params, {name: envs.env_class(name) for name in envs.parts(env_params)})
+                 if envs.has_parts(env_params) else build_raw(params, envs.env_class(env_params.name)))
         run.log_metrics(numeric_metrics(stats))
         run.log_dict(stats, "download_stats.json")
     print(json.dumps({k: v for k, v in stats.items() if k != "details"}, indent=1))

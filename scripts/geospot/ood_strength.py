@@ -23,9 +23,9 @@ import numpy as np
 
 from vlmgym.envs.geospot.env import GeospotEnv
 from vlmgym.eval import blind
-from vlmgym.eval.bootstrap import Statistic, paired_bootstrap_intervals
 from vlmgym.eval.rollouts import answer_split, load_engine
 from vlmgym.params import load_section
+from vlmgym.stats.bootstrap import Statistic, paired_bootstrap_intervals
 
 
 def main() -> None:

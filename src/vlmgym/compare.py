@@ -41,13 +41,12 @@ from typing import Any
 
 import numpy as np
 
+from vlmgym.compare_seeds import CONTROL, HEADLINE, per_seed_table, seed_plan, seed_results
 from vlmgym.eval.blind import CONSTANT, blind_name
 
 ARMS = ("sft_longer", "grpo", "ppo", "dpo", "rloo")
 DEFAULT_ARMS = ("sft_longer", "grpo", "ppo", "dpo")  # rloo on request: GRPO with another baseline
-CONTROL = "sft"
 SPLITS = ("test", "test_ood")
-HEADLINE = "mean_reward"
 # The image-blind baselines beside the arms (vlmgym.eval.blind): the best constant answer, chosen on val, and the
 # start policy answering with its images blanked.
 BLIND = blind_name(CONTROL)
@@ -212,7 +211,6 @@ def write_report(report: Path, env_name: str, results: dict[str, dict], arms: li
         note = f" ({shift})" if split != "test" and shift else ""
         lines += [f"## {split}{note}", "", markdown_table(env, split_results, confidence)]
         if seeds:
-            from vlmgym.compare_seeds import per_seed_table
 
             lines += [f"### {split}: mean reward on each seed", "", per_seed_table(split_results, seeds)]
     if len(results) > 1:
@@ -255,7 +253,7 @@ def plot_comparison(path: Path, results: dict[str, dict], arms: list[str], confi
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from vlmgym.eval.plots import POLICY_COLOURS, save_figure
+    from vlmgym.stats.plots import POLICY_COLOURS, save_figure
 
     figure, axes = plt.subplots(len(results), 2, figsize=(10, 3.2 * len(results)), squeeze=False)
     try:
@@ -303,7 +301,6 @@ def main(argv: list[str] | None = None) -> int:
     import mlflow
 
     from vlmgym import tracking
-    from vlmgym.compare_seeds import seed_plan, seed_results
     from vlmgym.eval.outputs import mlflow_metrics
     from vlmgym.params import load_section
 

@@ -84,7 +84,7 @@ def hub_params(tmp_path: Path, zips: int = 1) -> DataParams:
 
 
 def build(params: DataParams, fake: FakeHub) -> dict:
-    return build_raw(params, "geospot", builder=lambda p, out: osv5m.download_hub_raw(p, out, fetch=fake))
+    return build_raw(params, env_class("geospot"), builder=lambda p, out: osv5m.download_hub_raw(p, out, fetch=fake))
 
 
 def read_csv(path: Path) -> list[dict[str, str]]:

@@ -13,7 +13,7 @@ import webdataset as wds
 from data_helpers import jpeg_bytes, make_raw, osv5m_row
 
 from vlmgym import envs
-from vlmgym.data import layout, sharding
+from vlmgym.data import image_pool, layout, sharding
 from vlmgym.data.shards import read_split
 from vlmgym.params import ShardParams
 
@@ -167,7 +167,7 @@ def test_missing_columns_and_all_invalid_are_errors(tmp_path):
 
 def test_interrupted_run_leaves_no_tar_and_rerun_completes(tiny_raw, tiny_shards, tmp_path, monkeypatch):
     out = tmp_path / "shards"
-    real, calls = sharding.prepare_image, []
+    real, calls = image_pool.prepare_image, []
 
     def dies_midway(*args):
         calls.append(1)
@@ -175,11 +175,11 @@ def test_interrupted_run_leaves_no_tar_and_rerun_completes(tiny_raw, tiny_shards
             raise KeyboardInterrupt
         return real(*args)
 
-    monkeypatch.setattr(sharding, "prepare_image", dies_midway)
+    monkeypatch.setattr(image_pool, "prepare_image", dies_midway)
     with pytest.raises(KeyboardInterrupt):
         sharding.shard_raw(tiny_raw, out, GEOSPOT, PARAMS)
     assert list(tmp_path.rglob("*")) == []  # neither tars nor temp files
-    monkeypatch.setattr(sharding, "prepare_image", real)
+    monkeypatch.setattr(image_pool, "prepare_image", real)
     sharding.shard_raw(tiny_raw, out, GEOSPOT, PARAMS)
     assert digest(out) == digest(tiny_shards[0])
 

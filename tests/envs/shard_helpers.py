@@ -15,6 +15,6 @@ def build_shards(root: Path, params: DataParams, env: str) -> tuple[DataParams, 
     """Write `env`'s raw layout under root/raw and shard it (no val split) into root/shards: (params with that
     raw_dir, the shards folder, the manifest)."""
     params = replace(params, raw_dir=str(root / "raw"))
-    build_raw(params, env)
+    build_raw(params, envs.env_class(env))
     manifest = shard_raw(root / "raw", root / "shards", envs.env_class(env).schema, ShardParams(val_samples=0))
     return params, root / "shards", manifest

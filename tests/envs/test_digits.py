@@ -19,8 +19,8 @@ from vlmgym.envs import registry
 from vlmgym.envs.digits import DigitsEnv, read_integers, sort_credit
 from vlmgym.envs.digits import data as digits_data
 from vlmgym.envs.digits.env import PROMPTS, DigitsParams, parse_row
-from vlmgym.eval.bootstrap import Statistic
 from vlmgym.params import DataParams, ParamsError
+from vlmgym.stats.bootstrap import Statistic
 
 SMALL = DataParams(source="synthetic", seed=3, train_images=8, test_images=6, ood_images=4,
                    image_width=128, image_height=96)

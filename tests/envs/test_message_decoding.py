@@ -26,8 +26,8 @@ from vlmgym.envs.message_decoding import MessageDecodingEnv, char_credit, read_w
 from vlmgym.envs.message_decoding import data as md_data
 from vlmgym.envs.message_decoding.env import PROMPT, MessageDecodingParams, length_group, parse_row
 from vlmgym.envs.message_decoding.render import render_table
-from vlmgym.eval.bootstrap import Statistic
 from vlmgym.params import DataParams, ParamsError, load_all
+from vlmgym.stats.bootstrap import Statistic
 
 SMALL = DataParams(source="synthetic", seed=3, train_images=8, test_images=6, ood_images=4,
                    image_width=128, image_height=96)

@@ -26,9 +26,9 @@ from vlmgym.envs.rec import data as rec_data
 from vlmgym.envs.rec import report as rec_report
 from vlmgym.envs.rec import scene as rec_scene
 from vlmgym.envs.rec.env import PROMPT, parse_row
-from vlmgym.eval.bootstrap import Statistic
 from vlmgym.eval.report import THUMBNAIL_PX
 from vlmgym.params import DataParams, ParamsError, ShardParams
+from vlmgym.stats.bootstrap import Statistic
 
 SMALL = DataParams(source="synthetic", seed=3, train_images=10, test_images=6, ood_images=4,
                    image_width=128, image_height=96)

@@ -1,5 +1,5 @@
 """The image-blind baselines: the best constant answer (chosen on one split, scored on another), blanked images,
-and the evaluate outputs' blind check with its warning, on the README's colour env (a plug-in)."""
+and the evaluate outputs' blind check with its warning, on docs/writing-an-env.md's colour env (a plug-in)."""
 
 from __future__ import annotations
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from vlmgym.eval import bootstrap
-from vlmgym.eval.bootstrap import Statistic, bootstrap_intervals, paired_bootstrap_intervals
+from vlmgym.stats import bootstrap
+from vlmgym.stats.bootstrap import Statistic, bootstrap_intervals, paired_bootstrap_intervals
 
 
 def scores(n, seed=0, shift=0.0):

@@ -16,8 +16,8 @@ from vlmgym.envs.geospot.params import GeospotParams
 from vlmgym.envs.geospot.report import basemap_points, map_segments, plot_distance_cdf_png, write_distance_cdf_csv
 from vlmgym.eval.metrics import evaluate_policies
 from vlmgym.eval.outputs import mlflow_metrics, write_evaluation
-from vlmgym.eval.plots import plot_reward_curve_png, write_reward_curve_csv
 from vlmgym.eval.report import markdown_table, render_html, thumbnail_data_uri, write_html, write_markdown
+from vlmgym.stats.plots import plot_reward_curve_png, write_reward_curve_csv
 
 FIXTURES = Path(__file__).resolve().parents[3] / "shared" / "fixtures" / "osv5m-sample" / "images"
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

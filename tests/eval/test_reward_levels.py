@@ -12,14 +12,14 @@ from vlmgym.envs.geospot.env import GeospotEnv
 from vlmgym.envs.nlvr2 import NLVR2Env
 from vlmgym.eval.curve import component_metric, reward_curves
 from vlmgym.eval.outputs import reward_curve_note, write_evaluation
-from vlmgym.eval.plots import (
+from vlmgym.eval.report import _STYLE, ANSWER_CHARS, answer_note
+from vlmgym.stats.plots import (
     RewardCurves,
     best_validation,
     plot_reward_curve_png,
     trailing_mean,
     write_level_curves_csv,
 )
-from vlmgym.eval.report import _STYLE, ANSWER_CHARS, answer_note
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

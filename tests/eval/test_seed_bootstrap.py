@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from vlmgym.eval.bootstrap import Statistic, bootstrap_intervals, paired_bootstrap_intervals
 from vlmgym.eval.seed_bootstrap import seed_bootstrap_intervals, seed_points
+from vlmgym.stats.bootstrap import Statistic, bootstrap_intervals, paired_bootstrap_intervals
 
 
 def stats(values, hits=None):

@@ -58,7 +58,7 @@ def world(root: Path, train_images: int, seed: int) -> Path:
     from vlmgym.params import DataParams, ShardParams
 
     data = DataParams(seed=seed, train_images=train_images, test_images=10, ood_images=0)
-    build_raw(data, "geospot", raw_dir=root / "raw")
+    build_raw(data, env_class("geospot"), raw_dir=root / "raw")
     shard_raw(root / "raw", root / "shards", env_class("geospot").schema, ShardParams(val_samples=0))
     return root / "shards"
 

@@ -43,7 +43,7 @@ def run(images: int, worker_counts: list[int], seed: int = 0) -> dict:
         raw = Path(tmp) / "raw"
         data = DataParams(seed=seed, train_images=images, test_images=max(1, images // 10), ood_images=0)
         started = time.perf_counter()
-        build_raw(data, "geospot", raw_dir=raw)
+        build_raw(data, env_class("geospot"), raw_dir=raw)
         out: dict = {"env": "geospot", "train_images": images, "test_images": data.test_images,
                      "generate_s": round(time.perf_counter() - started, 2), "cores": available_cores(),
                      "machine": platform.platform(), "runs": []}

@@ -9,17 +9,14 @@ from pathlib import Path
 from typing import Any
 
 from vlmgym.atomic import atomic_dir
+from vlmgym.config import DataParams
 from vlmgym.data import layout
-from vlmgym.params import DataParams
 
 
 def build_raw(params: DataParams, env: Any, raw_dir: Path | None = None,
               builder: Callable[[DataParams, Path], Any] | None = None) -> dict:
-    """Write env's raw layout (an Env class or name; `builder` replaces its Env.build_raw) to a temp folder and
-    rename it onto raw_dir; returns stats (counts, bytes, seconds)."""
-    from vlmgym.envs import env_class
-
-    env = env_class(env) if isinstance(env, str) else env
+    """Write env's raw layout (an Env class; `builder` replaces its Env.build_raw) to a temp folder and rename it
+    onto raw_dir; returns stats (counts, bytes, seconds)."""
     raw_dir = Path(raw_dir or params.raw_dir)
     builder = builder or env.build_raw
     start = time.perf_counter()
@@ -37,17 +34,18 @@ def build_raw(params: DataParams, env: Any, raw_dir: Path | None = None,
     return stats
 
 
-def build_raw_parts(params: DataParams, names: list[str], raw_dir: Path | None = None) -> dict:
-    """The raw layouts of several envs (the sub-envs of one made of several), each in raw_dir/<name>/ as build_raw
-    writes it, and parts.json listing them, swapped in as one folder; returns {"parts": {name: its stats}}."""
+def build_raw_parts(params: DataParams, parts: dict[str, Any], raw_dir: Path | None = None) -> dict:
+    """The raw layouts of several envs (the sub-envs of one made of several: {name: Env class}), each in
+    raw_dir/<name>/ as build_raw writes it, and parts.json listing them, swapped in as one folder; returns
+    {"parts": {name: its stats}}."""
     import json
 
     raw_dir = Path(raw_dir or params.raw_dir)
     start = time.perf_counter()
     with atomic_dir(raw_dir) as tmp:
-        stats = {name: build_raw(params, name, raw_dir=tmp / name) for name in names}
-        (tmp / "parts.json").write_text(json.dumps({"parts": list(names)}, indent=1) + "\n")
-    return {"dataset": "+".join(names), "source": params.source, "parts": stats,
+        stats = {name: build_raw(params, env, raw_dir=tmp / name) for name, env in parts.items()}
+        (tmp / "parts.json").write_text(json.dumps({"parts": list(parts)}, indent=1) + "\n")
+    return {"dataset": "+".join(parts), "source": params.source, "parts": stats,
             "seconds": time.perf_counter() - start}
 
 

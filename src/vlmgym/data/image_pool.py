@@ -1,4 +1,4 @@
-"""The shard stage's image work (decode, upright, resize, re-encode: sharding.prepare_image) in a pool of processes.
+"""The shard stage's image work (decode, upright, resize, re-encode: prepare_image) in a pool of processes.
 
 Results come back in task order whatever the worker count, and the tars are written by the calling process alone,
 so the shards' bytes do not depend on `shard.workers` (tests/data/test_shard_workers.py). Tasks and results are
@@ -7,7 +7,9 @@ plain tuples of strings, ints and bytes: multiprocessing's own pipes carry them,
 
 from __future__ import annotations
 
+import io
 import itertools
+import math
 import multiprocessing
 import os
 import re
@@ -16,7 +18,7 @@ import zlib
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-from PIL import Image
+from PIL import Image, ImageOps
 
 from vlmgym.data.layout import ZipReader
 
@@ -43,17 +45,29 @@ def available_cores() -> int:
         return os.cpu_count() or 1
 
 
+def prepare_image(data: bytes, max_pixels: int, quality: int) -> bytes:
+    """Decode (fully, so truncation is caught), upright, convert to RGB, fit into max_pixels, re-encode as JPEG."""
+    with Image.open(io.BytesIO(data)) as image:
+        image.load()
+        image = ImageOps.exif_transpose(image).convert("RGB")
+    width, height = image.size
+    if width * height > max_pixels:
+        scale = math.sqrt(max_pixels / (width * height))
+        image = image.resize((max(1, int(width * scale)), max(1, int(height * scale))), Image.BICUBIC)
+    buffer = io.BytesIO()
+    image.save(buffer, format="JPEG", quality=quality)
+    return buffer.getvalue()
+
+
 def prepare_row(task: Task, reader: ZipReader | None = None) -> Result:
     """One row's images, read from their zips and prepared; a bad image gives (None, its error)."""
-    from vlmgym.data import sharding  # at call time: sharding imports this module, and tests patch prepare_image
-
     global _worker_reader
     if reader is None:
         _worker_reader = _worker_reader or ZipReader()
         reader = _worker_reader
     members, max_pixels, quality = task
     try:
-        return [sharding.prepare_image(reader.read(Path(path), member), max_pixels, quality)
+        return [prepare_image(reader.read(Path(path), member), max_pixels, quality)
                 for path, member in members], ""
     except IMAGE_ERRORS as err:
         # PIL names the stream it failed on with its memory address: dropped, so the manifest that quotes the

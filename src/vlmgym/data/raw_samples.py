@@ -11,6 +11,7 @@ from typing import Any
 
 from PIL import Image
 
+from vlmgym.config import DataParams
 from vlmgym.data import layout
 from vlmgym.data.sharding import ShardError, read_rows
 from vlmgym.data.shards import Sample
@@ -34,8 +35,6 @@ def read_raw_split(raw_dir: Path, split: str, schema: Any) -> list[Sample]:
 
 def generate_samples(env_cls: Any, n: int, *, seed: int = 0, split: str = "train", data: Any = None) -> list[Sample]:
     """`n` samples of split `split` from the env's embedded generator (data: a DataParams; None: the defaults)."""
-    from vlmgym.params import DataParams
-
     if n < 1:
         raise ValueError(f"{env_cls.name}.generate: n must be >= 1, got {n}")
     splits = (*layout.SPLITS, *layout.OPTIONAL_SPLITS)

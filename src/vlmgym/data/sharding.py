@@ -14,21 +14,19 @@ import hashlib
 import io
 import json
 import logging
-import math
 import os
 import tarfile
 from collections import Counter
 from dataclasses import asdict
 from pathlib import Path
 
-from PIL import Image, ImageOps
 from tqdm import tqdm
 
 from vlmgym.atomic import atomic_dir
+from vlmgym.config import ShardParams
 from vlmgym.data import layout
 from vlmgym.data.image_pool import ImagePool, available_cores
 from vlmgym.data.rows import Row, RowSchema, RowSkip
-from vlmgym.params import ShardParams
 
 log = logging.getLogger(__name__)
 
@@ -37,20 +35,6 @@ MAX_EXAMPLES = 5  # example rows per skip reason kept in the manifest
 
 class ShardError(ValueError):
     """The raw data cannot be sharded at all (missing file, missing columns, nothing valid)."""
-
-
-def prepare_image(data: bytes, max_pixels: int, quality: int) -> bytes:
-    """Decode (fully, so truncation is caught), upright, convert to RGB, fit into max_pixels, re-encode as JPEG."""
-    with Image.open(io.BytesIO(data)) as image:
-        image.load()
-        image = ImageOps.exif_transpose(image).convert("RGB")
-    width, height = image.size
-    if width * height > max_pixels:
-        scale = math.sqrt(max_pixels / (width * height))
-        image = image.resize((max(1, int(width * scale)), max(1, int(height * scale))), Image.BICUBIC)
-    buffer = io.BytesIO()
-    image.save(buffer, format="JPEG", quality=quality)
-    return buffer.getvalue()
 
 
 class RollingTarWriter:

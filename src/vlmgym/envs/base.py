@@ -34,10 +34,12 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
+from vlmgym.envs import think as r1
+
 if TYPE_CHECKING:
+    from vlmgym.config import DataParams
     from vlmgym.data.rows import RowSchema
-    from vlmgym.eval.bootstrap import Statistic
-    from vlmgym.params import DataParams
+    from vlmgym.stats.bootstrap import Statistic
 
 
 # The key of a state's meta and of a scored answer's info that names the sub-env it belongs to, in an env made of
@@ -141,8 +143,6 @@ class Env(abc.ABC):
         """Images plus one HF-style user message: an image part per image, then the prompt text."""
         content = [{"type": "image"} for _ in sample.images]
         question = self.prompt(sample)
-        from vlmgym.envs import think as r1  # here, not at the top: think imports vlmgym.params, which imports this
-
         content.append({"type": "text", "text": r1.prompt(question) if self.think else question})
         return {"images": list(sample.images), "messages": [{"role": "user", "content": content}]}
 
@@ -177,8 +177,6 @@ class Env(abc.ABC):
 
     def sft_target(self, meta: dict) -> str:
         """What SFT teaches for a sample: the ideal answer, inside the R1 tags with the think option."""
-        from vlmgym.envs import think as r1
-
         ideal = self.ideal_answer(meta)
         return r1.target(ideal) if self.think else ideal
 
@@ -253,7 +251,7 @@ class Env(abc.ABC):
     def generate(cls, n: int, *, seed: int = 0, split: str = "train", data: DataParams | None = None) -> list:
         """`n` samples of the embedded generator in memory (vlmgym.data.shards.Sample: key, PIL images, meta),
         validated by the env's schema as the shard stage does (without its resizing)."""
-        from vlmgym.data.raw_samples import generate_samples
+        from vlmgym.data.raw_samples import generate_samples  # at call time: it loads webdataset (seconds)
 
         return generate_samples(cls, n, seed=seed, split=split, data=data)
 
@@ -285,7 +283,7 @@ class Env(abc.ABC):
 
     @classmethod
     def task_statistics(cls, records: Sequence[Mapping[str, Any]], **options: Any) -> dict[str, Statistic]:
-        """Per-sample arrays of the env's own metrics (vlmgym.eval.bootstrap.Statistic), before the shared
+        """Per-sample arrays of the env's own metrics (vlmgym.stats.bootstrap.Statistic), before the shared
         format-valid rate and mean reward; `options` are the env's (e.g. a test's reverse geocoder)."""
         return {}
 

@@ -34,8 +34,8 @@ from typing import Any
 
 import numpy as np
 
+from vlmgym.config import ParamsError, spec
 from vlmgym.envs.base import PART_KEY, Env, SampleLike, State
-from vlmgym.params import ParamsError, spec
 
 NAME = "mixture"
 MAX_SLOTS = 1 << 20

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from vlmgym.config import use_env_catalogue
 from vlmgym.envs.base import Env
 
 ENTRY_POINT_GROUP = "vlmgym.envs"
@@ -180,3 +181,7 @@ def from_params(env_params: Any, *, shards_dir: str, split: str, tokenizer: Any 
     if progress is not None:
         env.set_progress(progress)
     return env
+
+
+# Params validation looks env names and the envs' own sections up here (vlmgym.config never imports the envs).
+use_env_catalogue(sys.modules[__name__])

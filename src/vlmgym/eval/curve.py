@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from vlmgym.eval.plots import RewardCurves
+from vlmgym.stats.plots import RewardCurves
 from vlmgym.tracking import dvc_hash
 
 

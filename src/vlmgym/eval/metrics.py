@@ -24,28 +24,15 @@ from typing import Any
 
 import numpy as np
 
-from vlmgym.eval.bootstrap import Interval, Statistic, bootstrap_intervals, paired_bootstrap_intervals
+from vlmgym.envs import env_class as by_name
 from vlmgym.eval.sampled import sampled_statistics
+from vlmgym.stats.bootstrap import Interval, Statistic, bootstrap_intervals, paired_bootstrap_intervals
+from vlmgym.stats.fields import record_field, record_where
 
 
 def env_class(env: Any) -> type:
     """An Env class from a class or a name (registered, entry point or 'package.module:Class')."""
-    from vlmgym.envs import env_class as by_name
-
     return by_name(env) if isinstance(env, str) else env
-
-
-def record_field(record: Mapping[str, Any], key: str, where: str) -> Any:
-    if not isinstance(record, Mapping):
-        raise ValueError(f"{where}: a rollout record must be a JSON object, got {type(record).__name__}")
-    if key not in record:
-        raise ValueError(f"{where}: rollout record has no {key!r} field")
-    return record[key]
-
-
-def record_where(record: Any, index: int) -> str:
-    sample_id = record.get("id") if isinstance(record, Mapping) else None
-    return f"record {index} (id {sample_id!r})"
 
 
 def reward_value(record: Mapping[str, Any], where: str) -> float:

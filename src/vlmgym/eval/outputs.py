@@ -11,7 +11,9 @@ from PIL import Image
 
 from vlmgym.eval.blind import blind_check, blind_comparisons
 from vlmgym.eval.metrics import COLLAPSE_TOP_SHARE, answer_spread, collapsed, env_class, evaluate_policies
-from vlmgym.eval.plots import (
+from vlmgym.eval.records import write_metrics_json
+from vlmgym.eval.report import write_html, write_markdown
+from vlmgym.stats.plots import (
     RewardCurves,
     best_validation,
     plot_reward_curve_png,
@@ -19,8 +21,6 @@ from vlmgym.eval.plots import (
     write_reward_curve_csv,
     write_validation_csv,
 )
-from vlmgym.eval.records import write_metrics_json
-from vlmgym.eval.report import write_html, write_markdown
 
 BLIND_HEADING = ("Image-blind check (each trained policy minus each baseline, mean reward: a policy that uses the "
                  "image lies above 0)")

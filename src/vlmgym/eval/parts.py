@@ -17,6 +17,7 @@ import dataclasses
 import html
 import os
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -52,12 +53,12 @@ def html_body(page: str) -> str:
 
 
 def evaluate_parts(eval_params: Any, rollout: Any, model: Any, env_params: Any, train_out_dir: str,
-                   tracking_uri: str, experiment: str,
+                   tracking_uri: str, experiment: str, evaluate_env: Callable[..., Any],
                    out_root: str | Path = ".",
                    data: Any = None) -> tuple[EvaluationOutputs, str | None, dict[str, float]]:
-    """Evaluate each sub-env (module docstring); returns what vlmgym.eval.run.evaluate_pipeline returns, with
-    results keyed `<name>/<policy>` (MLflow names `<name>/<policy>/<metric>`) and timing of the HF baseline."""
-    from vlmgym.eval.run import evaluate_pipeline
+    """Evaluate each sub-env (module docstring) with `evaluate_env` (vlmgym.eval.run's, passed in so that this
+    module needs nothing above it); returns what vlmgym.eval.run.evaluate_pipeline returns, with results keyed
+    `<name>/<policy>` (MLflow names `<name>/<policy>/<metric>`) and timing of the HF baseline."""
 
     root = Path(out_root)
     names = envs.parts(env_params)
@@ -75,7 +76,7 @@ def evaluate_parts(eval_params: Any, rollout: Any, model: Any, env_params: Any, 
                                             hf_samples=eval_params.hf_samples if number == 0 else 0)
             part_rollout = dataclasses.replace(rollout, shards_dir=f"{rollout.shards_dir}/{name}")
             part_root = Path(scratch) / name
-            outputs, run_id, part_timing = evaluate_pipeline(
+            outputs, run_id, part_timing = evaluate_env(
                 part_eval, part_rollout, model, envs.part_params(env_params, name), train_out_dir,
                 tracking_uri=tracking_uri, experiment=experiment, out_root=part_root,
                 curve_prefix=part_metric(name, ""), data=data)

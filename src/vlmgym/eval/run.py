@@ -12,6 +12,7 @@ from vlmgym.eval.blind import CONSTANT, baseline_policies
 from vlmgym.eval.curve import reward_curves
 from vlmgym.eval.hf_baseline import run_hf_baseline
 from vlmgym.eval.outputs import EvaluationOutputs, write_evaluation
+from vlmgym.eval.parts import evaluate_parts
 from vlmgym.eval.records import read_jsonl
 from vlmgym.eval.sampled import attach_sampled
 from vlmgym.params import DataParams, EnvParams, EvalParams, ModelParams, ParamsError, RolloutParams
@@ -94,10 +95,17 @@ def evaluate_pipeline(eval_params: EvalParams, rollout: RolloutParams, model: Mo
     (vlmgym.eval.parts); `curve_prefix` reads the training curves under that prefix (a sub-env's own). `data`, the
     settings the splits were generated with, names the out-of-distribution shift in the reports."""
     if envs.has_parts(env_params):
-        from vlmgym.eval.parts import evaluate_parts
-
         return evaluate_parts(eval_params, rollout, model, env_params, train_out_dir, tracking_uri, experiment,
-                              out_root, data)
+                              evaluate_env, out_root, data)
+    return evaluate_env(eval_params, rollout, model, env_params, train_out_dir, tracking_uri, experiment, out_root,
+                        curve_prefix, data)
+
+
+def evaluate_env(eval_params: EvalParams, rollout: RolloutParams, model: ModelParams, env_params: EnvParams,
+                 train_out_dir: str, tracking_uri: str, experiment: str, out_root: str | Path = ".",
+                 curve_prefix: str = "",
+                 data: DataParams | None = None) -> tuple[EvaluationOutputs, str | None, dict[str, float]]:
+    """evaluate_pipeline for an env that is not made of several (its arguments and what it returns)."""
     env = envs.env_class(env_params.name)
     records = with_sampled(env, eval_params.rollouts_dir, read_rollouts(eval_params.rollouts_dir, rollout.policies))
     extra, timing = {}, {}

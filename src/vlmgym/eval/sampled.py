@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from vlmgym.eval.bootstrap import Statistic
+from vlmgym.stats.bootstrap import Statistic
 
 KEY = "sampled"  # the greedy record's field holding its prompt's sampled summary
 

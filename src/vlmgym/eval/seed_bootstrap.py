@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from vlmgym.eval.bootstrap import Interval, Statistic, _check, _index_chunks, _percentiles
+from vlmgym.stats.bootstrap import Interval, Statistic, _check, _index_chunks, _percentiles
 
 
 def _names(groups: Sequence[Mapping[str, Statistic]]) -> list[str]:

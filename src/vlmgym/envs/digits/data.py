@@ -31,8 +31,8 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
+from vlmgym.config import DataParams, ParamsError, spec
 from vlmgym.data import layout
-from vlmgym.params import DataParams, ParamsError, spec
 
 TASKS = ("sort", "sum")
 MAX_DIGITS = 4  # the most a canvas holds; metric_rows has a row per count up to this

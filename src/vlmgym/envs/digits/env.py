@@ -29,13 +29,13 @@ from typing import Any
 
 import numpy as np
 
+from vlmgym.config import spec
 from vlmgym.data.rows import SAFE_KEY, Row, RowSchema, RowSkip
 from vlmgym.envs.base import Env, SampleLike, State
 from vlmgym.envs.digits import data as digits_data
 from vlmgym.envs.think import ThinkParams
-from vlmgym.eval.bootstrap import Statistic
-from vlmgym.eval.metrics import record_field, record_where
-from vlmgym.params import spec
+from vlmgym.stats.bootstrap import Statistic
+from vlmgym.stats.fields import record_field, record_where
 
 # Both fit the 64-token prompt bucket with the tiny model's 12 image tokens (tests/envs/test_prompt_buckets.py).
 PROMPTS = {

@@ -48,9 +48,9 @@ from typing import Any
 
 import numpy as np
 
-from vlmgym.eval.bootstrap import Statistic
-from vlmgym.eval.metrics import record_field, record_where
 from vlmgym.geo import EARTH_RADIUS_KM, gazetteer, geoscore, haversine_km
+from vlmgym.stats.bootstrap import Statistic
+from vlmgym.stats.fields import record_field, record_where
 
 MISSING_DISTANCE_KM = math.pi * EARTH_RADIUS_KM
 RADII_KM = (1, 25, 200, 750, 2500)

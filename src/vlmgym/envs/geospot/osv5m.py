@@ -20,8 +20,8 @@ from pathlib import Path
 from tqdm import tqdm
 
 from vlmgym.atomic import atomic_file
+from vlmgym.config import DataParams
 from vlmgym.data import layout
-from vlmgym.params import DataParams
 
 DEFAULT_REPO = "osv5m/osv5m"
 COMPLETE_RECORD = "complete.json"

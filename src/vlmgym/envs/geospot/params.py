@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from vlmgym.config import ParamsError, spec
 from vlmgym.envs.think import ThinkParams
-from vlmgym.params import ParamsError, spec
 
 
 @dataclass(frozen=True)

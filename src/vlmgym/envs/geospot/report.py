@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from vlmgym.envs.geospot.metrics import MISSING_DISTANCE_KM, RADII_KM, predicted_point, sample_distances_km, true_point
-from vlmgym.eval.plots import POLICY_COLOURS, save_figure, write_csv
+from vlmgym.stats.plots import POLICY_COLOURS, save_figure, write_csv
 
 
 def cdf_grid_km(points: int = 120) -> np.ndarray:

@@ -35,9 +35,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from vlmgym.config import DataParams, ParamsError, spec
 from vlmgym.data import layout
 from vlmgym.envs.message_decoding.render import render_table
-from vlmgym.params import DataParams, ParamsError, spec
 
 ALPHABET = string.ascii_lowercase
 CSV_COLUMNS = ("id", "coded", "decoder", "answer", "image")

@@ -28,13 +28,13 @@ from typing import Any
 
 import numpy as np
 
+from vlmgym.config import spec
 from vlmgym.data.rows import SAFE_KEY, Row, RowSchema, RowSkip
 from vlmgym.envs.base import Env, SampleLike, State
 from vlmgym.envs.message_decoding import data as md_data
 from vlmgym.envs.think import ThinkParams
-from vlmgym.eval.bootstrap import Statistic
-from vlmgym.eval.metrics import record_field, record_where
-from vlmgym.params import spec
+from vlmgym.stats.bootstrap import Statistic
+from vlmgym.stats.fields import record_field, record_where
 
 PROMPT = ('The image is a decoder table: each coded letter above maps to the plain letter below. Decode the message '
           '"{coded}". Answer with the decoded word.')

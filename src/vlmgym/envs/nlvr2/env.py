@@ -16,14 +16,14 @@ from typing import Any
 
 import numpy as np
 
+from vlmgym.config import spec
 from vlmgym.data.rows import Row, RowSchema, RowSkip
 from vlmgym.envs.base import Env, SampleLike, State
 from vlmgym.envs.nlvr2 import data as nlvr2_data
 from vlmgym.envs.nlvr2 import types as nlvr2_types
 from vlmgym.envs.think import ThinkParams
-from vlmgym.eval.bootstrap import Statistic
-from vlmgym.eval.metrics import record_field, record_where
-from vlmgym.params import spec
+from vlmgym.stats.bootstrap import Statistic
+from vlmgym.stats.fields import record_field, record_where
 
 # Whole words only: "untrue" is not "true", "known" is not "no".
 ANSWER_PATTERN = re.compile(r"\b(true|false|yes|no)\b", re.IGNORECASE)

@@ -14,11 +14,11 @@ from typing import Any
 
 import numpy as np
 
-from vlmgym.eval.bootstrap import Statistic
+from vlmgym.stats.bootstrap import Statistic
 
 _SIDE = r"(?:left|right)"
 _A = r"an? "
-# template -> (report label, pattern); the label names the skill it needs (the counting / colour / spatial /
+# template -> (report label, pattern); the label names the skill it needs (counting / colour / spatial /
 # cross-image split), the order is the report's.
 TEMPLATE_TYPES: dict[str, tuple[str, re.Pattern]] = {
     "exists": ("existence: there is / both / neither (X)",

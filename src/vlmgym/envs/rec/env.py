@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from vlmgym.config import spec
 from vlmgym.data.rows import SAFE_KEY, Row, RowSchema, RowSkip
 from vlmgym.envs.base import Env, SampleLike, State
 from vlmgym.envs.nlvr2.data import COLOURS, RELATIONS, SHAPES, SIZES
@@ -30,9 +31,8 @@ from vlmgym.envs.rec import scene as rec_scene
 from vlmgym.envs.rec.boxes import SCALE, answer_json, iou, pixels_to_qwen
 from vlmgym.envs.rec.parse import parse_answer
 from vlmgym.envs.think import ThinkParams
-from vlmgym.eval.bootstrap import Statistic
-from vlmgym.eval.metrics import record_field, record_where
-from vlmgym.params import spec
+from vlmgym.stats.bootstrap import Statistic
+from vlmgym.stats.fields import record_field, record_where
 
 # Qwen3-VL's grounding request with the answer's JSON spelled out. Kept short: with the tiny model's 12 image
 # tokens and the chat template, the longest prompt fits the 128-token bucket (the old wording's needed 256, which

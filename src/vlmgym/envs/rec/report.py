@@ -10,7 +10,7 @@ from typing import Any
 from PIL import Image, ImageDraw
 
 from vlmgym.envs.rec.boxes import qwen_to_pixels
-from vlmgym.eval.plots import POLICY_COLOURS
+from vlmgym.stats.plots import POLICY_COLOURS
 
 # Black: no shape is black and the backgrounds are light, so the truth never blends into what it frames.
 TRUTH_COLOUR = "#000000"

@@ -1,0 +1,360 @@
+"""Typed, validated sections of params.yaml.
+
+Each pipeline stage reads one section into a frozen dataclass. Unknown keys, wrong types and out-of-range values
+raise ParamsError naming the key, the value and the file, so a typo in `dvc exp run -S ...` fails loudly instead of
+being silently ignored. Imports nothing else of vlmgym; vlmgym.params is the face that also loads the envs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from vlmgym.config.spec import ParamsError, checked_env_class, env_catalogue, env_sections_field, from_dict, spec
+
+DEFAULT_PARAMS_FILE = Path("params.yaml")
+
+
+# --- sections -----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DataParams:
+    """download stage: where the env's raw data comes from (its generator's own settings: data.<env name>)."""
+
+    source: str = spec("synthetic", choices=("synthetic", "hub"),
+                       doc="the env's embedded generator (offline default) or its public dataset from the hub")
+    seed: int = spec(0, ge=0, doc="seed of the synthetic generators")
+    train_images: int = spec(2000, ge=1, doc="synthetic train samples")
+    test_images: int = spec(1000, ge=1, doc="synthetic test samples")
+    ood_images: int = spec(500, ge=0, doc="synthetic out-of-distribution test samples, the test_ood split (a shift "
+                                          "the env's generator defines, e.g. fog; 0: no such split)")
+    image_width: int = spec(256, ge=32, le=4096, doc="width of rendered synthetic images")
+    image_height: int = spec(192, ge=32, le=4096, doc="height of rendered synthetic images")
+    hub_repo: str = spec("", doc="hub dataset repo for source=hub (empty: the env's default)")
+    zips_per_split: int = spec(1, ge=1, le=98, doc="image zips downloaded per split for source=hub")
+    hub_cache_dir: str = spec("data/hub_cache", doc="resumable download cache for source=hub (kept between runs)")
+    raw_dir: str = spec("data/raw", doc="where the raw layout is written")
+    sections: dict[str, Any] = spec(default_factory=dict, env_sections="DataParams",
+                                    doc="each env's generator settings, under its name")
+
+
+@dataclass(frozen=True)
+class ShardParams:
+    """shard stage: validation, resizing and webdataset tar writing."""
+
+    max_pixels: int = spec(256 * 192, ge=32 * 32, doc="images larger than this many pixels are downscaled")
+    shard_max_bytes: int = spec(64 * 1024 * 1024, ge=1024, doc="target size of one tar")
+    jpeg_quality: int = spec(90, ge=1, le=100, doc="JPEG quality of re-encoded images")
+    max_train: int = spec(0, ge=0, doc="cap on train samples (0: all)")
+    max_test: int = spec(0, ge=0, doc="cap on test samples, and on test_ood samples (0: all)")
+    val_samples: int = spec(256, ge=0, doc="train samples held out as the val split for validation during training (at "
+                                          "most a quarter of train; 0: none), chosen by a hash of their key")
+    workers: int = spec(0, ge=0, doc="processes that decode, resize and re-encode the images (0: the cores this "
+                                     "process may use); the output bytes are the same for any count")
+    out_dir: str = spec("data/shards", doc="shard output folder")
+
+
+@dataclass(frozen=True)
+class ModelParams:
+    """base_model and convert stages."""
+
+    source: str = spec("tiny", doc="'tiny' (random tiny Qwen3-VL built here) or 'hf:<repo>' (hub snapshot)")
+    seed: int = spec(0, ge=0, doc="seed of the tiny model's random weights")
+    tiny_hidden_size: int = spec(128, ge=64, le=4096, doc="tiny text width (multiple of 64; heads and ffn follow)")
+    tiny_num_layers: int = spec(4, ge=2, le=64, doc="tiny text decoder layers")
+    tiny_vocab_size: int = spec(2048, ge=300, le=65536, doc="BPE vocabulary the tiny tokenizer is trained up to")
+    min_pixels: int = spec(64 * 64, ge=32 * 32, doc="tiny image budget: smaller images are upscaled to this")
+    max_pixels: int = spec(128 * 96, ge=32 * 32, doc="tiny image budget: 128*96 makes a 256x192 image 12 tokens")
+    hf_dir: str = spec("models/hf/base", doc="where base_model writes the HF checkpoint")
+    jax_dir: str = spec("models/jax/base", doc="where convert writes the JAX (orbax) checkpoint")
+    dtype: str = spec("fp32", choices=("fp32", "bf16"), doc="compute dtype")
+    param_dtype: str = spec("fp32", choices=("fp32", "bf16"), doc="parameter dtype")
+    parity_tolerance: float = spec(1e-4, gt=0, doc="max abs logit difference accepted by the convert stage (fp32)")
+
+
+@dataclass(frozen=True)
+class TrackingParams:
+    """MLflow tracking."""
+
+    experiment: str = spec("vlmgym", doc="MLflow experiment name")
+    tracking_uri: str = spec("", doc="empty: MLFLOW_TRACKING_URI if set, else sqlite:///mlflow.db in the repo")
+
+
+@dataclass(frozen=True)
+class EnvParams:
+    """The environment the policy is trained and evaluated on."""
+
+    name: str = spec(default_factory=lambda: env_catalogue().DEFAULT_ENV, env_name=True,
+                     doc="the task: a registered env name, an entry point (vlmgym.envs) or 'package.module:Class'")
+    recipe: str = spec("", doc="the env whose recipe the other sections hold (`vlmgym recipe <env>` writes it and "
+                           "name); a stage stops when it is not name, so switching env.name alone never trains a task "
+                           "with another's settings ('': settings chosen by hand, run as they are)")
+    sections: dict[str, Any] = spec(default_factory=dict, env_sections="Params",
+                                    doc="each env's own settings (reward, report), under its name")
+
+    def __post_init__(self) -> None:
+        if self.recipe and self.recipe != self.name:
+            raise ParamsError(f"env.name is {self.name!r} but env.recipe is {self.recipe!r}: the other sections "
+                              f"hold the settings of that env's recipe. `vlmgym recipe {self.name}` applies this env's "
+                              f"(or `dvc exp run $(vlmgym recipe {self.name} --overrides)`); env.recipe: '' runs "
+                              "these settings as they are")
+
+    def settings(self) -> Any:
+        """The active env's section (env.<its name>), its defaults when absent; None when it takes none."""
+        cls = env_catalogue().env_class(self.name)
+        section = self.sections.get(cls.name)
+        if section is None and cls.Params is not None:
+            section = cls.Params()
+        return section
+
+
+LORA_TEXT_TARGETS = ("q", "k", "v", "o", "gate", "up", "down")
+
+
+@dataclass(frozen=True)
+class LoRAParams:
+    """Low-rank adapters (rank 0: off, every weight trained). Only the adapters are trained and checkpointed."""
+
+    rank: int = spec(0, ge=0, doc="adapter rank r (0: no adapters, full fine-tuning)")
+    alpha: float = spec(16.0, gt=0, doc="scale numerator: the update is (alpha / rank) * x A B")
+    dropout: float = spec(0.0, ge=0, lt=1,
+                          doc="dropout on the adapters' input (PEFT's lora_dropout), in training forwards only")
+    targets: list[str] = spec(default_factory=lambda: list(LORA_TEXT_TARGETS), choices=LORA_TEXT_TARGETS,
+                              doc="decoder projections that get adapters (attention q/k/v/o, MLP gate/up/down)")
+    vision: bool = spec(False, doc="also adapt the vision tower's blocks (qkv, proj, fc1, fc2)")
+    seed: int = spec(0, ge=0, doc="seed of the adapters' A (B starts at 0: step 0 is the base model) and dropout")
+
+    def __post_init__(self) -> None:
+        if self.rank and not self.targets and not self.vision:
+            raise ParamsError("lora.rank > 0 but no targets and vision off: nothing would be adapted")
+
+
+REMAT_DOC = ("activation checkpointing of the learner's forward: layer recomputes each decoder layer and vision "
+             "block in the backward pass instead of keeping its activations (same gradients, less memory, more "
+             "compute; measured in BENCHMARKS.md); none keeps them")
+
+
+@dataclass(frozen=True)
+class SFTParams:
+    """sft stage: supervised warm start on the env's ideal answers (0 steps: pass-through)."""
+
+    steps: int = spec(600, ge=0, doc="optimizer steps (0: copy the base model through unchanged)")
+    batch_size: int = spec(16, ge=1, doc="samples per step")
+    micro_batches: int = spec(1, ge=1, doc="gradient accumulation: micro-batches per step (divides batch_size)")
+    lr: float = spec(3e-3, gt=0, doc="peak learning rate")
+    warmup_steps: int = spec(20, ge=0, doc="linear warmup steps")
+    end_lr_ratio: float = spec(0.1, ge=0, le=1, doc="final lr of the cosine decay, as a fraction of the peak")
+    weight_decay: float = spec(0.0, ge=0, doc="AdamW weight decay (matrices only)")
+    max_grad_norm: float = spec(1.0, ge=0, doc="global-norm gradient clipping (0: off)")
+    freeze: str = spec("none", choices=("none", "vision"), doc="parameters kept frozen")
+    remat: str = spec("none", choices=("none", "layer"), doc=REMAT_DOC)
+    lora: LoRAParams = spec(default_factory=LoRAParams, doc="low-rank adapters")
+    max_target_tokens: int = spec(64, ge=1, doc="answer tokens trained on (longer targets are an error)")
+    seed: int = spec(0, ge=0, doc="seed of the data order")
+    save_every: int = spec(100, ge=1, doc="checkpoint every this many steps (resume point)")
+    val_every: int = spec(100, ge=0, doc="validate on the val split every this many steps and at step 0 (0: never)")
+    val_batch_size: int = spec(16, ge=1, doc="val prompts per sampling call")
+    select: str = spec("last", choices=("last", "best_val"),
+                       doc="params the stage ends with: the last step's, or the best by greedy val reward")
+    early_stop_patience: int = spec(0, ge=0, doc="stop after this many validations without a new best (0: never)")
+    keep_checkpoints: int = spec(2, ge=1, doc="checkpoints kept on disk")
+    init_dir: str = spec("models/jax/base", doc="model checkpoint to start from")
+    out_dir: str = spec("models/jax/sft", doc="where the fine-tuned model is written")
+    checkpoint_dir: str = spec("checkpoints/sft", doc="resumable training checkpoints (one folder per config)")
+    shards_dir: str = spec("data/shards", doc="webdataset shards of the env")
+    mesh: list[int] = spec(default_factory=list, ge=1,
+                           doc="(data, fsdp, tensor) device counts of the mesh; empty: a single device")
+
+
+@dataclass(frozen=True)
+class TrainParams:
+    """train stage: GRPO (or RLOO, PPO, online DPO: `algorithm`) from the sft model."""
+
+    algorithm: str = spec("grpo", choices=("grpo", "rloo", "ppo", "dpo"),
+                          doc="grpo; rloo (GRPO's loss with a leave-one-out baseline: each answer against the mean "
+                              "of the others in its group); ppo (value head, GAE; the same sampled groups, each "
+                              "answer its own episode); or online dpo (each group's best vs worst answer, against "
+                              "the start policy)")
+    steps: int = spec(150, ge=1, doc="training steps (one batch of prompts each)")
+    batch_prompts: int = spec(8, ge=1, doc="prompts per step")
+    group_size: int = spec(8, ge=1, doc="completions sampled per prompt (the GRPO group)")
+    num_iterations: int = spec(1, ge=1, doc="optimizer updates per sampled batch (>1: off-policy, clipped)")
+    micro_batches: int = spec(1, ge=1, doc="gradient accumulation: micro-batches per update (divides the batch)")
+    share_prefix: bool = spec(True, doc="learner runs each prompt once per group (false: one copy per completion)")
+    lr: float = spec(1e-4, gt=0, doc="peak learning rate")
+    warmup_steps: int = spec(5, ge=0, doc="linear warmup steps (the schedule spans steps x num_iterations updates)")
+    end_lr_ratio: float = spec(0.1, ge=0, le=1, doc="final lr of the cosine decay, as a fraction of the peak")
+    weight_decay: float = spec(0.0, ge=0, doc="AdamW weight decay (matrices only)")
+    max_grad_norm: float = spec(1.0, ge=0, doc="global-norm gradient clipping (0: off)")
+    freeze: str = spec("none", choices=("none", "vision"), doc="parameters kept frozen")
+    remat: str = spec("none", choices=("none", "layer"), doc=REMAT_DOC)
+    lora: LoRAParams = spec(default_factory=LoRAParams, doc="low-rank adapters")
+    epsilon: float = spec(0.2, gt=0, lt=1, doc="lower clip range of the importance ratio")
+    epsilon_high: float = spec(0.28, gt=0, doc="upper clip range (clip-higher)")
+    beta: float = spec(0.0, ge=0, doc="k3 KL penalty to the initial policy (0: no reference model held)")
+    dpo_beta: float = spec(0.1, gt=0, doc="dpo: strength of the implicit KL to the start policy (TRL's beta)")
+    ppo_critic: str = spec("head", choices=("head", "detached"),
+                           doc="ppo: linear value head on the policy's last hidden states; detached: its gradient "
+                               "never reaches the policy")
+    ppo_gamma: float = spec(1.0, ge=0, le=1, doc="ppo: discount over the answer's tokens")
+    ppo_lambda: float = spec(0.95, ge=0, le=1, doc="ppo: GAE lambda")
+    ppo_vf_coef: float = spec(0.1, ge=0, doc="ppo: weight of the value loss in the total loss")
+    ppo_cliprange_value: float = spec(0.2, gt=0, doc="ppo: values move at most this far from the sampled-time value")
+    ppo_kl_coef: float = spec(0.0, ge=0, doc="ppo: per-token KL-to-start penalty in the reward (0: no reference)")
+    loss_aggregation: str = spec("token_mean", choices=("token_mean", "sequence_mean", "dr_grpo"),
+                                 doc="how per-token losses are reduced")
+    scale_rewards: str = spec("group", choices=("group", "batch", "none"), doc="advantage std normalisation")
+    filter_groups: bool = spec(False, doc="drop groups whose rewards are all equal and sample more prompts")
+    max_sample_rounds: int = spec(4, ge=1, doc="sampling rounds per step when filtering groups")
+    old_logprobs: str = spec("sampler", choices=("sampler", "learner"),
+                             doc="behaviour log-probs: the sampler's (tempered softmax) or the learner's recomputation")
+    temperature: float = spec(1.0, ge=0, doc="sampling temperature")
+    top_k: int = spec(0, ge=0, doc="sampling top-k (0: off)")
+    top_p: float = spec(1.0, gt=0, le=1, doc="sampling nucleus (1: off)")
+    max_new_tokens: int = spec(64, ge=1, doc="completion length budget")
+    seed: int = spec(0, ge=0, doc="seed of sampling and data order")
+    save_every: int = spec(20, ge=1, doc="checkpoint every this many steps (resume point)")
+    val_every: int = spec(25, ge=0, doc="validate on the val split every this many steps and at step 0 (0: never)")
+    val_batch_size: int = spec(16, ge=1, doc="val prompts per sampling call")
+    select: str = spec("best_val", choices=("last", "best_val"),
+                       doc="params the stage ends with: the last step's, or the best by greedy val reward")
+    early_stop_patience: int = spec(0, ge=0, doc="stop after this many validations without a new best (0: never)")
+    keep_checkpoints: int = spec(2, ge=1, doc="checkpoints kept on disk")
+    samples_every: int = spec(20, ge=1, doc="log a table of sample rollouts every this many steps")
+    num_samples: int = spec(8, ge=1, doc="rows of the sample-rollouts table")
+    init_dir: str = spec("models/jax/sft", doc="model checkpoint to start from")
+    out_dir: str = spec("models/jax/grpo", doc="where the trained model is written")
+    checkpoint_dir: str = spec("checkpoints/train", doc="resumable training checkpoints (one folder per config)")
+    shards_dir: str = spec("data/shards", doc="webdataset shards of the env")
+    mesh: list[int] = spec(default_factory=list, ge=1,
+                           doc="(data, fsdp, tensor) device counts of the mesh; empty: a single device")
+
+
+@dataclass(frozen=True)
+class RolloutParams:
+    """rollout stage: each policy answers the test split (greedy; optionally sampled too) -> outputs/rollouts/."""
+
+    policies: list[str] = spec(default_factory=lambda: ["base", "sft", "grpo"],
+                               doc="policies to roll out, each the JAX model folder models_dir/<policy>")
+    models_dir: str = spec("models/jax", doc="folder holding one JAX model folder per policy")
+    shards_dir: str = spec("data/shards", doc="webdataset shards of the env")
+    split: str = spec("test", choices=("train", "val", "test"), doc="split the policies answer")
+    ood_split: str = spec("test_ood", choices=("", "test_ood"),
+                          doc="out-of-distribution split also answered (greedy) when the shards hold it ('': none)")
+    limit: int = spec(0, ge=0, doc="answer only the first this many samples (0: all)")
+    batch_size: int = spec(16, ge=1, doc="prompts per rollout-engine call")
+    max_new_tokens: int = spec(64, ge=1, doc="answer length budget (tokens)")
+    sampled_answers: int = spec(4, ge=0, doc="sampled answers per prompt written beside the greedy one, reported as "
+                                "their mean reward and pass@k (0: none)")
+    temperature: float = spec(1.0, gt=0, doc="sampling temperature of the sampled answers")
+    seed: int = spec(0, ge=0, doc="seed of the sampled answers")
+    progress: float = spec(1.0, ge=0, le=1, doc="curriculum progress at which answers are scored (1: final reward)")
+    constant_baseline: bool = spec(True, doc="also score the image-blind baseline `constant`: the one answer (of the "
+                                   "val split's ideal answers) with the best mean val reward, given to every sample")
+    constant_candidates: int = spec(128, ge=1, doc="ideal answers of val samples tried as the constant answer")
+    blind_policies: list[str] = spec(default_factory=lambda: ["sft", "grpo"],
+                                     doc="policies also answering with every image blanked to grey, as "
+                                     "<policy>_blind: the text-only baseline (each one of policies; empty: none)")
+    out_dir: str = spec("outputs/rollouts", doc="one <policy>.jsonl (and <policy>.sampled.jsonl) per policy")
+
+    def __post_init__(self) -> None:
+        unknown = [p for p in self.blind_policies if p not in self.policies]
+        if unknown:
+            raise ParamsError(f"rollout.blind_policies: {unknown} not among rollout.policies {self.policies}")
+        clash = [p for p in self.policies if p == "constant" or p.endswith("_blind")]
+        if clash:
+            raise ParamsError(f"rollout.policies: {clash} are baseline names (constant, <policy>_blind); "
+                              "rename the model folder")
+
+
+@dataclass(frozen=True)
+class ExportParams:
+    """export stage: a JAX model folder as a transformers folder."""
+
+    jax_dir: str = spec("models/jax/grpo", doc="JAX model folder exported")
+    hf_dir: str = spec("models/hf/grpo", doc="transformers folder written")
+    register: bool = spec(True, doc="log it as an MLflow model, registered as vlmgym-<env>")
+
+
+@dataclass(frozen=True)
+class EvalParams:
+    """evaluate stage: metrics with bootstrap intervals, the HF baseline, plots and reports."""
+
+    rollouts_dir: str = spec("outputs/rollouts", doc="where the rollout stage wrote <policy>.jsonl")
+    comparisons: list[list[str]] = spec(default_factory=lambda: [["grpo", "sft"]],
+                                        doc="[treatment, control] pairs reported as paired differences")
+    n_resamples: int = spec(1000, ge=10, doc="bootstrap resamples")
+    confidence: float = spec(0.95, gt=0, lt=1, doc="confidence level of the intervals")
+    seed: int = spec(0, ge=0, doc="seed of the bootstrap")
+    gallery_samples: int = spec(48, ge=0, doc="test samples shown in the report's maps and gallery (0: all)")
+    hf_policy: str = spec("grpo", doc="policy whose exported weights transformers runs (its greedy rollout compared)")
+    hf_dir: str = spec("models/hf/grpo", doc="the exported transformers folder of hf_policy")
+    hf_samples: int = spec(16, ge=0, doc="test prompts transformers answers greedily (0: no HF baseline)")
+    logit_samples: int = spec(4, ge=0, doc="of those, samples whose prompt + answer logits are compared")
+    reward_curve_metric: str = spec("final_reward_mean", doc="train-run metric drawn as the training reward curve "
+                                    "(final_reward_mean: at the final curriculum weights; reward_mean: as trained)")
+
+    def __post_init__(self):
+        bad = [pair for pair in self.comparisons if len(pair) != 2]
+        if bad:
+            raise ParamsError(f"eval.comparisons: each must be a [treatment, control] pair, got {bad[0]!r}")
+
+
+SECTIONS: dict[str, type] = {
+    "data": DataParams,
+    "shard": ShardParams,
+    "model": ModelParams,
+    "env": EnvParams,
+    "tracking": TrackingParams,
+    "sft": SFTParams,
+    "train": TrainParams,
+    "rollout": RolloutParams,
+    "export": ExportParams,
+    "eval": EvalParams,
+}
+
+
+def read_yaml(path: str | Path = DEFAULT_PARAMS_FILE) -> dict[str, Any]:
+    """Read a params file into a dict, with a clear error when it is not a mapping."""
+    path = Path(path)
+    if not path.exists():
+        raise ParamsError(f"{path}: params file not found")
+    with path.open() as f:
+        raw = yaml.safe_load(f) or {}
+    if not isinstance(raw, dict):
+        raise ParamsError(f"{path}: expected a mapping of sections, got {type(raw).__name__}")
+    return raw
+
+
+def load_section(name: str, path: str | Path = DEFAULT_PARAMS_FILE, overrides: dict | None = None):
+    """Load and validate one section of a params file (missing section: all defaults)."""
+    if name not in SECTIONS:
+        raise ParamsError(f"{path}: unknown section {name!r} (known: {', '.join(sorted(SECTIONS))})")
+    file = read_yaml(path)
+    raw = file.get(name) or {}
+    if not isinstance(raw, dict):
+        raise ParamsError(f"{path}: section {name!r} must be a mapping, got {raw!r}")
+    raw = {**raw, **(overrides or {})}
+    if name != "env" and env_sections_field(SECTIONS[name]) is not None:
+        _resolve_active_env(file, path)  # so a 'package.module:Class' env's own section here is known
+    return from_dict(SECTIONS[name], raw, where=f"{path}: {name}")
+
+
+def load_all(path: str | Path = DEFAULT_PARAMS_FILE) -> dict[str, Any]:
+    """Load and validate every section; unknown sections are errors."""
+    raw = read_yaml(path)
+    unknown = sorted(set(raw) - set(SECTIONS))
+    if unknown:
+        raise ParamsError(f"{path}: unknown section(s) {unknown} (known: {', '.join(sorted(SECTIONS))})")
+    return {name: load_section(name, path) for name in SECTIONS}
+
+
+def _resolve_active_env(file: dict[str, Any], path: str | Path) -> None:
+    env = file.get("env")
+    name = env.get("name") if isinstance(env, dict) else None
+    if isinstance(name, str):
+        checked_env_class(name, f"{path}: env.name")

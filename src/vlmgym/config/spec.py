@@ -1,0 +1,201 @@
+"""The machinery of typed, validated params sections: `spec` fields with bounds and docs, `from_dict` (keys,
+types, ranges, the envs' own sections) and `to_dict`. Imports nothing else of vlmgym: the envs' lookups come
+through the catalogue that vlmgym.envs.registry installs (use_env_catalogue)."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import re
+import types
+import typing
+from dataclasses import field
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+_FLOAT_TEXT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
+
+
+class ParamsError(ValueError):
+    """A params file has an unknown key, a wrong type or an out-of-range value."""
+
+
+def spec(default: Any = dataclasses.MISSING, *, ge=None, gt=None, le=None, lt=None, choices=None,
+         doc: str = "", default_factory: Any = dataclasses.MISSING, env_sections: str | None = None,
+         env_name: bool = False) -> Any:
+    """A dataclass field with validation bounds and a one-line description.
+
+    env_sections="Params": the field holds the envs' own sections ({env name: dataclass}), written in the file
+    as keys beside the section's other keys and validated by that env class's attribute of that name.
+    env_name=True: the value must name an env (registered, an entry point or 'package.module:Class').
+    """
+    meta = {"ge": ge, "gt": gt, "le": le, "lt": lt, "choices": choices, "doc": doc, "env_sections": env_sections,
+            "env_name": env_name}
+    if default_factory is not dataclasses.MISSING:
+        return field(default_factory=default_factory, metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+class EnvCatalogue(typing.Protocol):
+    """What validation needs to know of the envs (vlmgym.envs.registry installs itself as the catalogue)."""
+
+    DEFAULT_ENV: str  # env.name when a params file names none
+
+    def env_class(self, name: str) -> type: ...
+
+    def is_known(self, name: str) -> bool: ...
+
+    def names(self) -> list[str]: ...
+
+
+_catalogue: EnvCatalogue | None = None
+
+
+def use_env_catalogue(catalogue: EnvCatalogue) -> None:
+    """Install the env lookups that validation uses. The env registry calls this when it is imported, so this
+    package never imports the envs, which are built on it."""
+    global _catalogue
+    _catalogue = catalogue
+
+
+def env_catalogue() -> EnvCatalogue:
+    """The installed env lookups (an error naming the fix when vlmgym.envs was never imported)."""
+    if _catalogue is None:
+        raise RuntimeError("params that name envs are validated through vlmgym.envs.registry: import vlmgym.params "
+                           "(which loads it), not vlmgym.config alone")
+    return _catalogue
+
+
+def from_dict(cls: type[T], raw: dict[str, Any], where: str = "params") -> T:
+    """Build dataclass `cls` from `raw`, validating keys, types and ranges (and envs' sections, see spec)."""
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    plugin = env_sections_field(cls)
+    plain = {k: v for k, v in raw.items() if k in fields and (plugin is None or k != plugin.name)}
+    extra = [k for k in raw if k not in plain]
+    if extra and plugin is None:
+        raise ParamsError(f"{where}.{extra[0]}: unknown key (value {raw[extra[0]]!r}); "
+                          f"known keys: {', '.join(fields)}")
+    values = {}
+    for key, value in plain.items():
+        f = fields[key]
+        key_where = f"{where}.{key}"
+        value = _coerce(value, hints[key], key_where)
+        _check_range(value, f.metadata, key_where)
+        if f.metadata.get("env_name"):
+            checked_env_class(value, key_where)
+        values[key] = value
+    if plugin is not None:
+        known = [k for k in fields if k != plugin.name]
+        values[plugin.name] = {str(k): _env_section(str(k), raw[k], plugin.metadata["env_sections"], f"{where}.{k}",
+                                                    known) for k in extra}
+    try:
+        return cls(**values)
+    except ParamsError as err:  # a check across keys (__post_init__): name the file too
+        prefix = where.rsplit(": ", 1)[0] if ": " in where else where
+        raise ParamsError(f"{prefix}: {err}") from err
+
+
+def to_dict(section: Any) -> dict[str, Any]:
+    """A section as a plain dict, as the file writes it (for logging): envs' sections under their names."""
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(section):
+        value = getattr(section, f.name)
+        if f.metadata.get("env_sections"):
+            out.update({name: to_dict(v) for name, v in value.items()})
+        elif dataclasses.is_dataclass(value):
+            out[f.name] = to_dict(value)
+        else:
+            out[f.name] = copy.deepcopy(value)
+    return out
+
+
+def env_sections_field(cls: type) -> dataclasses.Field | None:
+    return next((f for f in dataclasses.fields(cls) if f.metadata.get("env_sections")), None)
+
+
+def checked_env_class(name: Any, where: str) -> type:
+    try:
+        return env_catalogue().env_class(name)
+    except (KeyError, ImportError, TypeError, ValueError) as err:
+        raise ParamsError(f"{where}: {err.args[0] if err.args else err}") from err
+
+
+def _env_section(name: str, value: Any, attribute: str, where: str, known: list[str]) -> Any:
+    """An env's own section (env.<name>, data.<name>), validated by its dataclass `attribute` (Params, DataParams)."""
+    catalogue = env_catalogue()
+    if not catalogue.is_known(name):
+        raise ParamsError(f"{where}: unknown key (value {value!r}); known keys: {', '.join(known)}, or a section "
+                          f"named after an env ({', '.join(catalogue.names())})")
+    section_cls = getattr(checked_env_class(name, where), attribute)
+    if section_cls is None:
+        raise ParamsError(f"{where}: env {name!r} takes no settings here (it declares no {attribute})")
+    if not isinstance(value, dict):
+        raise ParamsError(f"{where}: expected a mapping of {name}'s settings, got {value!r}")
+    return from_dict(section_cls, value, where)
+
+
+def _coerce(value: Any, hint: Any, where: str) -> Any:
+    origin = typing.get_origin(hint)
+    args = typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _coerce(value, arg, where)
+            except ParamsError:
+                pass
+        raise ParamsError(f"{where}: value {value!r} matches none of {hint}")
+    if origin in (list, tuple):
+        if not isinstance(value, list | tuple):
+            raise ParamsError(f"{where}: expected a list, got {value!r} ({type(value).__name__})")
+        inner = args[0] if args else Any
+        items = [_coerce(v, inner, f"{where}[{i}]") for i, v in enumerate(value)]
+        return items if origin is list else tuple(items)
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ParamsError(f"{where}: expected a mapping, got {value!r} ({type(value).__name__})")
+        return {str(k): _coerce(v, args[1], f"{where}.{k}") if args else v for k, v in value.items()}
+    if hint is Any:
+        return value
+    if hint is bool:
+        if not isinstance(value, bool):
+            raise ParamsError(f"{where}: expected true/false, got {value!r} ({type(value).__name__})")
+        return value
+    if hint is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ParamsError(f"{where}: expected an integer, got {value!r} ({type(value).__name__})")
+        return value
+    if hint is float:
+        # PyYAML follows YAML 1.1, which reads `3e-5` (no dot) as a string; DVC writes `-S train.lr=3e-5` so.
+        if isinstance(value, str) and _FLOAT_TEXT.fullmatch(value.strip()):
+            return float(value)
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ParamsError(f"{where}: expected a number, got {value!r} ({type(value).__name__})")
+        return float(value)
+    if hint is str:
+        if not isinstance(value, str):
+            raise ParamsError(f"{where}: expected a string, got {value!r} ({type(value).__name__})")
+        return value
+    if dataclasses.is_dataclass(hint):
+        if not isinstance(value, dict):
+            raise ParamsError(f"{where}: expected a mapping, got {value!r}")
+        return from_dict(hint, value, where)
+    raise ParamsError(f"{where}: unsupported type {hint}")
+
+
+def _check_range(value: Any, meta: typing.Mapping, where: str) -> None:
+    items = value if isinstance(value, list | tuple) else [value]
+    for v in items:
+        if meta.get("choices") is not None and v not in meta["choices"]:
+            raise ParamsError(f"{where}: value {v!r} is not one of {list(meta['choices'])}")
+        if not isinstance(v, int | float) or isinstance(v, bool):
+            continue
+        for bound, word, ok in (("ge", ">=", lambda a, b: a >= b), ("gt", ">", lambda a, b: a > b),
+                                ("le", "<=", lambda a, b: a <= b), ("lt", "<", lambda a, b: a < b)):
+            limit = meta.get(bound)
+            if limit is not None and not ok(v, limit):
+                raise ParamsError(f"{where}: value {v!r} out of range (must be {word} {limit})")
