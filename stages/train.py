@@ -7,7 +7,7 @@ sampler-vs-learner mismatch, gradient norm, lr, throughput, compiles); every `tr
 of sample rollouts (image, answer, reward components) is logged as an artifact. Checkpoints in
 `train.checkpoint_dir/<config hash>/` make a killed run resume exactly.
 
-Over several processes (hosts), each runs this script with the same params and code (README "Scale out"):
+Over several processes (hosts), each runs this script with the same params and code (docs/scaling.md, "Scale out"):
 JAX_COORDINATOR_ADDRESS / JAX_NUM_PROCESSES / JAX_PROCESS_ID or the flags below; process 0 logs to MLflow and
 writes metrics/train.json, all of them write the checkpoints and the model folder together.
 

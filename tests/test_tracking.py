@@ -104,7 +104,7 @@ def test_one_parent_run_holds_the_pipeline(repro):
     # The parent's writer is the dvc process, which has exited, so a later stage would close it if it had
     # been left RUNNING; the stage runs' writers are the stage processes.
     assert parent.data.tags["vlmgym.writer"] not in {r.data.tags["vlmgym.writer"] for r in stages}
-    # The pipeline's parents, as the README queries them.
+    # The pipeline's parents, as docs/pipeline.md queries them.
     import mlflow
 
     mlflow.set_tracking_uri(client.tracking_uri)

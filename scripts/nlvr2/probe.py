@@ -7,8 +7,8 @@ the images train it, the rest score it. Run where the nlvr2 shards and a model f
 
     python scripts/nlvr2/probe.py [--model models/jax/base] [--max-pixels 49152] [--pairs 800]
 
-The scene descriptions come from the generator itself (the seed, size and data.nlvr2 settings of params.yaml). Issue
-19's numbers in the README are on the full generator (data.nlvr2 as in the README's full-generator command).
+The scene descriptions come from the generator itself (the seed, size and data.nlvr2 settings of params.yaml). The
+numbers in docs/envs/nlvr2.md are on the full generator (data.nlvr2 as in its full-generator command).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """colour: name the colour of a noisy plain image. A complete vlmgym plug-in that lives outside the package.
 
-The README's "Write your own environment" shows this file; tests run it through the whole pipeline with
+docs/writing-an-env.md shows this file; tests run it through the whole pipeline with
 `env.name: colour_env:ColourEnv` (tests/pipeline/test_external_env.py).
 """
 
@@ -16,8 +16,8 @@ from PIL import Image
 from vlmgym.data import layout
 from vlmgym.data.rows import SAFE_KEY, Row, RowSchema, RowSkip
 from vlmgym.envs import Env
-from vlmgym.eval.bootstrap import Statistic
 from vlmgym.params import spec
+from vlmgym.stats.bootstrap import Statistic
 
 COLOURS = {"red": (220, 30, 30), "green": (30, 170, 60), "blue": (30, 60, 220), "yellow": (230, 210, 40)}
 PROMPT = "What colour is this image? Answer with one word."

@@ -85,7 +85,7 @@ def test_folder_is_a_complete_hf_checkpoint(tiny):
     preprocessor = json.loads((out / "preprocessor_config.json").read_text())
     assert preprocessor["size"] == {"shortest_edge": 64 * 64, "longest_edge": 128 * 96}
     assert summary["image_tokens_256x192"] == 12
-    # The figures quoted in base_model.py's docstring (and the README).
+    # The figures quoted in base_model.py's docstring (and docs/pipeline.md, "The default model").
     assert (summary["params_vision"], summary["params_text"] - 128 * summary["vocab_size"]) == (466_624, 787_840)
 
 

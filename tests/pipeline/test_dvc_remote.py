@@ -1,4 +1,4 @@
-"""Cached stages travel to a second machine through a DVC remote (README "Share outputs through a DVC remote").
+"""Cached stages travel to a second machine through a DVC remote (docs/dvc-remote.md).
 
 The machine that ran the micro pipeline adds a local-folder remote as the default, commits, and `dvc push`es; a
 fresh `git clone` (no cache, no outputs, no checkpoints/) `dvc pull`s, and `dvc repro` there runs no stage and

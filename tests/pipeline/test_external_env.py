@@ -1,4 +1,4 @@
-"""An env from outside the package runs the whole pipeline: the README's colour plug-in through `dvc repro`.
+"""An env from outside the package runs the whole pipeline: docs/writing-an-env.md's colour plug-in through `dvc repro`.
 
 A fresh checkout with the micro preset, tests/envs/colour_env.py copied beside params.yaml (the working
 directory is on the import path for 'module:Class' names), `env.name: colour_env:ColourEnv`, one `dvc repro`.

@@ -57,8 +57,8 @@ def test_algorithm_runs_the_train_stage(pipeline, tmp_path, algorithm):
 
 
 def test_train_stage_over_two_processes(pipeline, tmp_path):
-    """README "Scale out", on one machine: process 0 runs the train stage under DVC, process 1 the stage's script
-    with the same settings; together they train, validate, checkpoint and save; process 0 alone tracks."""
+    """docs/scaling.md "Scale out", on one machine: process 0 runs the train stage under DVC, process 1 the stage's
+    script with the same settings; together they train, validate, checkpoint and save; process 0 alone tracks."""
     import socket
     import subprocess
     import sys

@@ -16,7 +16,7 @@ from vlmgym.rl.policy import Qwen3VLPolicy
 from vlmgym.rl.run import folder_identity, save_model
 from vlmgym.rollout.sampling import SamplingSettings
 
-TOLERANCE = 1e-5  # fp32, the bound
+TOLERANCE = 1e-5  # fp32, the bound docs/scaling.md states
 
 
 def _adapted(tiny_vlm):

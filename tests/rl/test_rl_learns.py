@@ -1,4 +1,4 @@
-"""GRPO from the base policy (no SFT) learns the README's colour plug-in: the RL loop learns, not just runs.
+"""GRPO from the base policy (no SFT) learns docs/writing-an-env.md's colour plug-in: the RL loop learns, not just runs.
 
 The policy, data and trainer come as the pipeline makes them: a tiny random Qwen3-VL from the base_model and
 convert code, the colour env's synthetic data through the shard code, `stage_policy` / `stage_trainer` as the

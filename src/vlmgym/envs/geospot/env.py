@@ -74,8 +74,8 @@ class GeospotEnv(Env):
     # k_<level> is exp(-d / tau) before the curriculum's weight w_<level> (reward.score's reward_components)
     reward_levels = {level: (f"k_{level}", f"w_{level}") for level in LEVELS}
     ood_note = "test's places rendered in fog or at night (data.geospot.ood_shift), which train never shows"
-    # Chosen on the val split (README "How the recipe was chosen"): 450 SFT steps leave the policy partly
-    # competent (greedy val 0.317; 0.477 after 600), and sampling at 0.6 keeps GRPO's samples near the greedy
+    # Chosen on the val split (docs/results.md, "How the geospot recipe was chosen"): 450 SFT steps leave the policy
+    # partly competent (greedy val 0.317; 0.477 after 600), and sampling at 0.6 keeps GRPO's samples near the greedy
     # answer, so what it learns moves the greedy answer too (val +0.050 by step 125; +0.018 at temperature 1).
     recipe = {"sft": {"steps": 450}, "train": {"temperature": 0.6}}
 

@@ -456,7 +456,7 @@ def _synthetic_records(pairs: list[SyntheticPair], seed: int, split: str, width:
 # The embedded default: statements about where a colour is (there is / both / neither / exactly one),
 # decided by the scene trace nlvr2's answer writes first, over at most two shapes of three times the full
 # generator's size. The tiny random model sees shapes that large at 12 tokens per image and learns to name their
-# colours; the full generator's small shapes and counting / spatial statements it does not learn (README, nlvr2).
+# colours; the full generator's small shapes and counting / spatial statements it does not learn (docs/envs/nlvr2.md).
 DEFAULT_TEMPLATES = ("exactly_one_image", "exists")
 DEFAULT_ATTRIBUTES = ("colour",)
 DEFAULT_MAX_OBJECTS = 2

@@ -109,10 +109,10 @@ class NLVR2Env(Env):
     metric_rows = {"accuracy": ("accuracy", "rate"), **nlvr2_types.metric_rows(),
                    "trace_exact": ("trace exact: description and lookup (samples with a trace)", "rate")}
     ood_note = "the statements over shapes of another size (data.nlvr2.ood_object_scale), which train never shows"
-    # At geospot's SFT lr 3e-3 the trace collapses to one answer (README nlvr2: 50.0%); at 1e-3 SFT reaches 92.9% in
-    # 600 steps, too sure for GRPO's groups to differ. 350 steps leave it at 73.8% on val, and GRPO gains from there
-    # only with small steps near the greedy answer: lr 3e-5 at temperature 0.6 (val +0.039 by step 125), where lr
-    # 1e-4 broke the trace's format and 3e-5 at temperature 1 stayed flat.
+    # At geospot's SFT lr 3e-3 the trace collapses to one answer (docs/envs/nlvr2.md: 50.0%); at 1e-3 SFT reaches 92.9%
+    # in 600 steps, too sure for GRPO's groups to differ. 350 steps leave it at 73.8% on val, and GRPO gains from there
+    # only with small steps near the greedy answer: lr 3e-5 at temperature 0.6 (val +0.039 by step 125), where lr 1e-4
+    # broke the trace's format and 3e-5 at temperature 1 stayed flat.
     recipe = {"sft": {"lr": 0.001, "steps": 350}, "train": {"lr": 3e-5, "temperature": 0.6}}
 
     def __init__(self, samples: Sequence[SampleLike] | None = None, **kwargs: Any) -> None:

@@ -1,4 +1,4 @@
-"""The README's "Write your own environment" example is tests/envs/colour_env.py, word for word, and it works."""
+"""docs/writing-an-env.md's example is tests/envs/colour_env.py, word for word, and it works."""
 
 import re
 from pathlib import Path
@@ -6,18 +6,25 @@ from pathlib import Path
 from vlmgym import envs
 from vlmgym.envs import registry
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+REPO = Path(__file__).resolve().parents[2]
+GUIDE = REPO / "docs" / "writing-an-env.md"
 EXAMPLE = Path(__file__).with_name("colour_env.py")
 
 
-def readme_section() -> str:
-    return README.read_text().split("## Write your own environment", 1)[1].split("\n## ", 1)[0]
+def guide() -> str:
+    text = GUIDE.read_text()
+    assert text.startswith("# Write your own environment\n")
+    return text
 
 
-def test_readme_shows_the_tested_module():
-    blocks = re.findall(r"```python\n(.*?)```", readme_section(), re.S)
-    assert blocks == [EXAMPLE.read_text()], "README example and tests/envs/colour_env.py differ"
-    assert "dvc exp run $(.venv/bin/vlmgym recipe colour_env:ColourEnv --overrides)" in readme_section()
+def test_guide_shows_the_tested_module():
+    blocks = re.findall(r"```python\n(.*?)```", guide(), re.S)
+    assert blocks == [EXAMPLE.read_text()], "docs/writing-an-env.md's example and tests/envs/colour_env.py differ"
+    assert "dvc exp run $(.venv/bin/vlmgym recipe colour_env:ColourEnv --overrides)" in guide()
+
+
+def test_readme_links_the_guide():
+    assert "(docs/writing-an-env.md)" in (REPO / "README.md").read_text()
 
 
 def test_the_example_plays_an_episode(monkeypatch):
