@@ -18,7 +18,7 @@ from shard_helpers import build_shards
 from vlmgym import envs
 from vlmgym.data import layout
 from vlmgym.data.rows import RowSkip
-from vlmgym.data.sharding import shard_raw
+from vlmgym.data.shard_writer import shard_raw
 from vlmgym.envs import registry
 from vlmgym.envs.nlvr2.data import COLOURS, RELATIONS, SceneObject, render_scene, sample_scene
 from vlmgym.envs.rec import RecEnv, RecParams, pixels_to_qwen, qwen_to_pixels
@@ -149,6 +149,18 @@ def test_ood_scenes_are_more_crowded_than_any_train_scene():
     assert {len(s.scene) for s in rec_data.generate_split(0, "train", 200, 256, 192, settings)} == {2, 3, 4, 5}
     assert {len(s.scene) for s in rec_data.generate_split(0, "test_ood", 60, 256, 192, settings)} == {7, 8, 9}
     assert "7-9 objects" in RecEnv.ood_note
+
+
+def test_object_scale_draws_every_split_larger():
+    def radii(scale: float, split: str) -> list[float]:
+        settings = rec_data.RecDataParams(object_scale=scale, max_objects=4, ood_min_objects=5, ood_max_objects=6)
+        return sorted({round(o.radius, 3) for s in rec_data.generate_split(0, split, 40, 256, 192, settings)
+                       for o in s.scene})
+
+    for split in ("train", "test", "test_ood"):
+        assert radii(2.0, split) == [2 * r for r in radii(1.0, split)]  # the small and the large radius, doubled
+    assert rec_data.generate_split(0, "train", 3, 256, 192) == rec_data.generate_split(
+        0, "train", 3, 256, 192, rec_data.RecDataParams(object_scale=1.0))  # the default leaves the data as it was
 
 
 def test_settings_are_checked():
