@@ -27,7 +27,7 @@ install-dev: $(VENV)/.installed-dev
 
 demo: install
 	$(BIN)/dvc repro
-	@$(BIN)/python -m vlmgym.demo_summary
+	@$(BIN)/python -m vlmgym.cli.demo_summary
 
 lint: install-dev
 	$(BIN)/ruff check src stages tests

@@ -7,8 +7,8 @@ from dataclasses import replace
 
 from vlmgym import envs
 from vlmgym.params import load_section
-from vlmgym.rl.run import load_policy
-from vlmgym.rl.trainer import GRPOTrainer
+from vlmgym.rl.grpo_trainer import GRPOTrainer
+from vlmgym.rl.stage_setup import load_policy
 
 model, train = load_section("model"), load_section("train")
 out = {}

@@ -74,7 +74,7 @@ def tiny(repeats: int) -> dict:
 
 def four_b(rank: int = 16, rows: int = 128, cache: int = 640) -> dict:
     from vlmgym.models.qwen3_vl.model import decode_step
-    from vlmgym.models.qwen3_vl.params import abstract_params
+    from vlmgym.models.qwen3_vl.weights import abstract_params
     from vlmgym.plan.shapes import plan_config
 
     cfg = plan_config("4b", "bf16", "bf16")

@@ -12,10 +12,10 @@ from __future__ import annotations
 import argparse
 import sys
 
-from vlmgym import tracking
 from vlmgym.envs import corpus, parts
 from vlmgym.models.qwen3_vl.base_model import build_base_model
 from vlmgym.params import load_section
+from vlmgym.tracking import stage_runs as tracking
 
 # Figures of the built checkpoint logged as metrics (the dimensions go to base_model.json).
 FIGURES = ("params_total", "params_vision", "params_text", "vocab_size", "image_tokens_256x192")

@@ -13,9 +13,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from vlmgym import tracking
 from vlmgym.models.qwen3_vl.parity import ParityFailure, convert_and_check
 from vlmgym.params import load_section
+from vlmgym.tracking import stage_runs as tracking
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -12,9 +12,10 @@ import json
 import logging
 import sys
 
-from vlmgym import envs, tracking
+from vlmgym import envs
 from vlmgym.data.download import build_raw, build_raw_parts, numeric_metrics
 from vlmgym.params import DEFAULT_PARAMS_FILE, load_section
+from vlmgym.tracking import stage_runs as tracking
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -17,10 +17,10 @@ from __future__ import annotations
 import argparse
 import sys
 
-from vlmgym import tracking
+from vlmgym.eval.evaluate import evaluate_pipeline
 from vlmgym.eval.outputs import mlflow_metrics
-from vlmgym.eval.run import evaluate_pipeline
 from vlmgym.params import load_section
+from vlmgym.tracking import stage_runs as tracking
 
 
 def main(argv: list[str] | None = None) -> int:

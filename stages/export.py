@@ -3,7 +3,8 @@
 Writes safetensors + config + tokenizer/preprocessor files with the model-core exporter, then checks the result:
 every exported tensor equals the JAX parameter it came from bit for bit, and transformers loads the folder
 offline with no missing or unexpected weights. A failed check removes the folder and exits 1. Then (with
-`export.register`) the folder is logged as an MLflow model and registered as `vlmgym-<env>` (vlmgym.registry).
+`export.register`) the folder is logged as an MLflow model and registered as `vlmgym-<env>`
+(vlmgym.tracking.model_registry).
 
     python stages/export.py [--params params.yaml]
 """
@@ -13,9 +14,10 @@ from __future__ import annotations
 import argparse
 import sys
 
-from vlmgym import registry, tracking
 from vlmgym.models.qwen3_vl.convert import ExportCheckFailed, export_and_check
 from vlmgym.params import load_section
+from vlmgym.tracking import model_registry as registry
+from vlmgym.tracking import stage_runs as tracking
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -27,13 +27,14 @@ from typing import Any
 import jax
 import numpy as np
 
-from vlmgym import envs, tracking
-from vlmgym.atomic import atomic_dir
+from vlmgym import envs
 from vlmgym.eval import blind
 from vlmgym.eval.records import write_jsonl
 from vlmgym.eval.rollouts import answer_split, load_engine
 from vlmgym.params import load_section
 from vlmgym.rollout import RolloutEngine
+from vlmgym.runtime.atomic import atomic_dir
+from vlmgym.tracking import stage_runs as tracking
 
 
 def part_envs(rollout: Any, env_params: Any, shards_dir: str, tokenizer: Any) -> tuple[Any, Any]:

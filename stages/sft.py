@@ -13,9 +13,16 @@ from __future__ import annotations
 import argparse
 import sys
 
-from vlmgym import tracking
 from vlmgym.params import load_section
-from vlmgym.rl.run import resume_dir, save_model, selection_summary, stage_policy, stage_trainer, write_json_atomically
+from vlmgym.rl.stage_setup import (
+    resume_dir,
+    save_model,
+    selection_summary,
+    stage_policy,
+    stage_trainer,
+    write_json_atomically,
+)
+from vlmgym.tracking import stage_runs as tracking
 
 METRICS_FILE = "metrics/sft.json"
 

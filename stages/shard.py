@@ -13,9 +13,10 @@ import logging
 import sys
 from pathlib import Path
 
-from vlmgym import envs, tracking
-from vlmgym.data.sharding import manifest_metrics, shard_parts, shard_raw
+from vlmgym import envs
+from vlmgym.data.shard_writer import manifest_metrics, shard_parts, shard_raw
 from vlmgym.params import DEFAULT_PARAMS_FILE, load_section
+from vlmgym.tracking import stage_runs as tracking
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -20,10 +20,9 @@ import argparse
 import contextlib
 import sys
 
-from vlmgym import distributed, tracking
 from vlmgym.params import load_section
 from vlmgym.rl.loop import RECENT_METRICS
-from vlmgym.rl.run import (
+from vlmgym.rl.stage_setup import (
     history_summary,
     resume_dir,
     save_model,
@@ -32,6 +31,8 @@ from vlmgym.rl.run import (
     stage_trainer,
     write_json_atomically,
 )
+from vlmgym.runtime import distributed
+from vlmgym.tracking import stage_runs as tracking
 
 METRICS_FILE = "metrics/train.json"
 # Figures of the final steps summarised into the DVC metrics file (mean over the last SUMMARY_STEPS steps, which

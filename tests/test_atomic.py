@@ -11,8 +11,8 @@ import time
 
 import pytest
 
-from vlmgym import killpoint, temps
-from vlmgym.atomic import atomic_dir, atomic_file, write_text_atomically, writer_tag
+from vlmgym.runtime import killpoint, temps
+from vlmgym.runtime.atomic import atomic_dir, atomic_file, write_text_atomically, writer_tag
 
 
 def test_writer_tag_is_host_and_pid_without_dots():
@@ -122,7 +122,7 @@ def test_a_reused_pid_does_not_keep_a_dead_writers_temp(tmp_path):
 
 KILLED_WRITE = """
 import sys, time
-from vlmgym.atomic import atomic_dir
+from vlmgym.runtime.atomic import atomic_dir
 with atomic_dir(sys.argv[1]) as tmp:
     (tmp / "data.bin").write_bytes(b"x" * 1000)
     if len(sys.argv) > 2:

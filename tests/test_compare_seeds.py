@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from vlmgym.compare_seeds import per_seed_table, seed_plan, seed_results
+from vlmgym.compare.seeds import per_seed_table, seed_plan, seed_results
 from vlmgym.eval.metrics import evaluate_policies
 from vlmgym.params import LoRAParams, SFTParams, TrainParams
 
@@ -82,7 +82,7 @@ def test_adapters_get_the_seed_too_and_a_pass_through_sft_is_the_base_model(tmp_
 
 
 def test_the_headline_table_has_a_row_per_policy_and_a_column_per_split():
-    from vlmgym.compare import headline_table
+    from vlmgym.compare.command import headline_table
 
     figures = {"mean_reward": 0.25, "mean_reward_ci_low": 0.125, "mean_reward_ci_high": 0.5}
     difference = {"mean_reward": 0.03, "mean_reward_ci_low": -0.01, "mean_reward_ci_high": 0.07}

@@ -94,7 +94,7 @@ def code_map() -> dict[str, set[str]]:
         name = line.split()[0]
         if not line.startswith(" "):
             current = groups.setdefault(name.rstrip("/"), set())
-        else:
+        elif not line.startswith("   "):  # deeper lines continue the entry above
             current.add(name.split("/")[0])
     return groups
 

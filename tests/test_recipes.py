@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from vlmgym import params as params_mod
-from vlmgym import recipes
+from vlmgym.cli import recipes
 from vlmgym.envs import registry
 from vlmgym.envs.nlvr2 import NLVR2Env
 

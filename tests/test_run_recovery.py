@@ -12,7 +12,7 @@ from mlflow.tracking import MlflowClient
 TRAINING = textwrap.dedent(
     """
     import os, signal, sys
-    from vlmgym.tracking import stage_run
+    from vlmgym.tracking.stage_runs import stage_run
 
     folder, kill_at = sys.argv[1], int(sys.argv[2])
     with stage_run("train", {"lr": 0.1}, experiment="unit", resume_folder=folder) as run:
@@ -66,8 +66,8 @@ def test_a_run_whose_process_died_is_closed_as_killed_when_a_stage_starts(tmp_pa
     client, runs = _runs(tmp_path)
     assert [r.info.status for r in runs] == ["KILLED", "FINISHED"]
     # A live stage's run is left alone: this process's own RUNNING run survives another stage's start.
-    from vlmgym import run_recovery
-    from vlmgym.atomic import writer_tag
+    from vlmgym.runtime.atomic import writer_tag
+    from vlmgym.tracking import run_recovery
 
     live = client.create_run(runs[0].info.experiment_id, tags={run_recovery.WRITER_TAG: writer_tag()})
     assert run_recovery.close_dead_runs(client, runs[0].info.experiment_id) == []

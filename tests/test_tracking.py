@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from vlmgym import pipeline_run, tracking
+from vlmgym.tracking import pipeline_run
+from vlmgym.tracking import stage_runs as tracking
 
 BIN = Path(sys.executable).parent
 
@@ -18,7 +19,7 @@ STAGE_SCRIPT = textwrap.dedent(
     import sys
     from pathlib import Path
     from vlmgym.params import load_section
-    from vlmgym.tracking import stage_run
+    from vlmgym.tracking.stage_runs import stage_run
 
     name = sys.argv[1]
     with stage_run(name, load_section("data")) as run:

@@ -37,8 +37,8 @@ from vlmgym.envs.nlvr2.env import NLVR2Env, parse_answer
 from vlmgym.params import load_section
 from vlmgym.rl.loop import DataOrder
 from vlmgym.rl.prefetch import ResetPrefetcher
-from vlmgym.rl.run import load_policy
-from vlmgym.rl.trainer import SFTTrainer
+from vlmgym.rl.sft_trainer import SFTTrainer
+from vlmgym.rl.stage_setup import load_policy
 from vlmgym.rollout import RolloutEngine, SamplingSettings
 
 KINDS = ("fixed", "sides", "colours")

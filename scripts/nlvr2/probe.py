@@ -24,7 +24,7 @@ from vlmgym.envs.nlvr2.data import COLOURS, generate_split
 from vlmgym.envs.nlvr2.env import NLVR2Env
 from vlmgym.models.qwen3_vl.model import encode_inputs
 from vlmgym.params import load_section
-from vlmgym.rl.run import load_policy
+from vlmgym.rl.stage_setup import load_policy
 
 RIDGE = 10.0  # L2 strength of the probe (features standardised)
 

@@ -26,8 +26,8 @@ from vlmgym import envs
 from vlmgym.envs.nlvr2.data import generate_split
 from vlmgym.envs.nlvr2.env import NLVR2Env, parse_answer
 from vlmgym.params import load_section
-from vlmgym.rl.run import load_policy
-from vlmgym.rl.trainer import SFTTrainer
+from vlmgym.rl.sft_trainer import SFTTrainer
+from vlmgym.rl.stage_setup import load_policy
 from vlmgym.rollout import RolloutEngine, SamplingSettings
 
 

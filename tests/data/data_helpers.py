@@ -9,7 +9,7 @@ import numpy as np
 from PIL import Image
 
 from vlmgym.data import layout
-from vlmgym.envs.geospot.params import GeospotDataParams
+from vlmgym.envs.geospot.settings import GeospotDataParams
 from vlmgym.params import DataParams
 
 TINY_GEO = GeospotDataParams(num_countries=3, cities_per_country=4)

@@ -10,7 +10,7 @@ import pytest
 from data_helpers import jpeg_bytes, make_raw
 
 from vlmgym import envs
-from vlmgym.data import sharding
+from vlmgym.data import shard_writer as sharding
 from vlmgym.data.shards import StoredSample, StoredSplit, open_split, read_split
 from vlmgym.params import ShardParams
 

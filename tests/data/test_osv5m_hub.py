@@ -15,7 +15,8 @@ import pytest
 from data_helpers import osv5m_row
 from PIL import Image
 
-from vlmgym.data import layout, sharding
+from vlmgym.data import layout
+from vlmgym.data import shard_writer as sharding
 from vlmgym.data.download import build_raw
 from vlmgym.data.shards import read_split
 from vlmgym.envs import env_class

@@ -9,7 +9,8 @@ import pytest
 import yaml
 
 from vlmgym import envs
-from vlmgym.data import download, layout, sharding
+from vlmgym.data import download, layout
+from vlmgym.data import shard_writer as sharding
 from vlmgym.data.shards import read_split
 from vlmgym.envs.geospot import osv5m, synthetic
 from vlmgym.envs.nlvr2 import data as nlvr2

@@ -13,7 +13,8 @@ import webdataset as wds
 from data_helpers import jpeg_bytes, make_raw, osv5m_row
 
 from vlmgym import envs
-from vlmgym.data import image_pool, layout, sharding
+from vlmgym.data import image_pool, layout
+from vlmgym.data import shard_writer as sharding
 from vlmgym.data.shards import read_split
 from vlmgym.params import ShardParams
 

@@ -10,7 +10,8 @@ import pytest
 from data_helpers import jpeg_bytes, make_raw, osv5m_row
 
 from vlmgym import envs
-from vlmgym.data import image_pool, sharding
+from vlmgym.data import image_pool
+from vlmgym.data import shard_writer as sharding
 from vlmgym.params import ShardParams
 
 GEOSPOT = envs.env_class("geospot").schema

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from vlmgym import envs
 from vlmgym.data.download import build_raw
-from vlmgym.data.sharding import shard_raw
+from vlmgym.data.shard_writer import shard_raw
 from vlmgym.params import DataParams, ShardParams
 
 

@@ -10,7 +10,7 @@ from PIL import Image
 from vlmgym import envs
 from vlmgym.envs import Env, registry
 from vlmgym.envs.geospot import PROMPT, GeospotEnv
-from vlmgym.envs.geospot.params import GeospotParams
+from vlmgym.envs.geospot.settings import GeospotParams
 from vlmgym.geo import country_display_name, gazetteer
 
 PARIS = {"id": "1", "latitude": 48.8534, "longitude": 2.3488, "country": "FR", "region": "Ile-de-France",

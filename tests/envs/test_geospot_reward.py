@@ -14,9 +14,9 @@ from PIL import Image
 
 from vlmgym.envs import make
 from vlmgym.envs.geospot import render_answer
-from vlmgym.envs.geospot.params import GeospotParams
 from vlmgym.envs.geospot.parse import parse_answer
 from vlmgym.envs.geospot.reward import LEVELS, curriculum, taus
+from vlmgym.envs.geospot.settings import GeospotParams
 from vlmgym.geo import country_display_name, gazetteer
 from vlmgym.params import ParamsError
 

@@ -412,7 +412,7 @@ def test_env_serves_the_generated_samples_from_shards(shards):
 
 
 def test_bad_raw_rows_are_counted_skips(tmp_path):
-    from vlmgym.data.sharding import shard_raw
+    from vlmgym.data.shard_writer import shard_raw
     from vlmgym.params import ShardParams
 
     params = replace(SMALL, raw_dir=str(tmp_path / "raw"), ood_images=0)

@@ -12,14 +12,14 @@ import pytest
 
 from vlmgym import envs
 from vlmgym.data.download import build_raw_parts
-from vlmgym.data.sharding import manifest_metrics, shard_parts
+from vlmgym.data.shard_writer import manifest_metrics, shard_parts
 from vlmgym.envs.base import PART_KEY, part_metric
 from vlmgym.envs.digits import DigitsEnv
 from vlmgym.envs.message_decoding import MessageDecodingEnv
 from vlmgym.envs.mixture import MixtureEnv, MixtureParams, slot_counts, slot_table
 from vlmgym.params import DataParams, EnvParams, ParamsError, ShardParams, from_dict, render_yaml
 from vlmgym.rl.loop import DataOrder
-from vlmgym.rl.trainer import part_figures
+from vlmgym.rl.trainer_parts import part_figures
 from vlmgym.rl.validation import part_means
 
 NAMES = ("digits", "message_decoding")
@@ -166,7 +166,7 @@ def test_corpus_adds_every_sub_env_after_the_fixed_ones():
 def test_download_and_shard_write_each_env_beside_the_others(tmp_path):
     data = DataParams(seed=1, train_images=8, test_images=4, ood_images=2, image_width=96, image_height=64,
                       raw_dir=str(tmp_path / "raw"))
-    stats = build_raw_parts(data, list(NAMES))
+    stats = build_raw_parts(data, {name: envs.env_class(name) for name in NAMES})
     assert set(stats["parts"]) == set(NAMES) and stats["parts"]["digits"]["test_rows"] == 4
     assert json.loads((tmp_path / "raw" / "parts.json").read_text()) == {"parts": list(NAMES)}
     schemas = {name: envs.env_class(name).schema for name in NAMES}

@@ -8,9 +8,9 @@ import json
 import pytest
 from PIL import Image
 
+from vlmgym.eval.evaluate import start_policies
 from vlmgym.eval.metrics import COLLAPSE_TOP_SHARE, answer_key, answer_spread, collapsed
 from vlmgym.eval.outputs import answer_collapse, write_evaluation
-from vlmgym.eval.run import start_policies
 from vlmgym.params import ModelParams, RolloutParams
 
 

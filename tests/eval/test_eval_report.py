@@ -12,8 +12,8 @@ import pytest
 from PIL import Image
 
 from vlmgym.envs.geospot.metrics import MISSING_DISTANCE_KM
-from vlmgym.envs.geospot.params import GeospotParams
 from vlmgym.envs.geospot.report import basemap_points, map_segments, plot_distance_cdf_png, write_distance_cdf_csv
+from vlmgym.envs.geospot.settings import GeospotParams
 from vlmgym.eval.metrics import evaluate_policies
 from vlmgym.eval.outputs import mlflow_metrics, write_evaluation
 from vlmgym.eval.report import markdown_table, render_html, thumbnail_data_uri, write_html, write_markdown

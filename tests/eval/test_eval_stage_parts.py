@@ -118,7 +118,7 @@ def test_train_curve_comes_from_the_run_that_wrote_the_model(tmp_path, monkeypat
     import mlflow
 
     from vlmgym.eval.curve import train_reward_curve
-    from vlmgym.tracking import dvc_hash
+    from vlmgym.tracking.stage_runs import dvc_hash
 
     monkeypatch.chdir(tmp_path)
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
@@ -151,7 +151,7 @@ def test_reward_curves_headline_final_weights_beside_the_reward_as_trained(tmp_p
     import mlflow
 
     from vlmgym.eval.curve import reward_curves
-    from vlmgym.tracking import dvc_hash
+    from vlmgym.tracking.stage_runs import dvc_hash
 
     monkeypatch.chdir(tmp_path)
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"

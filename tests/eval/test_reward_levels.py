@@ -36,7 +36,7 @@ def train_run(tmp_path, monkeypatch):
     rises, as a curriculum shifting weight to finer levels makes it; coords never logged."""
     import mlflow
 
-    from vlmgym.tracking import dvc_hash
+    from vlmgym.tracking.stage_runs import dvc_hash
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "models/jax/grpo").mkdir(parents=True)

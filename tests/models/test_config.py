@@ -9,7 +9,7 @@ import jax
 import pytest
 
 from vlmgym.models.qwen3_vl.config import CONFIGS_DIR, ConfigError, from_hf_dict, named_config
-from vlmgym.models.qwen3_vl.params import abstract_params, count_params, param_axes
+from vlmgym.models.qwen3_vl.weights import abstract_params, count_params, param_axes
 
 # Exact counts of Qwen3VLForConditionalGeneration built from the same JSON on the meta device (tied head counted once).
 EXPECTED = {"2b": (2_127_532_032, 406_957_056), "4b": (4_437_815_808, 415_347_712), "8b": (8_767_123_696, 576_388_336)}

@@ -55,7 +55,7 @@ def fresh_checkout(dest: Path) -> None:
 def micro_checkout(root: Path) -> dict[str, str]:
     """A fresh checkout in `root` (git and dvc initialised, the micro preset merged into params.yaml, nothing
     committed yet) and the environment its commands run in: this venv, its own MLflow store, no outer DVC."""
-    from vlmgym.presets import apply_preset
+    from vlmgym.cli.presets import apply_preset
 
     fresh_checkout(root)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DVC_", "VLMGYM_", "MLFLOW_"))}

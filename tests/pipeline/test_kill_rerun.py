@@ -2,7 +2,7 @@
 (its janitor), the outputs equal an uninterrupted run's, and no temp is left under the output folders.
 
 One fresh micro checkout, ten `dvc repro`s: run k kills stage k inside its write (VLMGYM_KILL_IN_WRITE, see
-vlmgym.killpoint), run k+1 reruns stage k (a killed stage has no DVC run-cache entry) and kills stage k+1. The
+vlmgym.runtime.killpoint), run k+1 reruns stage k (a killed stage has no DVC run-cache entry) and kills stage k+1. The
 training stages are killed while orbax writes a checkpoint after their first one, so their rerun resumes, and
 continues the same MLflow run (each other killed stage's run is closed as KILLED). The reference is the
 `pipeline` fixture's uninterrupted run of a checkout of the same files.
@@ -16,8 +16,9 @@ import time
 
 from pipeline_helpers import STAGES, micro_checkout, output_digests, run_checked, stages_run
 
-from vlmgym import killpoint, pipeline_run, temps
 from vlmgym.rl.checkpoint import ORBAX_TEMP_GLOB
+from vlmgym.runtime import killpoint, temps
+from vlmgym.tracking import pipeline_run
 
 # Where each stage is killed (a part of its target path, or a pattern for a checkpoint save's `<folder>/<step>`;
 # micro preset: sft saves steps 2 and 4, train steps 1 and 2) and what its janitor then removes.

@@ -18,7 +18,7 @@ import pytest
 import yaml
 from pipeline_helpers import STAGES, run_checked, stages_run
 
-from vlmgym import pipeline_run
+from vlmgym.tracking import pipeline_run
 
 POLICIES = ["base", "sft", "grpo"]
 BASELINES = ["constant", "sft_blind", "grpo_blind"]  # the image-blind baselines (vlmgym.eval.blind)

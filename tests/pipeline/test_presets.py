@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from vlmgym.cli.presets import apply_preset, merge
 from vlmgym.params import ParamsError, TrainParams, load_all
-from vlmgym.presets import apply_preset, merge
 
 REPO = Path(__file__).resolve().parents[2]
 

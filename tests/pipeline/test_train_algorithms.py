@@ -65,7 +65,7 @@ def test_train_stage_over_two_processes(pipeline, tmp_path):
 
     from mlflow.tracking import MlflowClient
 
-    from vlmgym import distributed
+    from vlmgym.runtime import distributed
 
     root = tmp_path / "two"
     shutil.copytree(pipeline["root"], root, symlinks=True)

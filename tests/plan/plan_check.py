@@ -13,12 +13,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from vlmgym.models.qwen3_vl.params import abstract_params
-from vlmgym.models.qwen3_vl.sharding import shard_params
+from vlmgym.models.qwen3_vl.mesh import shard_params
+from vlmgym.models.qwen3_vl.weights import abstract_params
 from vlmgym.plan.cli import run, table
+from vlmgym.plan.model_spec import PlanSpec
 from vlmgym.plan.programs import Planner
 from vlmgym.plan.shapes import learner_micro, plan_config
-from vlmgym.plan.spec import PlanSpec
 
 SPEC = PlanSpec(config="tiny", mesh=(1, 2, 1), batch=4, seq=20, answer=8, group=2, image=(64, 64), freeze="vision")
 

@@ -10,7 +10,7 @@ import dataclasses
 import json
 import time
 
-from vlmgym import distributed
+from vlmgym.runtime import distributed
 
 settings = distributed.settings_from()
 distributed.initialize(settings)  # before any other JAX work
@@ -22,12 +22,12 @@ from conftest import geo_samples  # noqa: E402
 from vlmgym.envs.geospot import GeospotEnv  # noqa: E402
 from vlmgym.models.qwen3_vl.config import load_hf_config  # noqa: E402
 from vlmgym.models.qwen3_vl.convert import hf_to_params, read_safetensors  # noqa: E402
+from vlmgym.models.qwen3_vl.mesh import make_mesh, param_shardings  # noqa: E402
 from vlmgym.models.qwen3_vl.processor import Processor  # noqa: E402
-from vlmgym.models.qwen3_vl.sharding import make_mesh, param_shardings  # noqa: E402
 from vlmgym.params import TrainParams  # noqa: E402
-from vlmgym.rl import trainer as trainer_module  # noqa: E402
+from vlmgym.rl import trainer_parts as trainer_module  # noqa: E402
+from vlmgym.rl.grpo_trainer import GRPOTrainer  # noqa: E402
 from vlmgym.rl.policy import Qwen3VLPolicy  # noqa: E402
-from vlmgym.rl.trainer import GRPOTrainer  # noqa: E402
 from vlmgym.rollout.sampling import SamplingSettings  # noqa: E402
 
 # Adam's eps: at the default 1e-8 Adam's first update, lr * g / (|g| + eps), turns a last-bit difference in an

@@ -11,12 +11,12 @@ from conftest import geo_samples
 from vlmgym.envs.geospot import GeospotEnv
 from vlmgym.models.qwen3_vl.config import load_hf_config
 from vlmgym.models.qwen3_vl.convert import hf_to_params, read_safetensors
+from vlmgym.models.qwen3_vl.mesh import make_mesh, shard_params
 from vlmgym.models.qwen3_vl.processor import Processor
-from vlmgym.models.qwen3_vl.sharding import make_mesh, shard_params
 from vlmgym.rl.loop import CompileCounter
+from vlmgym.rl.losses import LossSettings, apply_update, grpo_gradients
 from vlmgym.rl.optim import Optimizer, OptimizerConfig, trainable_mask
 from vlmgym.rl.policy import Qwen3VLPolicy
-from vlmgym.rl.trainer import LossSettings, apply_update, grpo_gradients
 from vlmgym.rollout.sampling import SamplingSettings
 
 

@@ -8,7 +8,7 @@ from toy import ToyEnv, ToyPolicy
 
 from vlmgym.eval.metrics import answer_spread
 from vlmgym.params import TrainParams
-from vlmgym.rl.trainer import GRPOTrainer
+from vlmgym.rl.grpo_trainer import GRPOTrainer
 
 
 class RecordingPolicy(ToyPolicy):

@@ -10,9 +10,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from vlmgym import killpoint
 from vlmgym.rl.checkpoint import ORBAX_TEMP_GLOB, CheckpointManager
 from vlmgym.rl.optim import Optimizer, OptimizerConfig, trainable_mask
+from vlmgym.runtime import killpoint
 
 
 @pytest.fixture(scope="module")
@@ -67,7 +67,7 @@ def test_an_interrupted_save_is_never_restored_and_is_cleaned_up(tmp_path, state
 KILLED_SAVE = """
 import sys
 import jax, jax.numpy as jnp
-from vlmgym import killpoint
+from vlmgym.runtime import killpoint
 from vlmgym.rl.checkpoint import ORBAX_TEMP_GLOB, CheckpointManager
 params = {"w": jnp.arange(200_000.0)}
 with CheckpointManager(sys.argv[1], save_every=1, keep=3) as manager:

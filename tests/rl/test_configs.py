@@ -24,7 +24,7 @@ LORA = CONFIG.parent / "qwen3vl_4b_osv5m_lora.yaml"
 
 
 def test_lora_recipe_overlays_the_reference_recipe(tmp_path):
-    from vlmgym.presets import apply_preset
+    from vlmgym.cli.presets import apply_preset
 
     params = tmp_path / "params.yaml"
     params.write_text((CONFIG.parents[1] / "params.yaml").read_text())

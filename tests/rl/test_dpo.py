@@ -10,8 +10,8 @@ from toy import ToyEnv, ToyPolicy
 
 from vlmgym.params import TrainParams
 from vlmgym.rl.dpo import dpo_loss, pair_rows, select_pairs
+from vlmgym.rl.dpo_trainer import DPOTrainer
 from vlmgym.rl.loop import TIMING_METRICS
-from vlmgym.rl.trainer import GRPOTrainer
 
 POLICY = ToyPolicy()
 DPO = TrainParams(algorithm="dpo", steps=12, batch_prompts=4, group_size=8, lr=0.02, warmup_steps=0, save_every=4,
@@ -52,7 +52,7 @@ def test_loss_equals_the_dpo_formula():
 
 
 def _run(tmp_path, name, stop_after=None, **overrides):
-    trainer = GRPOTrainer(POLICY, ToyEnv(), POLICY.init(jax.random.key(0)), dataclasses.replace(DPO, **overrides),
+    trainer = DPOTrainer(POLICY, ToyEnv(), POLICY.init(jax.random.key(0)), dataclasses.replace(DPO, **overrides),
                           tmp_path / name, progress_bar=False)
     trainer.run(stop_after=stop_after)
     return trainer

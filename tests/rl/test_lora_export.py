@@ -13,7 +13,7 @@ from vlmgym.models.qwen3_vl.hf_reference import load_hf_model
 from vlmgym.models.qwen3_vl.parity import _hf_side, _jax_side, parity_image
 from vlmgym.models.qwen3_vl.processor import Processor
 from vlmgym.rl.policy import Qwen3VLPolicy
-from vlmgym.rl.run import folder_identity, save_model
+from vlmgym.rl.stage_setup import folder_identity, save_model
 from vlmgym.rollout.sampling import SamplingSettings
 
 TOLERANCE = 1e-5  # fp32, the bound docs/scaling.md states

@@ -8,8 +8,8 @@ import pytest
 from vlmgym.envs.geospot import GeospotEnv
 from vlmgym.models.qwen3_vl import lora
 from vlmgym.params import LoRAParams, TrainParams
+from vlmgym.rl.grpo_trainer import GRPOTrainer
 from vlmgym.rl.policy import Qwen3VLPolicy
-from vlmgym.rl.trainer import GRPOTrainer
 from vlmgym.rollout.sampling import SamplingSettings
 
 RANK = lora.LoRAConfig(rank=4, alpha=8.0)

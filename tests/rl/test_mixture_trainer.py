@@ -12,8 +12,9 @@ from vlmgym.envs import registry
 from vlmgym.envs.base import PART_KEY
 from vlmgym.envs.mixture import MixtureEnv, MixtureParams
 from vlmgym.params import SFTParams, TrainParams
+from vlmgym.rl.grpo_trainer import GRPOTrainer
 from vlmgym.rl.loop import TIMING_METRICS
-from vlmgym.rl.trainer import GRPOTrainer, SFTTrainer
+from vlmgym.rl.sft_trainer import SFTTrainer
 
 POLICY = ToyPolicy(num_prompts=16)
 BASE = TrainParams(steps=6, batch_prompts=4, group_size=4, lr=0.02, warmup_steps=0, save_every=2, samples_every=5,

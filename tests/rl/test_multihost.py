@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from vlmgym import distributed
+from vlmgym.runtime import distributed
 
 WORKER = Path(__file__).with_name("multihost_worker.py")
 STEPS = 3

@@ -6,8 +6,10 @@ import pytest
 
 from vlmgym.envs.geospot import GeospotEnv
 from vlmgym.params import SFTParams, TrainParams
+from vlmgym.rl.dpo_trainer import DPOTrainer
+from vlmgym.rl.grpo_trainer import GRPOTrainer
 from vlmgym.rl.policy import Qwen3VLPolicy
-from vlmgym.rl.trainer import GRPOTrainer, SFTTrainer
+from vlmgym.rl.sft_trainer import SFTTrainer
 from vlmgym.rollout.sampling import SamplingSettings
 
 
@@ -89,8 +91,8 @@ def test_one_update_moves_a_rollouts_logprob_in_its_advantages_direction(tiny_vl
     # The real Qwen policy, a fixed sampled rollout, one GRPO update: a positive advantage must raise the rollout's
     # log-prob and a negative one lower it (a sign, masking or alignment bug anywhere would break one of the two).
     from vlmgym.rl.loop import CompileCounter
+    from vlmgym.rl.losses import LossSettings, apply_update, grpo_gradients
     from vlmgym.rl.optim import Optimizer, OptimizerConfig, trainable_mask
-    from vlmgym.rl.trainer import LossSettings, apply_update, grpo_gradients
 
     policy = _policy(tiny_vlm, 8)
     env = _env(tiny_vlm)
@@ -118,8 +120,8 @@ def test_online_dpo_steps_on_the_real_policy(tiny_vlm, tmp_path):
     config = TrainParams(algorithm="dpo", steps=2, batch_prompts=2, group_size=4, max_new_tokens=8, lr=1e-2,
                          val_every=0, select="last", warmup_steps=0, save_every=1, dpo_beta=0.5)
     env = AnswerLengthEnv(tiny_vlm.samples, tokenizer=tiny_vlm.processor.tokenizer)
-    trainer = GRPOTrainer(_policy(tiny_vlm, config.max_new_tokens), env, _copy(tiny_vlm.params), config,
-                          tmp_path / "dpo", progress_bar=False)
+    trainer = DPOTrainer(_policy(tiny_vlm, config.max_new_tokens), env, _copy(tiny_vlm.params), config,
+                         tmp_path / "dpo", progress_bar=False)
     trainer.run()
     first, second = trainer.history
     assert first["dpo_pairs"] == 2  # answer lengths differ within each group

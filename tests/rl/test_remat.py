@@ -13,9 +13,9 @@ from vlmgym.envs.geospot import GeospotEnv
 from vlmgym.models.qwen3_vl.model import encode_inputs
 from vlmgym.params import ParamsError, SFTParams, TrainParams, from_dict
 from vlmgym.rl.loop import CompileCounter
+from vlmgym.rl.losses import LossSettings, grpo_gradients, sft_gradients
 from vlmgym.rl.optim import Optimizer, OptimizerConfig, trainable_mask
 from vlmgym.rl.policy import Qwen3VLLearner, Qwen3VLPolicy
-from vlmgym.rl.trainer import LossSettings, grpo_gradients, sft_gradients
 from vlmgym.rollout.sampling import SamplingSettings
 
 GROUP = 2

@@ -25,13 +25,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from vlmgym.data.sharding import shard_raw
+from vlmgym.data.shard_writer import shard_raw
 from vlmgym.models.qwen3_vl.base_model import build_base_model
 from vlmgym.models.qwen3_vl.convert import convert_hf_to_jax
 from vlmgym.params import DataParams, EnvParams, ModelParams, ShardParams, TrainParams
+from vlmgym.rl.grpo_trainer import GRPOTrainer
 from vlmgym.rl.loop import score
-from vlmgym.rl.run import stage_policy, stage_trainer
-from vlmgym.rl.trainer import GRPOTrainer
+from vlmgym.rl.stage_setup import stage_policy, stage_trainer
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "envs"))
 from colour_env import COLOURS, ColourEnv  # noqa: E402

@@ -4,7 +4,7 @@ import dataclasses
 import json
 
 from vlmgym.params import EnvParams, ModelParams, TrainParams
-from vlmgym.rl.run import folder_identity, resume_dir, write_json_atomically
+from vlmgym.rl.stage_setup import folder_identity, resume_dir, write_json_atomically
 
 
 def test_resume_dir_depends_on_every_setting_and_the_start_model(tmp_path):
@@ -30,7 +30,7 @@ def test_write_json_atomically(tmp_path):
 
 
 def test_resume_dir_changes_with_the_source_code(tmp_path, monkeypatch):
-    from vlmgym.rl import run
+    from vlmgym.rl import stage_setup as run
 
     init = tmp_path / "init"
     init.mkdir()
@@ -41,7 +41,7 @@ def test_resume_dir_changes_with_the_source_code(tmp_path, monkeypatch):
 
 
 def test_history_summary_means_the_last_steps():
-    from vlmgym.rl.run import history_summary
+    from vlmgym.rl.stage_setup import history_summary
 
     history = [{"reward_mean": float(i), "entropy": 1.0} for i in range(10)]
     assert history_summary(history, ("reward_mean", "entropy", "absent"), 4) == {"reward_mean": 7.5, "entropy": 1.0}

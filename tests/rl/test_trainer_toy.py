@@ -9,8 +9,9 @@ from toy import ToyEnv, ToyPolicy
 
 from vlmgym.eval.curve import component_metric
 from vlmgym.params import SFTParams, TrainParams
+from vlmgym.rl.grpo_trainer import GRPOTrainer
 from vlmgym.rl.loop import TIMING_METRICS
-from vlmgym.rl.trainer import GRPOTrainer, SFTTrainer
+from vlmgym.rl.sft_trainer import SFTTrainer
 
 POLICY = ToyPolicy()
 BASE = TrainParams(val_every=0, select="last", steps=10, batch_prompts=4, group_size=8, lr=0.02, warmup_steps=0,

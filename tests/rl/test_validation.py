@@ -9,7 +9,8 @@ import pytest
 from toy import ToyEnv, ToyPolicy
 
 from vlmgym.params import SFTParams, TrainParams
-from vlmgym.rl.trainer import GRPOTrainer, SFTTrainer
+from vlmgym.rl.grpo_trainer import GRPOTrainer
+from vlmgym.rl.sft_trainer import SFTTrainer
 from vlmgym.rl.validation import ValidationSettings, Validator
 
 POLICY = ToyPolicy()

@@ -53,7 +53,7 @@ def child(shards: str, reader: str, model: str, batches: int, batch_size: int, s
 def world(root: Path, train_images: int, seed: int) -> Path:
     """A sharded synthetic geospot world of `train_images` train images under root; returns the shards folder."""
     from vlmgym.data.download import build_raw
-    from vlmgym.data.sharding import shard_raw
+    from vlmgym.data.shard_writer import shard_raw
     from vlmgym.envs import env_class
     from vlmgym.params import DataParams, ShardParams
 

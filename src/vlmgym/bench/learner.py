@@ -70,8 +70,8 @@ def _gradient_fn(policy: Any, params: Any) -> tuple[Any, Any]:
     import jax.numpy as jnp
 
     from vlmgym.rl.loop import CompileCounter
+    from vlmgym.rl.losses import LossSettings, grpo_gradients
     from vlmgym.rl.optim import Optimizer, OptimizerConfig, trainable_mask
-    from vlmgym.rl.trainer import LossSettings, grpo_gradients
 
     optimizer = Optimizer(OptimizerConfig(learning_rate=1e-4), trainable_mask(params))
     settings = LossSettings(epsilon=0.2, epsilon_high=0.28, aggregation="token_mean", beta=0.0, current_as_old=False)
@@ -167,7 +167,7 @@ def compiled_4b(args: argparse.Namespace) -> dict[str, Any]:
 
     from vlmgym.bench.common import synthetic_token_inputs
     from vlmgym.models.qwen3_vl.config import CONFIGS_DIR, load_hf_config
-    from vlmgym.models.qwen3_vl.params import init_params
+    from vlmgym.models.qwen3_vl.weights import init_params
     from vlmgym.rl.policy import Qwen3VLLearner
     from vlmgym.rollout.sampling import SamplingSettings
 

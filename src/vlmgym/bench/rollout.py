@@ -213,7 +213,7 @@ def _load_jax_model(spec: dict[str, Any]) -> tuple[Any, Any, Any]:
     from vlmgym.models.qwen3_vl.config import load_hf_config
 
     if spec.get("random_config"):
-        from vlmgym.models.qwen3_vl.params import init_params
+        from vlmgym.models.qwen3_vl.weights import init_params
 
         cfg = load_hf_config(spec["random_config"], spec["dtype"], spec["dtype"])
         params = jax.jit(init_params, static_argnums=0)(cfg, jax.random.key(0))

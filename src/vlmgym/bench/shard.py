@@ -20,7 +20,7 @@ from pathlib import Path
 
 from vlmgym.data.download import build_raw
 from vlmgym.data.image_pool import available_cores
-from vlmgym.data.sharding import shard_raw
+from vlmgym.data.shard_writer import shard_raw
 from vlmgym.params import DataParams, ShardParams
 
 

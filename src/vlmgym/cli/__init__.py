@@ -10,11 +10,13 @@ Table = dict[str, tuple[str, str]]
 
 COMMANDS: Table = {
     "params": ("vlmgym.params:main", "validate params.yaml (or another params file) and print it"),
-    "preset": ("vlmgym.presets:main", "merge a partial params file (e.g. configs/micro.yaml) into params.yaml"),
-    "recipe": ("vlmgym.recipes:main", "switch params.yaml to an env with the settings it trains with"),
+    "preset": ("vlmgym.cli.presets:main", "merge a partial params file (e.g. configs/micro.yaml) into params.yaml"),
+    "recipe": ("vlmgym.cli.recipes:main", "switch params.yaml to an env with the settings it trains with"),
     "parity": ("vlmgym.models.qwen3_vl.parity:main", "compare the JAX port with transformers on the same inputs"),
-    "clean-temps": ("vlmgym.temps:main", "remove temp outputs that killed runs left behind (live writers' kept)"),
-    "compare": ("vlmgym.compare:main", "train SFT-longer, GRPO, PPO and DPO from the SFT model at one budget; compare"),
+    "clean-temps": ("vlmgym.runtime.temps:main",
+                    "remove temp outputs that killed runs left behind (live writers' kept)"),
+    "compare": ("vlmgym.compare.command:main",
+                "train SFT-longer, GRPO, PPO and DPO from the SFT model at one budget; compare"),
     "bench": ("vlmgym.bench:main", "benchmarks: `vlmgym bench rollout ...`, `vlmgym bench reward ...`"),
     "plan": ("vlmgym.plan.cli:main", "per-device memory of a training step for a config and mesh (XLA, no weights)"),
 }

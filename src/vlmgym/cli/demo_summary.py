@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from vlmgym.tracking import repo_root, tracking_uri
+from vlmgym.tracking.stage_runs import repo_root, tracking_uri
 
 
 def main() -> int:

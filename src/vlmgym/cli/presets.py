@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from vlmgym import params as params_mod
-from vlmgym.atomic import atomic_file
+from vlmgym.runtime.atomic import atomic_file
 
 
 def merge(base: Mapping[str, Any], overlay: Mapping[str, Any]) -> dict[str, Any]:

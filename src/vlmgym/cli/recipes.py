@@ -94,7 +94,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--overrides", action="store_true",
                         help="print the recipe as `dvc exp run` -S arguments instead of rewriting the params file")
     args = parser.parse_args(argv)
-    from vlmgym.presets import apply_overlay
+    from vlmgym.cli.presets import apply_overlay
 
     try:
         overlay = recipe_overlay(args.env)

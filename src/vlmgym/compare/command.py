@@ -21,7 +21,7 @@ vlmgym.role=compare) holding those figures, with each arm's training in a nested
 answers exist for the same settings is not trained again; a killed arm resumes from its checkpoints
 (checkpoints/compare/<arm>/<config hash>/).
 
---seeds N (N > 1) repeats all of it for seeds 0..N-1 (vlmgym.compare_seeds): seed s trains its own SFT start from
+--seeds N (N > 1) repeats all of it for seeds 0..N-1 (vlmgym.compare.seeds): seed s trains its own SFT start from
 the base model with sft.seed = s (the pipeline's SFT model is reused when it is that one), then every arm from it
 with train.seed = s, under <out>/seed<s>/ and checkpoints/compare/seed<s>/; the report gives means over seeds with
 two-level bootstrap intervals (seeds, then samples) and each seed's mean reward. `--only-seed s` trains and
@@ -41,7 +41,7 @@ from typing import Any
 
 import numpy as np
 
-from vlmgym.compare_seeds import CONTROL, HEADLINE, per_seed_table, seed_plan, seed_results
+from vlmgym.compare.seeds import CONTROL, HEADLINE, per_seed_table, seed_plan, seed_results
 from vlmgym.eval.blind import CONSTANT, blind_name
 
 ARMS = ("sft_longer", "grpo", "ppo", "dpo", "rloo")
@@ -72,7 +72,7 @@ def arm_config(arm: str, sections: dict[str, Any], out: Path, checkpoints: Path 
 
 def train_arm(arm: str, config: Any, sections: dict[str, Any], log_metrics: Any) -> Path:
     """Train one arm as the sft / train stage would and save its model folder; returns it."""
-    from vlmgym.rl.run import resume_dir, save_model, stage_policy, stage_trainer
+    from vlmgym.rl.stage_setup import resume_dir, save_model, stage_policy, stage_trainer
 
     model, env_params = sections["model"], sections["env"]
     stage = "sft" if arm in ("sft_longer", CONTROL) else "train"  # the control trains only as a seed's SFT start
@@ -103,7 +103,7 @@ def fingerprint(arm: str, config: Any, sections: dict[str, Any]) -> str:
     model that answers for an untrained control)."""
     from vlmgym.params import to_dict
     from vlmgym.rl.loop import config_fingerprint
-    from vlmgym.rl.run import folder_identity, source_identity
+    from vlmgym.rl.stage_setup import folder_identity, source_identity
 
     start = sections["train"].init_dir if config is None else config.init_dir
     return config_fingerprint({"arm": arm, "config": None if config is None else to_dict(config),
@@ -116,8 +116,8 @@ def run_arm(arm: str, config: Any, sections: dict[str, Any], folder: Path, split
             log_metrics: Any) -> dict[str, list]:
     """Train with `config` (None: the start train.init_dir answers) and answer every split into `folder`; reuses a
     finished arm with the same settings. The arm `sft_blind` is the start model answering with blanked images."""
-    from vlmgym.atomic import write_text_atomically
     from vlmgym.eval.records import read_jsonl, write_jsonl
+    from vlmgym.runtime.atomic import write_text_atomically
 
     done = folder / "done.json"
     key = fingerprint(arm, config, sections)
@@ -137,10 +137,10 @@ def constant_answers(sections: dict[str, Any], splits: list[str], folder: Path) 
     """The constant baseline's records on every split (one answer, chosen on val: the same for every seed); None
     when the env has no ideal answer to propose."""
     from vlmgym import envs
-    from vlmgym.atomic import write_text_atomically
     from vlmgym.eval import blind
     from vlmgym.eval.records import read_jsonl, write_jsonl
     from vlmgym.models.qwen3_vl.processor import Processor
+    from vlmgym.runtime.atomic import write_text_atomically
 
     rollout, done = sections["rollout"], folder / "done.json"
     key = fingerprint(CONSTANT, None, sections)
@@ -177,9 +177,9 @@ def available_splits(shards_dir: str) -> list[str]:
 def write_report(report: Path, env_name: str, results: dict[str, dict], arms: list[str], sections: dict[str, Any],
                  confidence: float, seeds: list[int] | None = None) -> dict[str, Path]:
     """reports/compare.{md,json,png}: per split the summary table (every arm, each minus sft) and a plot."""
-    from vlmgym.atomic import write_text_atomically
     from vlmgym.envs import env_class
     from vlmgym.eval.report import markdown_table
+    from vlmgym.runtime.atomic import write_text_atomically
 
     env = env_class(env_name)
     train, sft = sections["train"], sections["sft"]
@@ -300,9 +300,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--only-seed {args.only_seed}: needs --seeds N > 1 and a seed in 0..N-1")
     import mlflow
 
-    from vlmgym import tracking
     from vlmgym.eval.outputs import mlflow_metrics
     from vlmgym.params import load_section
+    from vlmgym.tracking import stage_runs as tracking
 
     sections = {name: load_section(name, args.params)
                 for name in ("train", "sft", "model", "env", "rollout", "eval", "tracking", "data")}

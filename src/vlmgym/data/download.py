@@ -8,9 +8,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from vlmgym.atomic import atomic_dir
 from vlmgym.config import DataParams
 from vlmgym.data import layout
+from vlmgym.runtime.atomic import atomic_dir
 
 
 def build_raw(params: DataParams, env: Any, raw_dir: Path | None = None,

@@ -13,7 +13,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
-from vlmgym.atomic import atomic_file
+from vlmgym.runtime.atomic import atomic_file
 
 SPLITS = ("train", "test")  # every raw layout has these
 # Written only by a generator that defines a distribution shift (Env docs: the out-of-distribution test split);

@@ -13,7 +13,7 @@ from PIL import Image
 
 from vlmgym.config import DataParams
 from vlmgym.data import layout
-from vlmgym.data.sharding import ShardError, read_rows
+from vlmgym.data.shard_writer import ShardError, read_rows
 from vlmgym.data.shards import Sample
 
 

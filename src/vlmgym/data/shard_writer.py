@@ -22,11 +22,11 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from vlmgym.atomic import atomic_dir
 from vlmgym.config import ShardParams
 from vlmgym.data import layout
 from vlmgym.data.image_pool import ImagePool, available_cores
 from vlmgym.data.rows import Row, RowSchema, RowSkip
+from vlmgym.runtime.atomic import atomic_dir
 
 log = logging.getLogger(__name__)
 

@@ -22,7 +22,8 @@ whose n_k is below its size is drawn on a fixed seeded subset of n_k samples.
 Other splits (val, test) are the concatenation of the sub-envs' samples, each once, in name order.
 
 States carry the sub-env's name in `meta[PART_KEY]` (so `sft_target(meta)` dispatches) and infos in
-`info[PART_KEY]` (so the trainer logs each env's figures: `env/<name>/reward_mean`, see vlmgym.rl.trainer).
+`info[PART_KEY]` (so the trainer logs each env's figures: `env/<name>/reward_mean`, see
+vlmgym.rl.trainer_parts.part_figures).
 """
 
 from __future__ import annotations

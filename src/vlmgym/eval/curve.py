@@ -1,8 +1,8 @@
 """The training reward curves of the model being evaluated, found in MLflow through the train run's lineage tags.
 
 The train stage logs its per-step metrics to one MLflow run and, once it succeeds, tags the run with the DVC hash
-of each output (`dvc.out.<path>`, see vlmgym.tracking). The run that produced the model folder on disk is the one
-whose tag equals that folder's hash now, so the curves always belong to the evaluated weights, even when
+of each output (`dvc.out.<path>`, see vlmgym.tracking.stage_runs). The run that produced the model folder on disk
+is the one whose tag equals that folder's hash now, so the curves always belong to the evaluated weights, even when
 `dvc repro` skipped train this time. A run resumed from a checkpoint holds the steps after its resume point.
 """
 
@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from vlmgym.stats.plots import RewardCurves
-from vlmgym.tracking import dvc_hash
+from vlmgym.tracking.stage_runs import dvc_hash
 
 
 def train_run_id(model_dir: str, *, tracking_uri: str, experiment: str, stage: str = "train") -> str | None:
@@ -37,7 +37,7 @@ def train_run_id(model_dir: str, *, tracking_uri: str, experiment: str, stage: s
 
 
 # The GRPO trainer's mean reward at each step's curriculum weights (what it optimised then); its
-# `final_reward_mean` scores the same samples at the final weights (vlmgym.rl.trainer.GRPOTrainer._metrics).
+# `final_reward_mean` scores the same samples at the final weights (vlmgym.rl.grpo_trainer.GRPOTrainer._metrics).
 AS_TRAINED_METRIC = "reward_mean"
 # The trainer's validation figures (vlmgym.rl.validation): val/reward_greedy, val/reward_sampled.
 VALIDATION_KINDS = ("greedy", "sampled")
@@ -45,7 +45,7 @@ VALIDATION_KINDS = ("greedy", "sampled")
 
 def component_metric(component: str) -> str:
     """The MLflow metric the GRPO trainer logs a reward component under: each step's mean over its samples
-    (vlmgym.rl.trainer.GRPOTrainer._metrics)."""
+    (vlmgym.rl.grpo_trainer.GRPOTrainer._metrics)."""
     return f"reward/{component}"
 
 

@@ -22,10 +22,10 @@ from pathlib import Path
 from typing import Any
 
 from vlmgym import envs
-from vlmgym.atomic import write_text_atomically
 from vlmgym.envs.base import part_metric
 from vlmgym.eval.outputs import EvaluationOutputs
 from vlmgym.eval.records import write_metrics_json
+from vlmgym.runtime.atomic import write_text_atomically
 
 
 def _move_tree(src: Path, dest: Path) -> list[Path]:
@@ -56,8 +56,8 @@ def evaluate_parts(eval_params: Any, rollout: Any, model: Any, env_params: Any, 
                    tracking_uri: str, experiment: str, evaluate_env: Callable[..., Any],
                    out_root: str | Path = ".",
                    data: Any = None) -> tuple[EvaluationOutputs, str | None, dict[str, float]]:
-    """Evaluate each sub-env (module docstring) with `evaluate_env` (vlmgym.eval.run's, passed in so that this
-    module needs nothing above it); returns what vlmgym.eval.run.evaluate_pipeline returns, with results keyed
+    """Evaluate each sub-env (module docstring) with `evaluate_env` (vlmgym.eval.evaluate's, passed in so that this
+    module needs nothing above it); returns what vlmgym.eval.evaluate.evaluate_pipeline returns, with results keyed
     `<name>/<policy>` (MLflow names `<name>/<policy>/<metric>`) and timing of the HF baseline."""
 
     root = Path(out_root)

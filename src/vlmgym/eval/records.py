@@ -15,8 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from vlmgym.atomic import atomic_file
 from vlmgym.eval.metrics import env_class
+from vlmgym.runtime.atomic import atomic_file
 
 
 def json_safe(value: Any) -> Any:

@@ -18,8 +18,8 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from vlmgym.atomic import atomic_file
 from vlmgym.eval.metrics import env_class, format_valid
+from vlmgym.runtime.atomic import atomic_file
 
 THUMBNAIL_PX = 192
 ANSWER_CHARS = 400  # longer answers are cut in the gallery (the rollout JSONL keeps them whole)

@@ -26,7 +26,7 @@ import sys
 from dataclasses import asdict
 from typing import Any
 
-from vlmgym.plan.spec import CONFIGS, PlanSpec
+from vlmgym.plan.model_spec import CONFIGS, PlanSpec
 
 DEVICE_FLAG = "--xla_force_host_platform_device_count"
 

@@ -23,13 +23,13 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from vlmgym.models.qwen3_vl import lora
 from vlmgym.models.qwen3_vl.config import Qwen3VLConfig
-from vlmgym.models.qwen3_vl.params import abstract_params
-from vlmgym.models.qwen3_vl.sharding import make_mesh, param_shardings
+from vlmgym.models.qwen3_vl.mesh import make_mesh, param_shardings
+from vlmgym.models.qwen3_vl.weights import abstract_params
 from vlmgym.plan.shapes import PlanSpec, abstract, learner_micro, rollout_prompts
 from vlmgym.rl.loop import CompileCounter
+from vlmgym.rl.losses import LossSettings, apply_update, grpo_gradients, sft_gradients
 from vlmgym.rl.optim import Optimizer, OptimizerConfig, SubsetOptimizer, trainable_mask
 from vlmgym.rl.policy import Qwen3VLLearner, learner_batch_shardings
-from vlmgym.rl.trainer import LossSettings, apply_update, grpo_gradients, sft_gradients
 from vlmgym.rollout.engine import _decode_loop, _prefill_group
 from vlmgym.rollout.sampling import SamplingSettings
 

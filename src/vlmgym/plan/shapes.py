@@ -16,7 +16,7 @@ import numpy as np
 from vlmgym.models.qwen3_vl.base_model import SPECIAL_TOKENS, TinyDims
 from vlmgym.models.qwen3_vl.config import Qwen3VLConfig, from_hf_dict, named_config
 from vlmgym.models.qwen3_vl.vision import patch_layout
-from vlmgym.plan.spec import TINY_VOCAB, PlanSpec
+from vlmgym.plan.model_spec import TINY_VOCAB, PlanSpec
 from vlmgym.rollout.engine import Buckets, bucketed_patch_layout
 
 

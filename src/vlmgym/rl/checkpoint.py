@@ -21,7 +21,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
-from vlmgym import distributed, janitor, killpoint, temps
+from vlmgym.runtime import distributed, janitor, killpoint, temps
 
 # Orbax writes step N into `N.orbax-checkpoint-tmp*` and renames it when every item is on disk.
 ORBAX_TEMP_GLOB = "*.orbax-checkpoint-tmp*"

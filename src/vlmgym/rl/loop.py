@@ -14,8 +14,8 @@ import jax
 import numpy as np
 from tqdm import tqdm
 
-from vlmgym import distributed
 from vlmgym.rl.checkpoint import CheckpointManager
+from vlmgym.runtime import distributed
 
 MetricsCallback = Callable[[int, dict[str, float]], None]
 RECENT_METRICS = 10

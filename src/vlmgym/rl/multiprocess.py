@@ -1,5 +1,5 @@
-"""The GRPO trainer over several processes (vlmgym.distributed): what it supports, and each step's sampled groups
-gathered from every process."""
+"""The GRPO trainer over several processes (vlmgym.runtime.distributed): what it supports, and each step's sampled
+groups gathered from every process."""
 
 from __future__ import annotations
 
@@ -7,14 +7,14 @@ from typing import Any
 
 import numpy as np
 
-from vlmgym import distributed
 from vlmgym.rl import grpo
+from vlmgym.runtime import distributed
 
 MULTIPROCESS_ALGORITHMS = ("grpo", "rloo")
 
 
 def check_multiprocess(config: Any, policy: Any) -> None:
-    """What a run over several processes supports (JAX's multi-controller runtime: vlmgym.distributed)."""
+    """What a run over several processes supports (JAX's multi-controller runtime: vlmgym.runtime.distributed)."""
     processes = distributed.count()
     if config.algorithm not in MULTIPROCESS_ALGORITHMS:
         raise ValueError(f"train.algorithm={config.algorithm!r} runs in one process; over {processes} processes "

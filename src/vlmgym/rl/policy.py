@@ -11,16 +11,16 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from vlmgym import distributed
 from vlmgym.models.qwen3_vl import lora
 from vlmgym.models.qwen3_vl.config import Qwen3VLConfig
+from vlmgym.models.qwen3_vl.mesh import batch_sharding
 from vlmgym.models.qwen3_vl.model import token_logprobs
-from vlmgym.models.qwen3_vl.sharding import batch_sharding
 from vlmgym.models.qwen3_vl.shared_prefix import shared_prefix_logprobs
 from vlmgym.models.qwen3_vl.vision import patch_layout
 from vlmgym.rl.loop import Samples
 from vlmgym.rollout.engine import TRACE_COUNTS, Buckets, RolloutEngine
 from vlmgym.rollout.sampling import SamplingSettings
+from vlmgym.runtime import distributed
 
 LEARNER_KEYS = ("input_ids", "attention_mask", "position_ids", "pixel_values", "patch_layout")
 END_OF_TURN = "<|im_end|>"

@@ -25,20 +25,11 @@ import numpy as np
 
 from vlmgym.models.qwen3_vl import lora
 from vlmgym.rl import grpo, ppo
+from vlmgym.rl.grpo_trainer import GRPOTrainer
 from vlmgym.rl.loop import CompileCounter, MetricsCallback, Policy
+from vlmgym.rl.losses import accumulate, apply_update, combine_grpo_figures, fp32_gradients, policy_logprobs
 from vlmgym.rl.optim import Optimizer
-from vlmgym.rl.trainer import (
-    GRPOTrainer,
-    SamplesCallback,
-    _combine_grpo_figures,
-    _fp32_gradients,
-    accumulate,
-    apply_update,
-    group_observations,
-    in_train_mode,
-    micro_slices,
-    policy_logprobs,
-)
+from vlmgym.rl.trainer_parts import SamplesCallback, group_observations, in_train_mode, micro_slices
 
 
 @dataclass(frozen=True)
@@ -76,7 +67,7 @@ def ppo_gradients(params: Any, micro: dict, normalizer: jax.Array, *, policy: Po
                   settings: PPOSettings, compiles: CompileCounter) -> tuple[jax.Array, Any, dict]:
     """PPO loss (policy + vf_coef x value), fp32 gradients of policy and value head, and figures of a micro-batch."""
     compiles.traced("ppo_gradients")
-    return _fp32_gradients(_ppo_micro_loss, params, micro, normalizer, optimizer, policy, settings)
+    return fp32_gradients(_ppo_micro_loss, params, micro, normalizer, optimizer, policy, settings)
 
 
 @partial(jax.jit, static_argnames=("policy", "compiles"))
@@ -91,6 +82,8 @@ class PPOTrainer(GRPOTrainer):
     """PPO with a value head on the policy (see the module docstring). Takes ownership of `params` like GRPO."""
 
     name = "ppo"
+    algorithms = ("ppo",)
+    reports_kl_to_reference = False  # PPO's KL to the start policy is in the reward (ppo_kl_coef), not the loss
 
     def __init__(self, policy: Policy, env: Any, params: Any, config: Any, checkpoint_dir: str | Path, *,
                  metrics_callback: MetricsCallback | None = None, samples_callback: SamplesCallback | None = None,
@@ -152,7 +145,7 @@ class PPOTrainer(GRPOTrainer):
                                       in_train_mode(micro_batches, self.adapters, step, iteration))
             self.params, self.opt_state, stats = apply_update(self.params, self.opt_state, grads,
                                                               optimizer=self.optimizer, compiles=self.compiles)
-            iteration_metrics.append({**_combine_value_figures(auxes), **_combine_grpo_figures(auxes),
+            iteration_metrics.append({**_combine_value_figures(auxes), **combine_grpo_figures(auxes),
                                       **{k: float(v) for k, v in jax.device_get(stats).items()}})
         out = self._finish_step(step, collected, mask, tokens, iteration_metrics, learner_logprobs, sampler_logprobs,
                                 mask, started)

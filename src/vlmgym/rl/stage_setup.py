@@ -10,18 +10,23 @@ from typing import Any
 import jax
 import numpy as np
 
-from vlmgym import distributed
-from vlmgym.atomic import write_text_atomically
+from vlmgym import envs
 from vlmgym.models.qwen3_vl import lora
 from vlmgym.models.qwen3_vl.config import load_hf_config
 from vlmgym.models.qwen3_vl.convert import load_checkpoint, save_checkpoint
 from vlmgym.models.qwen3_vl.lora import LoRAConfig, init_adapters
+from vlmgym.models.qwen3_vl.mesh import make_mesh, param_shardings
 from vlmgym.models.qwen3_vl.processor import Processor
-from vlmgym.models.qwen3_vl.sharding import make_mesh, param_shardings
 from vlmgym.params import to_dict
+from vlmgym.rl.dpo_trainer import DPOTrainer
+from vlmgym.rl.grpo_trainer import GRPOTrainer
 from vlmgym.rl.loop import config_fingerprint
 from vlmgym.rl.policy import Qwen3VLPolicy
+from vlmgym.rl.ppo_trainer import PPOTrainer
+from vlmgym.rl.sft_trainer import SFTTrainer
 from vlmgym.rollout.sampling import SamplingSettings
+from vlmgym.runtime import distributed
+from vlmgym.runtime.atomic import write_text_atomically
 
 
 def load_policy(model_dir: str | Path, model_params: Any, max_new_tokens: int, *, temperature: float = 1.0,
@@ -47,8 +52,6 @@ def load_policy(model_dir: str | Path, model_params: Any, max_new_tokens: int, *
 
 def validation_env(stage: str, section: Any, env_params: Any, tokenizer: Any) -> Any:
     """The env over the val split that `<stage>.val_every` validates on, or None when it is 0."""
-    from vlmgym import envs
-
     if section.val_every == 0:
         return None
     for folder in envs.split_dirs(env_params, section.shards_dir, "val"):
@@ -83,20 +86,26 @@ def stage_policy(stage: str, section: Any, model_params: Any) -> tuple[Qwen3VLPo
     return policy, params
 
 
+def trainer_class(stage: str, algorithm: str | None) -> type:
+    """The trainer of a stage: SFTTrainer for sft; for train, one per train.algorithm (GRPOTrainer runs grpo and
+    rloo, DPOTrainer dpo, PPOTrainer ppo)."""
+    if stage == "sft":
+        return SFTTrainer
+    for cls in (GRPOTrainer, DPOTrainer, PPOTrainer):
+        if algorithm in cls.algorithms:
+            return cls
+    raise ValueError(f"train.algorithm {algorithm!r} has no trainer")
+
+
 def stage_trainer(stage: str, section: Any, policy: Any, params: Any, env_params: Any, checkpoints: Path,
                   **callbacks: Any) -> Any:
-    """The trainer of stage `stage` (sft: SFTTrainer; train: GRPOTrainer, or PPOTrainer for `algorithm: ppo`) over
-    the train split, validating on the val split when `section.val_every` says so."""
-    from vlmgym import envs
-    from vlmgym.rl.ppo_trainer import PPOTrainer
-    from vlmgym.rl.trainer import GRPOTrainer, SFTTrainer
-
+    """The trainer of stage `stage` (trainer_class) over the train split, validating on the val split when
+    `section.val_every` says so."""
     tokenizer = policy.processor.tokenizer
     env = envs.from_params(env_params, shards_dir=section.shards_dir, split="train", tokenizer=tokenizer)
     val_env = validation_env(stage, section, env_params, tokenizer)
-    # GRPOTrainer also runs rloo and dpo
-    trainer_class = SFTTrainer if stage == "sft" else PPOTrainer if section.algorithm == "ppo" else GRPOTrainer
-    trainer = trainer_class(policy, env, params, section, checkpoints, val_env=val_env, **callbacks)
+    trainer = trainer_class(stage, getattr(section, "algorithm", None))(policy, env, params, section, checkpoints,
+                                                                       val_env=val_env, **callbacks)
     if lora.has_adapters(params):  # checkpoints hold the adapters alone: they name the base they sit on
         trainer.base_identity = folder_identity(section.init_dir)
     return trainer

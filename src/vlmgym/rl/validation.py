@@ -21,10 +21,10 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
-from vlmgym import distributed, temps
 from vlmgym.envs.base import PART_KEY, part_metric
 from vlmgym.rl.checkpoint import _abstract
 from vlmgym.rl.loop import score
+from vlmgym.runtime import distributed, temps
 
 SELECT_CHOICES = ("last", "best_val")
 SELECTION_METRIC = "val/reward_greedy"

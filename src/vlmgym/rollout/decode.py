@@ -18,7 +18,7 @@ import jax.numpy as jnp
 
 from vlmgym.models.qwen3_vl.config import Qwen3VLConfig
 from vlmgym.models.qwen3_vl.model import NEG_INF, KVCache, _attn_out_and_mlp, _qkv, _rms_norm, mrope_cos_sin
-from vlmgym.models.qwen3_vl.params import Params
+from vlmgym.models.qwen3_vl.weights import Params
 
 GroupCache = dict[str, jax.Array]
 

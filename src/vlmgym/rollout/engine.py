@@ -35,8 +35,8 @@ from jax import lax
 
 from vlmgym.models.qwen3_vl.config import Qwen3VLConfig
 from vlmgym.models.qwen3_vl.model import prefill
-from vlmgym.models.qwen3_vl.params import Params
 from vlmgym.models.qwen3_vl.vision import encode_patches, patch_layout
+from vlmgym.models.qwen3_vl.weights import Params
 from vlmgym.rollout.decode import GroupCache, decoder_layers, group_cache, group_decode_step, lm_head_kernel
 from vlmgym.rollout.sampling import SamplingSettings, sample_tokens, seed_from_key
 

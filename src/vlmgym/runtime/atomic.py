@@ -10,9 +10,9 @@ say who wrote them, so a later cleanup can tell a live writer's temp from one a 
 `host` is this machine's host name with every character outside [A-Za-z0-9_-] replaced by `_` (no dots, so
 the name splits on `.`), `pid` the writing process, `random` tempfile's 8 characters of [a-z0-9_].
 
-A killed writer's temps are removed by its janitor process as soon as it dies (`vlmgym.janitor`), and, should
+A killed writer's temps are removed by its janitor process as soon as it dies (`vlmgym.runtime.janitor`), and, should
 that be lost too, by the next write of the same target, which first removes its temps left by writers that no
-longer run; live writers' temps are never touched (`vlmgym.temps`).
+longer run; live writers' temps are never touched (`vlmgym.runtime.temps`).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from vlmgym import janitor, killpoint, temps
+from vlmgym.runtime import janitor, killpoint, temps
 
 
 def writer_tag() -> str:

@@ -1,12 +1,12 @@
 """A watcher process that removes a writer's unfinished temps the moment the writer dies, even by SIGKILL.
 
-A process that writes through `vlmgym.atomic` starts one janitor (`python -m vlmgym.janitor`, in its own
+A process that writes through `vlmgym.runtime.atomic` starts one janitor (`python -m vlmgym.runtime.janitor`, in its own
 session so that killing the writer's process group spares it) and tells it over a pipe which temps are in
 flight: `+path` when one is created, `-path` once it is renamed into place or removed. The pipe closes when the
 writer (and every child it forked) exits, however it exits; the janitor then removes what is still in flight.
 This is what cleans up after a stage killed under `dvc repro` when DVC then restores that stage from its
 run-cache instead of running it again (no vlmgym code runs then). A lost janitor (the machine went down) is
-covered by the name-based cleanup in `vlmgym.temps`.
+covered by the name-based cleanup in `vlmgym.runtime.temps`.
 
 Lines are `+` or `-`, then a path, or `glob:` and a pattern for temps named by another library (orbax's).
 """
@@ -33,7 +33,7 @@ def _start() -> int | None:
             src = str(Path(__file__).resolve().parents[1])
             env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [src, os.environ.get("PYTHONPATH")]))}
             try:
-                process = subprocess.Popen([sys.executable, "-m", "vlmgym.janitor"], stdin=subprocess.PIPE,
+                process = subprocess.Popen([sys.executable, "-m", "vlmgym.runtime.janitor"], stdin=subprocess.PIPE,
                                            start_new_session=True, env=env, close_fds=True)
             except OSError as err:  # no janitor: the name-based cleanup still removes the temps later
                 print(f"vlmgym: no temp janitor ({err})", file=sys.stderr)
@@ -74,7 +74,7 @@ def untrack_glob(pattern: str) -> None:
 
 def _remove(path: Path) -> None:
     try:
-        from vlmgym.temps import disk_size, human_size
+        from vlmgym.runtime.temps import disk_size, human_size
 
         size = human_size(disk_size(path))
         if path.is_dir() and not path.is_symlink():

@@ -1,6 +1,6 @@
 """Temp outputs left by killed writers: find them by name, tell live writers from dead ones, remove the dead.
 
-Every temp that `vlmgym.atomic` creates is named after its target and its writer:
+Every temp that `vlmgym.runtime.atomic` creates is named after its target and its writer:
 
     .{target}.{host}-{pid}.{random}.{tmp|partial|old}
 
@@ -51,7 +51,7 @@ def host_tag() -> str:
 
 @dataclass(frozen=True)
 class Temp:
-    """One temp file or folder named by `vlmgym.atomic`."""
+    """One temp file or folder named by `vlmgym.runtime.atomic`."""
 
     path: Path
     target: str

@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from vlmgym.atomic import atomic_file
+from vlmgym.runtime.atomic import atomic_file
 
 # One colour per policy, in the order given, shared by the PNGs and the HTML maps.
 POLICY_COLOURS = ("#d62728", "#1f77b4", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b")

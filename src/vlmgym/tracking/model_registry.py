@@ -1,6 +1,6 @@
 """The exported model in the MLflow model registry: one registered model per env, one version per export.
 
-The export stage logs the transformers folder as a pyfunc model (vlmgym.mlflow_model, models-from-code: no
+The export stage logs the transformers folder as a pyfunc model (vlmgym.tracking.pyfunc_model, models-from-code: no
 pickle) in its run and registers it as `vlmgym-<env>`. Each version carries lineage tags: the DVC hash of the
 folder (as dvc.lock records it), the git commit, the pipeline, the DVC experiment and the run that logged it.
 
@@ -16,7 +16,7 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
-from vlmgym import mlflow_model
+from vlmgym.tracking import pyfunc_model as mlflow_model
 
 # What loading the model needs beside vlmgym's own source (logged with it as code).
 REQUIREMENTS = ("mlflow", "transformers", "torch", "pillow", "numpy", "safetensors", "tokenizers", "jinja2")

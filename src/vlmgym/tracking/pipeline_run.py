@@ -4,7 +4,7 @@ A pipeline run is one `dvc repro` or one `dvc exp run` (a queued experiment runs
 is one too): its id names the DVC process that runs the stages (`vlmgym.pipeline_id`). The first stage that
 starts creates the parent run (tag `vlmgym.role` = `pipeline`) with every section of params.yaml as its params,
 the DVC experiment name as its run name, the git state, and the DVC process as its writer (so a killed
-`dvc repro` leaves no RUNNING parent: vlmgym.run_recovery closes it like a stage run). Each stage run points at
+`dvc repro` leaves no RUNNING parent: vlmgym.tracking.run_recovery closes it like a stage run). Each stage run points at
 it with MLflow's `mlflow.parentRunId` tag, which is what `mlflow ui` nests by; the evaluate stage copies its
 results onto it, so one row of the experiment table holds one pipeline's params and results:
 
@@ -23,7 +23,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from vlmgym import temps
+from vlmgym.runtime import temps
 
 PIPELINE_ID_ENV = "VLMGYM_PIPELINE_ID"
 ROLE_TAG = "vlmgym.role"

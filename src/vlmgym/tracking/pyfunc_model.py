@@ -1,13 +1,13 @@
 """The exported policy as an MLflow pyfunc model: transformers answers each (image, prompt) greedily.
 
-This file is the model's code, logged with MLflow's models-from-code (so nothing is pickled): vlmgym.registry
-logs it with the exported transformers folder as the artifact `hf_model` and vlmgym's source as code, so
-`mlflow.pyfunc.load_model("models:/vlmgym-<env>/1")` works where vlmgym is not installed (transformers,
-torch and Pillow are its requirements). Prompts are formatted as the envs format them (one user message: the
-images, then the text) and answered through the first end-of-turn token, as the evaluate stage's HF baseline
-does, so the answers equal the JAX engine's greedy answers.
+This file is the model's code, logged with MLflow's models-from-code (so nothing is pickled):
+vlmgym.tracking.model_registry logs it with the exported transformers folder as the artifact `hf_model` and vlmgym's
+source as code, so `mlflow.pyfunc.load_model("models:/vlmgym-<env>/1")` works where vlmgym is not installed
+(transformers, torch and Pillow are its requirements). Prompts are formatted as the envs format them (one user
+message: the images, then the text) and answered through the first end-of-turn token, as the evaluate stage's HF
+baseline does, so the answers equal the JAX engine's greedy answers.
 
-    model.predict([{"image": jpeg_bytes, "prompt": "Where was this photo taken? ..."}])  # -> ["Country: ..."]
+model.predict([{"image": jpeg_bytes, "prompt": "Where was this photo taken? ..."}]) # -> ["Country: ..."]
 
 `image` is encoded image bytes, base64 text of them, or a PIL image (several images: a list); model_config
 `max_new_tokens` (the rollout stage's) bounds each answer, a `max_new_tokens` predict param overrides it.

@@ -1,6 +1,6 @@
 """MLflow runs of killed stages: closed as KILLED once their process is gone, and continued when training resumes.
 
-A stage run is tagged `vlmgym.writer` = `{host}-{pid}` (as temp names are, `vlmgym.temps`). When any stage
+A stage run is tagged `vlmgym.writer` = `{host}-{pid}` (as temp names are, `vlmgym.runtime.temps`). When any stage
 starts, the experiment's RUNNING runs whose process no longer runs on this host are set to KILLED. A training
 stage that resumes from a checkpoint continues the MLflow run that wrote it: the run id is kept in
 `mlflow_run.json` in the checkpoint folder, and the continued run skips the steps it already logged (training
@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from vlmgym import temps
-from vlmgym.atomic import write_text_atomically
+from vlmgym.runtime import temps
+from vlmgym.runtime.atomic import write_text_atomically
 
 WRITER_TAG = "vlmgym.writer"
 RESUMED_TAG = "vlmgym.resumed_times"

@@ -21,7 +21,8 @@ from typing import Any
 
 import yaml
 
-from vlmgym import atomic, pipeline_run, run_recovery, temps
+from vlmgym.runtime import atomic, temps
+from vlmgym.tracking import pipeline_run, run_recovery
 
 PIPELINE_ID_ENV = pipeline_run.PIPELINE_ID_ENV
 pipeline_id = pipeline_run.pipeline_id
@@ -246,7 +247,7 @@ def stage_run(stage: str, params: Any = None, *, experiment: str | None = None,
     Output hashes are tagged after the body succeeds. Runs left RUNNING by dead
     processes are closed as KILLED first; with `resume_folder` (a training stage's
     checkpoint folder) the unfinished run that trained into it is continued. Under
-    DVC the run is nested in its pipeline's parent run (vlmgym.pipeline_run), which
+    DVC the run is nested in its pipeline's parent run (vlmgym.tracking.pipeline_run), which
     gets the whole params file and follows the stage's status.
     """
     import mlflow

@@ -17,9 +17,9 @@ import numpy as np
 from vlmgym.data.rows import SAFE_KEY, Row, RowSchema, RowSkip
 from vlmgym.envs.base import Env, SampleLike, State
 from vlmgym.envs.geospot import metrics, report
-from vlmgym.envs.geospot.params import GeospotDataParams, GeospotParams
 from vlmgym.envs.geospot.parse import parse_answer
 from vlmgym.envs.geospot.reward import LEVELS, GeospotTruth, resolve_truth, score
+from vlmgym.envs.geospot.settings import GeospotDataParams, GeospotParams
 from vlmgym.geo.gazetteer import gazetteer
 from vlmgym.geo.names import country_display_name
 

@@ -19,9 +19,9 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from vlmgym.atomic import atomic_file
 from vlmgym.config import DataParams
 from vlmgym.data import layout
+from vlmgym.runtime.atomic import atomic_file
 
 DEFAULT_REPO = "osv5m/osv5m"
 COMPLETE_RECORD = "complete.json"

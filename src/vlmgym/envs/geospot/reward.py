@@ -14,8 +14,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from vlmgym.envs.geospot.params import GeospotParams
 from vlmgym.envs.geospot.parse import ParsedAnswer
+from vlmgym.envs.geospot.settings import GeospotParams
 from vlmgym.geo.distance import geodesic_km
 from vlmgym.geo.gazetteer import Gazetteer, Place
 

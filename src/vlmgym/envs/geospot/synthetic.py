@@ -29,8 +29,8 @@ from tqdm import tqdm
 
 from vlmgym.config import DataParams, ParamsError
 from vlmgym.data import layout
-from vlmgym.envs.geospot.params import GeospotDataParams
 from vlmgym.envs.geospot.scene import Place, render_scene
+from vlmgym.envs.geospot.settings import GeospotDataParams
 
 EARTH_RADIUS_KM = 6371.0
 TEST_MIN_DISTANCE_KM = 1.0

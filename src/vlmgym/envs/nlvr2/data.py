@@ -47,9 +47,9 @@ from typing import Any
 import numpy as np
 from PIL import Image, ImageDraw
 
-from vlmgym.atomic import atomic_file
 from vlmgym.config import DataParams, spec
 from vlmgym.data import layout
+from vlmgym.runtime.atomic import atomic_file
 
 SHAPES = ("circle", "square", "triangle")
 COLOURS = {"red": (214, 39, 40), "green": (44, 160, 44), "blue": (31, 90, 220), "yellow": (240, 200, 20)}

@@ -29,8 +29,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from vlmgym.atomic import atomic_dir
 from vlmgym.models.qwen3_vl.processor import QWEN3_VL_CHAT_TEMPLATE, ImageSettings, image_processor_config
+from vlmgym.runtime.atomic import atomic_dir
 
 # Qwen's special tokens, in the hub tokenizer's order (there they are ids 151643..151656).
 SPECIAL_TOKENS = (

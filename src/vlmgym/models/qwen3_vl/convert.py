@@ -22,11 +22,11 @@ import orbax.checkpoint as ocp
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
-from vlmgym import distributed
-from vlmgym.atomic import atomic_dir
 from vlmgym.models.qwen3_vl.config import Qwen3VLConfig, from_hf_dict, load_hf_config
 from vlmgym.models.qwen3_vl.lora import ADAPTER_DIR
-from vlmgym.models.qwen3_vl.params import Params, abstract_params
+from vlmgym.models.qwen3_vl.weights import Params, abstract_params
+from vlmgym.runtime import distributed
+from vlmgym.runtime.atomic import atomic_dir
 
 # Files next to the weights that a transformers folder needs besides config + safetensors.
 SIDE_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt",

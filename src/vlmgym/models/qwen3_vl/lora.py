@@ -26,7 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from vlmgym.models.qwen3_vl.config import Qwen3VLConfig
-from vlmgym.models.qwen3_vl.params import Params
+from vlmgym.models.qwen3_vl.weights import Params
 
 ADAPTER_LEAVES = ("lora_a", "lora_b", "lora_scale")
 TRAINED_LEAVES = ("lora_a", "lora_b")

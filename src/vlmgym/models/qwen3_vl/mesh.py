@@ -17,7 +17,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from vlmgym.models.qwen3_vl.config import Qwen3VLConfig
-from vlmgym.models.qwen3_vl.params import Params, abstract_params, param_axes
+from vlmgym.models.qwen3_vl.weights import Params, abstract_params, param_axes
 
 MESH_AXES = ("data", "fsdp", "tensor")
 

@@ -14,8 +14,8 @@ import numpy as np
 
 from vlmgym.models.qwen3_vl.config import Qwen3VLConfig
 from vlmgym.models.qwen3_vl.lora import project
-from vlmgym.models.qwen3_vl.params import Params
 from vlmgym.models.qwen3_vl.vision import encode_patches
+from vlmgym.models.qwen3_vl.weights import Params
 
 KVCache = dict[str, jax.Array]
 NEG_INF = float(np.finfo(np.float32).min)

@@ -161,7 +161,7 @@ def convert_and_check(hf_dir: str | Path, jax_dir: str | Path, dtype: str = "fp3
     """HF folder -> JAX checkpoint, then parity on a text-only and a one-image prompt (the caller logs the figures
     and calls `raise_if_failed`)."""
     from vlmgym.models.qwen3_vl.convert import convert_hf_to_jax
-    from vlmgym.models.qwen3_vl.params import abstract_params, count_params
+    from vlmgym.models.qwen3_vl.weights import abstract_params, count_params
 
     cfg, out_dir = convert_hf_to_jax(hf_dir, jax_dir)
     cases = [(CONVERT_PROMPT, []), (CONVERT_PROMPT, [parity_image()])]

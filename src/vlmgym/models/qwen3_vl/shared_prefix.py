@@ -33,7 +33,7 @@ from vlmgym.models.qwen3_vl.model import (
     picked_logprobs,
     text_position_ids,
 )
-from vlmgym.models.qwen3_vl.params import Params
+from vlmgym.models.qwen3_vl.weights import Params
 
 
 def _group_attention(q: jax.Array, k: jax.Array, v: jax.Array, prompt_k: jax.Array, prompt_v: jax.Array,

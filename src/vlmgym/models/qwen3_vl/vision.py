@@ -17,7 +17,7 @@ import numpy as np
 
 from vlmgym.models.qwen3_vl.config import Qwen3VLConfig
 from vlmgym.models.qwen3_vl.lora import adapter_input
-from vlmgym.models.qwen3_vl.params import Params
+from vlmgym.models.qwen3_vl.weights import Params
 
 PatchLayout = dict[str, Any]
 

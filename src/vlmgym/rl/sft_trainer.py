@@ -1,0 +1,121 @@
+"""The SFT trainer: teacher-forced cross entropy on the env's ideal answers."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from vlmgym.rl.loop import (
+    DataOrder,
+    MetricsCallback,
+    Policy,
+    TrainingLoop,
+)
+from vlmgym.rl.losses import (
+    accumulate,
+    apply_update,
+    policy_logprobs,
+    sft_gradients,
+)
+from vlmgym.rl.prefetch import ResetPrefetcher
+from vlmgym.rl.trainer_parts import (
+    adapter_settings,
+    in_train_mode,
+    make_optimizer,
+    make_validator,
+    micro_slices,
+)
+
+
+class SFTTrainer(TrainingLoop):
+    """Supervised warm start: teacher-forced cross entropy on the env's ideal answer for each sample.
+
+    Like GRPOTrainer it takes ownership of `params` (donated to the first update).
+    """
+
+    name = "sft"
+
+    def __init__(self, policy: Policy, env: Any, params: Any, config: Any, checkpoint_dir: str | Path, *,
+                 metrics_callback: MetricsCallback | None = None, progress_bar: bool = True, val_env: Any = None):
+        super().__init__(total_steps=config.steps, checkpoint_dir=checkpoint_dir, save_every=config.save_every,
+                         keep=config.keep_checkpoints, metrics_callback=metrics_callback, progress_bar=progress_bar)
+        self.validator = make_validator(policy, val_env, config, checkpoint_dir, extra=self.validation_loss)
+        if config.batch_size % config.micro_batches:
+            raise ValueError(f"sft: batch_size={config.batch_size} does not split into "
+                             f"micro_batches={config.micro_batches}")
+        self.policy, self.env, self.config = policy, env, config
+        self.optimizer = make_optimizer(config, params)
+        self.adapters = adapter_settings(config, params)
+        self.params, self.opt_state = params, self.optimizer.init_placed(params)
+        self.rng = jax.random.key(config.seed)  # unused by SFT itself; saved so every loop resumes alike
+        self.data = DataOrder(len(env), config.seed)
+        self.prefetch = ResetPrefetcher(env, getattr(policy, "prepare_ahead", None))
+
+    def loop_state(self) -> dict:
+        return {"data": self.data.state()}
+
+    def load_loop_state(self, state: dict) -> None:
+        self.data = DataOrder.from_state(len(self.env), self.config.seed, state["data"])
+
+    def validation_loss(self, params: Any) -> dict[str, float]:
+        """Teacher-forced loss on the val split's ideal answers (batches padded to batch_size: one compile)."""
+        env, size = self.validator.env, self.config.batch_size
+        total = count = 0.0
+        for start in range(0, len(env), size):
+            observations, rows = [], []
+            for index in range(start, min(start + size, len(env))):
+                state, obs = env.reset(index)
+                try:
+                    rows.append(self.policy.encode_targets([env.sft_target(state.meta)]))
+                except ValueError:
+                    continue  # too long for the budget: skipped in training too
+                observations.append(obs)
+            if not rows:
+                continue
+            padding = size - len(rows)
+            tokens = np.concatenate([t for t, _ in rows] + [rows[-1][0]] * padding)
+            mask = np.concatenate([m for _, m in rows] + [np.zeros_like(rows[-1][1])] * padding)
+            batch = self.policy.build_batch(observations + [observations[-1]] * padding, tokens, mask)
+            logprobs = np.asarray(policy_logprobs(params, batch, policy=self.policy, compiles=self.compiles))
+            total -= float((logprobs * mask).sum())
+            count += float(mask.sum())
+        return {"val/loss": total / max(count, 1.0)}
+
+    def step(self, step: int) -> dict[str, float]:
+        observations, rows, skipped = [], [], 0
+        while len(rows) < self.config.batch_size:
+            for state, obs in self.prefetch.resets(self.data.take(self.config.batch_size - len(rows))):
+                try:
+                    rows.append(self.policy.encode_targets([self.env.sft_target(state.meta)]))
+                except ValueError:
+                    # A target longer than the token budget would teach an answer without its end: skip it.
+                    skipped += 1
+                    if skipped > 10 * self.config.batch_size:
+                        raise
+                    continue
+                observations.append(obs)
+        self.prefetch.ahead(self.data.peek(self.config.batch_size))
+        tokens = np.concatenate([t for t, _ in rows])
+        mask = np.concatenate([m for _, m in rows])
+        normalizer = jnp.float32(max(float(mask.sum()), 1.0))
+        started = time.perf_counter()
+        micro_batches = [{"batch": self.policy.build_batch(observations[rows], tokens[rows], mask[rows]),
+                          "mask": mask[rows]} for rows in micro_slices(len(observations), self.config.micro_batches)]
+        grads, auxes = accumulate(lambda micro: sft_gradients(self.params, micro, normalizer, policy=self.policy,
+                                                              optimizer=self.optimizer, compiles=self.compiles),
+                                  in_train_mode(micro_batches, self.adapters, step))
+        self.params, self.opt_state, stats = apply_update(self.params, self.opt_state, grads,
+                                                          optimizer=self.optimizer, compiles=self.compiles)
+        out = {k: float(v) for k, v in jax.device_get(stats).items()}
+        out["loss"] = sum(float(a["loss"]) for a in auxes)
+        out["tokens"] = float(mask.sum())
+        out["tokens_per_s"] = out["tokens"] / max(time.perf_counter() - started, 1e-9)
+        out["data_wait_s"] = self.prefetch.take_wait()
+        out["target_length"] = float(mask.sum(axis=1).mean())
+        out["targets_skipped"] = float(skipped)
+        return out
