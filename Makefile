@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 # Stage commands in dvc.yaml call `python`: run them with the venv first on PATH.
 export PATH := $(abspath $(BIN)):$(PATH)
 
-.PHONY: demo test install install-dev lint browser clean-outputs
+.PHONY: demo test test-fast install install-dev lint browser clean-outputs
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -49,6 +49,11 @@ browser:
 # crashes again, fails (pytest-rerunfailures; --only-rerun matches the worker-crash report only).
 test: install-dev lint browser
 	$(BIN)/python -m pytest -n auto --dist loadscope --no-loadscope-reorder --reruns 1 --only-rerun "crashed"
+
+# The inner loop: every test but the micro pipeline runs of tests/pipeline/ (no browser needed).
+test-fast: install-dev lint
+	$(BIN)/python -m pytest -n auto --dist loadscope --no-loadscope-reorder --reruns 1 --only-rerun "crashed" \
+	  --ignore=tests/pipeline
 
 clean-outputs:
 	rm -rf data models outputs metrics reports mlflow.db mlartifacts
