@@ -90,3 +90,12 @@ def pytest_xdist_make_scheduler(config, log):
                 self._reschedule(node)
 
     return ModuleScheduling(config, log)
+
+
+@pytest.fixture
+def scoped_envs():
+    """Envs a test registers are gone after it (vlmgym.envs.registry.scoped_registrations)."""
+    from vlmgym.envs import registry
+
+    with registry.scoped_registrations():
+        yield

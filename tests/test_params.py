@@ -105,8 +105,9 @@ class NoSettingsEnv(Env):
         return 0.0, {}
 
 
+@pytest.mark.usefixtures("scoped_envs")
 def test_an_env_without_params_takes_no_settings(tmp_path, monkeypatch):
-    monkeypatch.setattr(registry, "_REGISTRY", {**registry._REGISTRY, "no_settings": NoSettingsEnv})
+    registry.register("no_settings", NoSettingsEnv)
     env = params.load_section("env", write(tmp_path, "env:\n  name: no_settings\n"))
     assert env.settings() is None
     with pytest.raises(params.ParamsError, match="env.no_settings.*takes no settings"):

@@ -8,7 +8,7 @@ import webdataset as wds
 from PIL import Image
 
 from vlmgym import envs
-from vlmgym.envs import Env, registry
+from vlmgym.envs import Env
 from vlmgym.envs.geospot import PROMPT, GeospotEnv
 from vlmgym.envs.geospot.settings import GeospotParams
 from vlmgym.geo import country_display_name, gazetteer
@@ -36,8 +36,8 @@ class WordTokenizer:
 
 
 @pytest.fixture
-def clean_registry(monkeypatch):
-    monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
+def clean_registry(scoped_envs):
+    """The envs a test registers are undone after it."""
 
 
 def test_builtin_envs_are_registered():

@@ -44,8 +44,8 @@ def test_builtin_envs_provide_the_whole_interface(name):
     assert declared <= set(info["reward_components"]) and declared <= set(garbage_info["reward_components"])
 
 
+@pytest.mark.usefixtures("scoped_envs")
 def test_module_class_names_resolve_and_register(monkeypatch):
-    monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
     cls = envs.env_class("colour_env:ColourEnv")  # tests/envs is on sys.path here
     assert cls.name == "colour" and envs.env_class("colour") is cls and "colour" in envs.names()
     with pytest.raises(ImportError, match="cannot load 'no_such_module:Env'"):
@@ -54,8 +54,8 @@ def test_module_class_names_resolve_and_register(monkeypatch):
         envs.env_class("pathlib:Path")
 
 
+@pytest.mark.usefixtures("scoped_envs")
 def test_entry_points_register_envs(tmp_path, monkeypatch):
-    monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
     dist = tmp_path / "colour_plugin-1.0.dist-info"
     dist.mkdir()
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: colour-plugin\nVersion: 1.0\n")
@@ -65,8 +65,8 @@ def test_entry_points_register_envs(tmp_path, monkeypatch):
     assert envs.env_class("paint").name == "colour"
 
 
+@pytest.mark.usefixtures("scoped_envs")
 def test_the_tokenizer_corpus_holds_the_builtins_and_the_active_env(monkeypatch):
-    monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
     builtin = envs.corpus()
     assert envs.corpus(active="geospot") == builtin  # a built-in env adds nothing twice
     with_colour = envs.corpus(active="colour_env:ColourEnv")

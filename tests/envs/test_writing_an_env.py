@@ -3,8 +3,9 @@
 import re
 from pathlib import Path
 
+import pytest
+
 from vlmgym import envs
-from vlmgym.envs import registry
 
 REPO = Path(__file__).resolve().parents[2]
 GUIDE = REPO / "docs" / "writing-an-env.md"
@@ -27,8 +28,8 @@ def test_readme_links_the_guide():
     assert "(docs/writing-an-env.md)" in (REPO / "README.md").read_text()
 
 
+@pytest.mark.usefixtures("scoped_envs")
 def test_the_example_plays_an_episode(monkeypatch):
-    monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))  # keep "colour" out of other tests
     cls = envs.env_class("colour_env:ColourEnv")
     samples = cls.generate(6, seed=0, split="train")
     env = envs.make("colour", samples=samples)

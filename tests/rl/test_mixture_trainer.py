@@ -41,8 +41,7 @@ class ToyB(ToyEnv):
 
 
 @pytest.fixture(autouse=True)
-def toy_envs(monkeypatch):
-    monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
+def toy_envs(scoped_envs):
     registry.register("toy_a", ToyA)
     registry.register("toy_b", ToyB)
 

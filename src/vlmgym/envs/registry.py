@@ -11,11 +11,12 @@ An env is found by `env.name` in three ways:
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.metadata
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +53,17 @@ def register(name: str, target: str | type[Env], *, overwrite: bool = False) -> 
     if not isinstance(target, str) and not (isinstance(target, type) and issubclass(target, Env)):
         raise TypeError(f"env {name!r}: target must be an Env subclass or a 'module:Class' string, got {target!r}")
     _REGISTRY[name] = target
+
+
+@contextlib.contextmanager
+def scoped_registrations() -> Iterator[None]:
+    """Undo, when the block ends, whatever `register` did inside it (a test's or a notebook's envs stay its own)."""
+    saved = dict(_REGISTRY)
+    try:
+        yield
+    finally:
+        _REGISTRY.clear()
+        _REGISTRY.update(saved)
 
 
 def _same(a: str | type[Env], b: str | type[Env]) -> bool:
