@@ -48,17 +48,17 @@ def test_failed_build_keeps_the_old_raw_dir(tmp_path):
         raise OSError("disk full")
 
     with pytest.raises(OSError, match="disk full"):
-        download.build_raw(DataParams(), "geospot", raw, builder=breaks_halfway)
+        download.build_raw(DataParams(), envs.env_class("geospot"), raw, builder=breaks_halfway)
     assert layout.csv_path(raw, "train").read_text() == "id\nold\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["raw"]
     with pytest.raises(RuntimeError, match=r"wrote no CSV for split\(s\) \['test'\]"):
-        download.build_raw(DataParams(), "geospot", raw, builder=lambda p, out: layout.write_csv(
+        download.build_raw(DataParams(), envs.env_class("geospot"), raw, builder=lambda p, out: layout.write_csv(
             layout.csv_path(out, "train"), ["id"], []))
 
 
 def test_nlvr2_raw_through_the_shard_stage(tmp_path):
     params = DataParams(train_images=4, test_images=2, image_width=64, image_height=48)
-    stats = download.build_raw(params, "nlvr2", tmp_path / "raw")
+    stats = download.build_raw(params, envs.env_class("nlvr2"), tmp_path / "raw")
     assert (stats["train_rows"], stats["test_rows"]) == (4, 2)
     manifest = sharding.shard_raw(tmp_path / "raw", tmp_path / "shards", envs.env_class("nlvr2").schema,
                                   ShardParams(val_samples=0))
