@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from vlmgym.runtime import killpoint, temps
+from vlmgym.runtime import killpoint, temps, write_hooks
 from vlmgym.runtime.atomic import atomic_dir, atomic_file, write_text_atomically, writer_tag
 
 
@@ -177,3 +177,13 @@ def test_clean_temps_sweeps_output_roots_and_dry_run_only_lists(tmp_path, capsys
     assert temps.main(roots) == 0
     assert "removed 1 stale temp(s)" in capsys.readouterr().out
     assert not nested.exists() and live.exists()
+
+
+def test_the_kill_hook_is_registered_only_when_its_variable_is_set():
+    # Normal runs: atomic writes and checkpoint saves call no test hook at all.
+    assert write_hooks.before_rename == [] and write_hooks.at_checkpoint_save == []
+    show = ("from vlmgym.runtime import write_hooks as h; "
+            "print(len(h.before_rename), len(h.at_checkpoint_save))")
+    armed = subprocess.run([sys.executable, "-c", show], env={**os.environ, killpoint.ENV: "x"}, capture_output=True,
+                           text=True, timeout=120)
+    assert armed.stdout.split() == ["1", "1"], armed.stderr

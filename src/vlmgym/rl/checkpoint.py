@@ -21,7 +21,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
-from vlmgym.runtime import distributed, janitor, killpoint, temps
+from vlmgym.runtime import distributed, janitor, temps, write_hooks
 
 # Orbax writes step N into `N.orbax-checkpoint-tmp*` and renames it when every item is on disk.
 ORBAX_TEMP_GLOB = "*.orbax-checkpoint-tmp*"
@@ -111,7 +111,8 @@ class CheckpointManager:
         if not force and step % self.save_every:
             return False
         loop = {"step": int(step), "rng": _key_to_json(rng), "state": loop_state or {}}
-        killpoint.kill_when_present(self.directory, ORBAX_TEMP_GLOB, self.directory / str(step))
+        for hook in write_hooks.at_checkpoint_save:
+            hook(self.directory, step, ORBAX_TEMP_GLOB)
         unfinished = str(self.directory / f"{step}{ORBAX_TEMP_GLOB[1:]}")
         janitor.track_glob(unfinished)  # removed at once if this process dies inside the save
         # The interval decision is made above (orbax would also save the first step it sees).

@@ -1,2 +1,7 @@
-"""Crash safety and processes: atomic writes (atomic), temps left by killed writers (temps, janitor), the test hook
-that kills a writer mid-write (killpoint), and several processes training one run (distributed)."""
+"""Crash safety and processes: atomic writes (atomic), temps left by killed writers (temps, janitor), the callbacks
+a write runs as it commits (write_hooks), the test hook that kills a writer mid-write (killpoint: registered only
+when its variable is set), and several processes training one run (distributed)."""
+
+from vlmgym.runtime import killpoint
+
+killpoint.install_if_set()

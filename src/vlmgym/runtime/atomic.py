@@ -24,7 +24,7 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from vlmgym.runtime import janitor, killpoint, temps
+from vlmgym.runtime import janitor, temps, write_hooks
 
 
 def writer_tag() -> str:
@@ -48,7 +48,8 @@ def atomic_file(path: str | Path) -> Iterator[Path]:
     janitor.track(tmp)
     try:
         yield tmp
-        killpoint.kill_if_armed(path.absolute())
+        for hook in write_hooks.before_rename:
+            hook(path.absolute())
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
@@ -66,7 +67,8 @@ def atomic_dir(path: str | Path) -> Iterator[Path]:
     janitor.track(tmp)
     try:
         yield tmp
-        killpoint.kill_if_armed(path.absolute())
+        for hook in write_hooks.before_rename:
+            hook(path.absolute())
         if path.exists():
             janitor.track(old)
             os.replace(path, old)

@@ -4,7 +4,8 @@ Set VLMGYM_KILL_IN_WRITE to part of a write's label (the absolute target path of
 `<checkpoint folder>/<step>` of a training save), or to a pattern with `*` matching the whole label (e.g.
 `*/checkpoints/sft/*/4`: the save of step 4), and the process SIGKILLs itself at that point: for an atomic
 write when the temp is complete but not yet renamed, for a checkpoint while orbax's temp folder for the step
-is on disk. Unset (the default), nothing happens.
+is on disk. Unset (the default), nothing is registered and writes run no hook at all
+(`vlmgym.runtime.write_hooks`).
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ import sys
 import threading
 import time
 from pathlib import Path
+
+from vlmgym.runtime import write_hooks
 
 ENV = "VLMGYM_KILL_IN_WRITE"
 
@@ -38,15 +41,23 @@ def kill_if_armed(label: str | Path) -> None:
         kill_now(label)
 
 
-def kill_when_present(folder: Path, pattern: str, label: str | Path, poll_s: float = 0.0005) -> None:
-    """If armed for `label`: kill this process as soon as `folder` holds an entry matching `pattern`
-    (a write done by another library, e.g. orbax's temp step folder, that no hook reaches)."""
+def kill_in_checkpoint_save(folder: Path, step: int, temp_glob: str, poll_s: float = 0.0005) -> None:
+    """If armed for `<folder>/<step>`: kill this process as soon as `folder` holds an entry matching `temp_glob`
+    (orbax writes the step under a temp name that no hook of ours reaches)."""
+    label = folder / str(step)
     if not armed(label):
         return
 
     def watch() -> None:
-        while not any(folder.glob(pattern)):
+        while not any(folder.glob(temp_glob)):
             time.sleep(poll_s)
         kill_now(label)
 
     threading.Thread(target=watch, daemon=True, name="vlmgym-killpoint").start()
+
+
+def install_if_set() -> None:
+    """Register the hooks when VLMGYM_KILL_IN_WRITE is set (once, as vlmgym.runtime is imported)."""
+    if os.environ.get(ENV) and kill_if_armed not in write_hooks.before_rename:
+        write_hooks.before_rename.append(kill_if_armed)
+        write_hooks.at_checkpoint_save.append(kill_in_checkpoint_save)
