@@ -22,6 +22,8 @@ import numpy as np
 
 SCALE_REWARDS = ("group", "batch", "none")
 LOSS_AGGREGATIONS = ("token_mean", "sequence_mean", "dr_grpo")
+IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence", "sequence_token")
+SAMPLER_CORRECTIONS = ("none", "token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
 
 
 def mask_after_eos(tokens: jax.Array, eos_ids: tuple[int, ...] | list[int],
@@ -87,6 +89,23 @@ def filter_groups(rewards: jax.Array | np.ndarray, group_size: int, min_std: flo
     return GroupFilter(keep=keep, num_kept=int(keep.sum()), num_dropped=int((~keep).sum()))
 
 
+def truncated_rows(tokens: np.ndarray, mask: np.ndarray, eos_ids: tuple[int, ...] | list[int]) -> np.ndarray:
+    """[batch] bool: answers that reached the length budget without an EOS (rows with no active token are not)."""
+    tokens, mask = np.asarray(tokens), np.asarray(mask) > 0
+    return mask.any(axis=1) & ~(np.isin(tokens, list(eos_ids)) & mask).any(axis=1)
+
+
+def soft_overlong_penalty(lengths: np.ndarray, max_length: int, buffer: int, factor: float = 1.0) -> np.ndarray:
+    """DAPO's soft overlong punishment (its eq. 13; TRL's get_soft_overlong_punishment), times `factor`: 0 up to
+    max_length - buffer tokens, then falling linearly to -1 at max_length, -1 beyond. buffer 0: no penalty."""
+    lengths = np.asarray(lengths, np.float64)
+    if buffer <= 0:
+        return np.zeros_like(lengths)
+    start = max_length - buffer
+    penalty = np.where(lengths <= start, 0.0, np.where(lengths <= max_length, (start - lengths) / buffer, -1.0))
+    return factor * penalty
+
+
 def aggregate(per_token: jax.Array, mask: jax.Array, mode: str = "token_mean",
               normalizer: jax.Array | float | None = None) -> jax.Array:
     """Reduce a [batch, len] per-token quantity to a scalar.
@@ -148,28 +167,83 @@ class LossOutput(NamedTuple):
     ratio_min: jax.Array
 
 
+def sequence_mean_log_ratio(log_ratio: jax.Array, mask: jax.Array) -> jax.Array:
+    """Each sequence's mean per-token log-ratio over its active tokens [batch, 1] (GSPO's log s_i)."""
+    return ((log_ratio * mask).sum(-1) / jnp.maximum(mask.sum(-1), 1.0))[:, None]
+
+
+def importance_log_weights(logprobs: jax.Array, behaviour_logprobs: jax.Array, mask: jax.Array,
+                           level: str = "token") -> jax.Array:
+    """The log importance ratio the surrogate clips, [batch, len] (token, sequence_token) or [batch, 1] (sequence).
+
+    token: log pi(y_t) - log pi_old(y_t) (PPO, GRPO). sequence (GSPO): the sequence's length-normalised log-ratio,
+    one ratio per answer. sequence_token (GSPO-token): that sequence ratio held fixed, times pi(y_t) / sg[pi(y_t)],
+    so its value is the sequence ratio and each token keeps its own gradient (TRL's importance_sampling_level)."""
+    if level not in IMPORTANCE_SAMPLING_LEVELS:
+        raise ValueError(f"importance_sampling_level={level!r}: expected one of {IMPORTANCE_SAMPLING_LEVELS}")
+    log_ratio = logprobs - jax.lax.stop_gradient(behaviour_logprobs)
+    if level == "token":
+        return log_ratio
+    sequence = sequence_mean_log_ratio(log_ratio, mask)
+    if level == "sequence":
+        return sequence
+    return logprobs - jax.lax.stop_gradient(logprobs) + jax.lax.stop_gradient(sequence)
+
+
+def sampler_correction_weights(old_logprobs: jax.Array, sampler_logprobs: jax.Array, mask: jax.Array, mode: str,
+                               cap: float, floor: float = 0.0) -> jax.Array:
+    """Importance weights old / sampler for the mismatch between the sampler and the learner's recomputation at
+    sampling time, truncated or masked to [floor, cap]: [batch, len] for token modes, [batch, 1] for sequence modes
+    (the summed log-ratio of the sequence). `*_truncate` clips into the range (TIS); `*_mask` zeroes what falls
+    outside it (MIS). TRL's vllm_importance_sampling_mode; floor 0 is TRL's clip_min None."""
+    if mode not in SAMPLER_CORRECTIONS[1:]:
+        raise ValueError(f"sampler correction {mode!r}: expected one of {SAMPLER_CORRECTIONS[1:]}")
+    diff = (jax.lax.stop_gradient(old_logprobs) - sampler_logprobs) * mask
+    if mode.startswith("sequence"):
+        diff = diff.sum(-1, keepdims=True)
+    ratio = jnp.exp(diff)
+    if mode.endswith("truncate"):
+        return jnp.clip(ratio, floor, cap)
+    return jnp.where((ratio < floor) | (ratio > cap), 0.0, ratio)
+
+
+def high_entropy_mask(entropies: jax.Array, mask: jax.Array, quantile: float) -> jax.Array:
+    """1.0 on the active tokens whose entropy is at or above the (1 - quantile) quantile of the active tokens'
+    entropies (linear interpolation, as torch.quantile), 0.0 elsewhere: only the top `quantile` share of tokens by
+    entropy carry the policy loss (TRL's top_entropy_quantile; 1 keeps every token, 0 the highest only)."""
+    active = mask > 0
+    values = jnp.where(active, entropies.astype(jnp.float32), jnp.nan)
+    threshold = jnp.nanquantile(values, 1.0 - quantile)
+    return (active & (entropies >= threshold)).astype(jnp.float32)
+
+
 def grpo_loss(logprobs: jax.Array, behaviour_logprobs: jax.Array, advantages: jax.Array, mask: jax.Array, *,
               epsilon: float = 0.2, epsilon_high: float | None = None, aggregation: str = "token_mean",
               beta: float = 0.0, reference_logprobs: jax.Array | None = None,
-              normalizer: jax.Array | float | None = None) -> LossOutput:
+              normalizer: jax.Array | float | None = None, importance_sampling_level: str = "token",
+              token_weights: jax.Array | None = None) -> LossOutput:
     """Clipped-surrogate GRPO loss (to minimise) with clip-higher and an optional k3 KL to a reference.
 
     logprobs: learner log-probs of the sampled tokens [batch, len] (differentiated);
     behaviour_logprobs: the policy that sampled them (tempered softmax), held fixed;
     advantages: one per sequence [batch] (GRPO), or one per token [batch, len] (PPO's GAE);
     epsilon / epsilon_high: the ratio is clipped to [1 - epsilon, 1 + epsilon_high] (epsilon_high None:
-    symmetric); beta > 0 needs reference_logprobs.
+    symmetric); beta > 0 needs reference_logprobs;
+    importance_sampling_level: token, sequence (GSPO) or sequence_token (`importance_log_weights`);
+    token_weights: multiplies each token's policy term (the sampler correction, the entropy mask), held fixed.
     """
     if beta > 0.0 and reference_logprobs is None:
         raise ValueError("beta > 0 needs reference_logprobs (the frozen reference policy's log-probs)")
     epsilon_high = epsilon if epsilon_high is None else epsilon_high
     mask = mask.astype(jnp.float32)
-    log_ratio = logprobs - jax.lax.stop_gradient(behaviour_logprobs)
-    ratio = jnp.exp(log_ratio)
+    log_ratio = importance_log_weights(logprobs, behaviour_logprobs, mask, importance_sampling_level)
+    ratio = jnp.broadcast_to(jnp.exp(log_ratio), logprobs.shape)
     token_advantages = (advantages if advantages.ndim == 2 else advantages[:, None]).astype(ratio.dtype)
     unclipped = ratio * token_advantages
     clipped = jnp.clip(ratio, 1.0 - epsilon, 1.0 + epsilon_high) * token_advantages
     per_token = -jnp.minimum(unclipped, clipped)
+    if token_weights is not None:
+        per_token = per_token * jax.lax.stop_gradient(token_weights)
     policy_loss = aggregate(per_token, mask, aggregation, normalizer)
 
     kl_to_reference = jnp.zeros((), jnp.float32)
@@ -184,9 +258,10 @@ def grpo_loss(logprobs: jax.Array, behaviour_logprobs: jax.Array, advantages: ja
     ratio_sg = jax.lax.stop_gradient(ratio)
     low = ((ratio_sg < 1.0 - epsilon) & (token_advantages < 0)).astype(jnp.float32)
     high = ((ratio_sg > 1.0 + epsilon_high) & (token_advantages > 0)).astype(jnp.float32)
-    log_ratio_sg = jax.lax.stop_gradient(log_ratio)
-    # k3 estimate of KL(behaviour || learner) from behaviour samples: r - 1 - log r, r = learner / behaviour.
-    approx_kl = ratio_sg - 1.0 - log_ratio_sg
+    # k3 estimate of KL(behaviour || learner) from behaviour samples: r - 1 - log r, r = learner / behaviour per
+    # token (whatever ratio the surrogate clips).
+    token_log_ratio = jax.lax.stop_gradient(logprobs - behaviour_logprobs)
+    approx_kl = jnp.exp(token_log_ratio) - 1.0 - token_log_ratio
     big = jnp.finfo(jnp.float32).max
     return LossOutput(
         loss=loss,
