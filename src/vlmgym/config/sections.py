@@ -212,6 +212,27 @@ class TrainParams:
     max_sample_rounds: int = spec(4, ge=1, doc="sampling rounds per step when filtering groups")
     old_logprobs: str = spec("sampler", choices=("sampler", "learner"),
                              doc="behaviour log-probs: the sampler's (tempered softmax) or the learner's recomputation")
+    importance_sampling_level: str = spec(
+        "token", choices=("token", "sequence", "sequence_token"),
+        doc="the importance ratio the surrogate clips: one per token; sequence (GSPO): one per answer, its "
+            "length-normalised log-ratio; sequence_token (GSPO-token): the sequence ratio, each token's own gradient")
+    sampler_correction: str = spec(
+        "none", choices=("none", "token_truncate", "token_mask", "sequence_truncate", "sequence_mask"),
+        doc="weigh each token's loss by learner / sampler probability at sampling time (needs old_logprobs: "
+            "learner): *_truncate clips the weight into [floor, cap] (TIS), *_mask zeroes it outside (MIS); per "
+            "token or one per answer (its summed log-ratio); none: off")
+    sampler_correction_cap: float = spec(3.0, gt=0, doc="sampler_correction: the weight's upper bound")
+    sampler_correction_floor: float = spec(0.0, ge=0, doc="sampler_correction: the weight's lower bound (0: none)")
+    mask_truncated_completions: bool = spec(False, doc="an answer that used all max_new_tokens without an EOS carries "
+                                            "no loss (its reward still counts in its group's baseline)")
+    overlong_buffer: int = spec(0, ge=0, doc="DAPO's soft overlong penalty: over the last this many tokens of "
+                                "max_new_tokens the reward falls linearly, by overlong_penalty at the limit (0: off)")
+    overlong_penalty: float = spec(1.0, ge=0, doc="overlong_buffer: the penalty at max_new_tokens")
+    filter_metric: str = spec("reward", doc="what filter_groups checks for spread: reward (the total) or a reward "
+                              "component the env reports (e.g. a correctness bit)")
+    top_entropy_quantile: float = spec(1.0, ge=0, le=1,
+                                       doc="only this top share of answer tokens by entropy carry the policy loss "
+                                           "(1: all; 0: the highest only)")
     temperature: float = spec(1.0, ge=0, doc="sampling temperature")
     top_k: int = spec(0, ge=0, doc="sampling top-k (0: off)")
     top_p: float = spec(1.0, gt=0, le=1, doc="sampling nucleus (1: off)")
@@ -232,6 +253,25 @@ class TrainParams:
     shards_dir: str = spec("data/shards", doc="webdataset shards of the env")
     mesh: list[int] = spec(default_factory=list, ge=1,
                            doc="(data, fsdp, tensor) device counts of the mesh; empty: a single device")
+
+    def __post_init__(self) -> None:
+        if self.sampler_correction != "none" and self.old_logprobs != "learner":
+            raise ParamsError(f"train.sampler_correction={self.sampler_correction!r} weighs the learner's "
+                              "recomputation against the sampler: set train.old_logprobs: learner")
+        if self.overlong_buffer > self.max_new_tokens:
+            raise ParamsError(f"train.overlong_buffer={self.overlong_buffer} is longer than train.max_new_tokens="
+                              f"{self.max_new_tokens}")
+        if self.algorithm in ("ppo", "dpo"):
+            changed = [name for name, default in GRPO_LOSS_DEFAULTS.items() if getattr(self, name) != default]
+            if changed:
+                name = changed[0]
+                raise ParamsError(f"train.{name} shapes the GRPO/RLOO loss, which train.algorithm={self.algorithm!r} "
+                                  f"does not use (leave it at {GRPO_LOSS_DEFAULTS[name]!r})")
+
+
+# The knobs of the GRPO/RLOO loss and their (off) defaults; the reward and filtering knobs serve every algorithm.
+GRPO_LOSS_DEFAULTS = {"importance_sampling_level": "token", "sampler_correction": "none",
+                      "mask_truncated_completions": False, "top_entropy_quantile": 1.0}
 
 
 @dataclass(frozen=True)

@@ -260,8 +260,11 @@ def grpo_loss(logprobs: jax.Array, behaviour_logprobs: jax.Array, advantages: ja
     high = ((ratio_sg > 1.0 + epsilon_high) & (token_advantages > 0)).astype(jnp.float32)
     # k3 estimate of KL(behaviour || learner) from behaviour samples: r - 1 - log r, r = learner / behaviour per
     # token (whatever ratio the surrogate clips).
-    token_log_ratio = jax.lax.stop_gradient(logprobs - behaviour_logprobs)
-    approx_kl = jnp.exp(token_log_ratio) - 1.0 - token_log_ratio
+    if importance_sampling_level == "token":
+        approx_kl = ratio_sg - 1.0 - jax.lax.stop_gradient(log_ratio)
+    else:
+        token_log_ratio = jax.lax.stop_gradient(logprobs - behaviour_logprobs)
+        approx_kl = jnp.exp(token_log_ratio) - 1.0 - token_log_ratio
     big = jnp.finfo(jnp.float32).max
     return LossOutput(
         loss=loss,

@@ -111,14 +111,17 @@ class GRPOTrainer(TrainingLoop):
     def _settings(self, current_as_old: bool) -> LossSettings:
         c = self.config
         return LossSettings(epsilon=c.epsilon, epsilon_high=c.epsilon_high, aggregation=c.loss_aggregation,
-                            beta=c.beta, current_as_old=current_as_old)
+                            beta=c.beta, current_as_old=current_as_old,
+                            importance_sampling_level=c.importance_sampling_level,
+                            sampler_correction=c.sampler_correction, sampler_correction_cap=c.sampler_correction_cap,
+                            sampler_correction_floor=c.sampler_correction_floor)
 
     def _collect(self, step: int, rng: jax.Array) -> dict:
         """Sample and score groups until the batch is full (dropping all-equal groups when filtering)."""
         c = self.config
         # The curriculum follows training progress, not env resets (which sampling rounds would skew).
         self.env.set_progress(step / self.total_steps)
-        kept, spare, sampled_rewards, sampled_infos, sampled_texts, final = [], [], [], [], [], []
+        kept, spare, sampled_rewards, sampled_infos, sampled_texts, final, overlong = [], [], [], [], [], [], []
         sampled_groups = zero_std_groups = rounds = sampled_tokens = 0
         rollout_time = 0.0
         # Each process samples its share of the step's prompts (all of them in a single-process run).
@@ -142,6 +145,9 @@ class GRPOTrainer(TrainingLoop):
                          "mask": samples.mask[rows.start:rows.stop], "logprobs": samples.logprobs[rows.start:rows.stop],
                          "texts": samples.texts[rows.start:rows.stop], "rewards": np.array([s[0] for s in scored]),
                          "infos": [s[1] for s in scored]}
+                penalty = overlong_penalties(c, group["mask"])
+                group["rewards"] = group["rewards"] + penalty
+                overlong.extend(penalty)
                 sampled_groups += 1
                 sampled_rewards.extend(group["rewards"])
                 final.extend(final_rewards(self.env, state, group["tokens"], group["mask"], group["rewards"]))
@@ -149,14 +155,15 @@ class GRPOTrainer(TrainingLoop):
                 sampled_texts.extend(group["texts"])
                 equal = grpo.filter_groups(group["rewards"], c.group_size).num_dropped == 1
                 zero_std_groups += equal
-                if c.filter_groups and equal:
+                flat = grpo.filter_groups(filter_values(c.filter_metric, group), c.group_size).num_dropped == 1
+                if c.filter_groups and flat:
                     spare.append(group)
                 elif len(kept) < c.batch_prompts:
                     kept.append(group)
             if not c.filter_groups:
                 break
         if distributed.count() > 1:
-            return gathered_collection(kept, rollout_time, sampled_tokens, final)
+            return gathered_collection(kept, rollout_time, sampled_tokens, final, overlong)
         # Sampling rounds ran out: fill the batch with all-equal groups, masked out so they only pad the shape.
         padding = spare[: c.batch_prompts - len(kept)]
         for group in padding:
@@ -164,7 +171,8 @@ class GRPOTrainer(TrainingLoop):
         return {"groups": kept + padding, "num_padding": len(padding), "sampled_groups": sampled_groups,
                 "zero_std_groups": zero_std_groups, "rounds": rounds, "rollout_time": rollout_time,
                 "sampled_tokens": sampled_tokens, "sampled_rewards": np.asarray(sampled_rewards, np.float64),
-                "final_rewards": np.asarray(final, np.float64),
+                "final_rewards": np.asarray(final, np.float64), "groups_filtered": len(spare),
+                "overlong_penalty": np.asarray(overlong, np.float64),
                 "sampled_infos": sampled_infos, "sampled_texts": sampled_texts}
 
     def _sample_batch(self, step: int) -> tuple[dict, np.ndarray, np.ndarray, np.ndarray, np.ndarray, float]:
@@ -188,12 +196,17 @@ class GRPOTrainer(TrainingLoop):
         advantages = np.asarray(group_advantages(rewards[real], c.group_size, c.scale_rewards,
                                             leave_one_out=c.algorithm == "rloo"))
         advantages = np.concatenate([advantages, np.zeros(int((~real).sum()), np.float32)])
-        normalizer = jnp.float32(grpo.aggregation_normalizer(mask, c.loss_aggregation))
+        loss_mask = mask
+        if c.mask_truncated_completions:  # their reward still counted in the advantages above
+            loss_mask = mask * ~grpo.truncated_rows(tokens, mask, self.policy.eos_ids)[:, None]
+        normalizer = jnp.float32(grpo.aggregation_normalizer(loss_mask, c.loss_aggregation))
         micro_batches = []
         for rows in micro_slices(len(tokens), c.micro_batches):
             batch = self.policy.build_batch(group_observations(groups, rows, c.group_size), tokens[rows], mask[rows])
             micro = {"batch": batch, "behaviour": sampler_logprobs[rows], "advantages": advantages[rows],
-                     "mask": mask[rows]}
+                     "mask": loss_mask[rows]}
+            if c.sampler_correction != "none":
+                micro["sampler"] = sampler_logprobs[rows]
             if self.reference() is not None:
                 micro["reference"] = policy_logprobs(self.reference(), batch, policy=self.policy,
                                                      compiles=self.compiles)
@@ -244,7 +257,7 @@ class GRPOTrainer(TrainingLoop):
                # the same samples at the curriculum's final weights: the headline training curve
                "final_reward_mean": float(collected["final_rewards"].mean()),
                "zero_std_group_share": collected["zero_std_groups"] / collected["sampled_groups"],
-               "groups_dropped": float(collected["zero_std_groups"] if self.config.filter_groups else 0),
+               "groups_dropped": float(collected["groups_filtered"]),
                "sample_rounds": float(collected["rounds"]),
                # the evaluate stage's collapse check on the step's samples: near 1, every group answers alike
                "answer_top_share": answer_spread(collected["sampled_texts"])["top_share"]}
@@ -254,6 +267,8 @@ class GRPOTrainer(TrainingLoop):
                 components.setdefault(name, []).append(float(value))
         out.update({f"reward/{name}": float(np.mean(values)) for name, values in sorted(components.items())})
         out.update(part_figures(collected["sampled_infos"], rewards, collected["final_rewards"]))
+        if self.config.overlong_buffer:
+            out["overlong_penalty"] = float(collected["overlong_penalty"].mean())
         active_rows = mask.sum(axis=1) > 0
         lengths = mask.sum(axis=1)[active_rows]
         out["completion_length"] = float(lengths.mean()) if lengths.size else 0.0
@@ -282,3 +297,23 @@ class GRPOTrainer(TrainingLoop):
                              "answer": group["texts"][member], "reward": float(group["rewards"][member]),
                              "reward_components": dict(info.get("reward_components") or {})})
         return rows
+
+
+def overlong_penalties(config: Any, mask: np.ndarray) -> np.ndarray:
+    """Each answer's soft overlong penalty (train.overlong_buffer; zeros when off), by its length in tokens."""
+    return grpo.soft_overlong_penalty(np.asarray(mask).sum(axis=1), config.max_new_tokens, config.overlong_buffer,
+                                      config.overlong_penalty)
+
+
+def filter_values(metric: str, group: dict) -> np.ndarray:
+    """What filter_groups checks for spread in a group: its rewards, or one reward component of each answer."""
+    if metric == "reward":
+        return group["rewards"]
+    values = []
+    for info in group["infos"]:
+        components = info.get("reward_components") or {}
+        if metric not in components:
+            raise ValueError(f"train.filter_metric={metric!r}: the env's answers carry no such reward component "
+                             f"(they report: {', '.join(sorted(components)) or 'none'}; or use reward)")
+        values.append(float(components[metric]))
+    return np.asarray(values)

@@ -32,18 +32,36 @@ class LossSettings:
     aggregation: str
     beta: float
     current_as_old: bool  # behaviour log-probs = this forward's own (stop-gradient) log-probs: ratio exactly 1
+    importance_sampling_level: str = "token"  # token, sequence (GSPO), sequence_token
+    sampler_correction: str = "none"  # none, or a grpo.SAMPLER_CORRECTIONS mode (micro["sampler"]: its log-probs)
+    sampler_correction_cap: float = 3.0
+    sampler_correction_floor: float = 0.0
+
+
+def _sampler_weights(behaviour: jax.Array, micro: dict, settings: LossSettings) -> tuple[jax.Array | None, dict]:
+    """The sampler-correction weights (None when off) and their figures as sums over active tokens."""
+    if settings.sampler_correction == "none":
+        return None, {}
+    mask = micro["mask"].astype(jnp.float32)
+    weights = grpo.sampler_correction_weights(behaviour, micro["sampler"], mask, settings.sampler_correction,
+                                              settings.sampler_correction_cap, settings.sampler_correction_floor)
+    per_token = jnp.broadcast_to(weights, mask.shape)
+    return weights, {"sampler_weight_mean": (per_token * mask).sum(),
+                     "sampler_weight_zero": ((per_token == 0) * mask).sum()}
 
 
 def _grpo_micro_loss(params: Any, micro: dict, normalizer: jax.Array, policy: Policy,
                      settings: LossSettings) -> tuple[jax.Array, dict]:
     logprobs = policy.logprobs(params, micro["batch"])
     behaviour = jax.lax.stop_gradient(logprobs) if settings.current_as_old else micro["behaviour"]
+    weights, weight_figures = _sampler_weights(behaviour, micro, settings)
     out = grpo.grpo_loss(logprobs, behaviour, micro["advantages"], micro["mask"], epsilon=settings.epsilon,
                          epsilon_high=settings.epsilon_high, aggregation=settings.aggregation, beta=settings.beta,
-                         reference_logprobs=micro.get("reference"), normalizer=normalizer)
+                         reference_logprobs=micro.get("reference"), normalizer=normalizer,
+                         importance_sampling_level=settings.importance_sampling_level, token_weights=weights)
     tokens = micro["mask"].astype(jnp.float32).sum()
     # Per-micro-batch means become sums here and are divided by the batch's token count afterwards.
-    aux = {"logprobs": jax.lax.stop_gradient(logprobs), "tokens": tokens,
+    aux = {"logprobs": jax.lax.stop_gradient(logprobs), "tokens": tokens, **weight_figures,
            "policy_loss": out.policy_loss, "kl_to_reference": out.kl_to_reference,
            "clip_fraction_low": out.clip_fraction_low * tokens, "clip_fraction_high": out.clip_fraction_high * tokens,
            "approx_kl_behaviour": out.approx_kl_behaviour * tokens, "ratio_mean": out.ratio_mean * tokens,
@@ -146,8 +164,10 @@ def combine_grpo_figures(auxes: list[dict]) -> dict[str, float]:
     auxes = _scalar_figures(auxes)
     tokens = max(sum(float(a["tokens"]) for a in auxes), 1.0)
     out = {name: sum(float(a[name]) for a in auxes) for name in ("loss", "policy_loss", "kl_to_reference")}
-    for name in ("clip_fraction_low", "clip_fraction_high", "approx_kl_behaviour", "ratio_mean"):
-        out[name] = sum(float(a[name]) for a in auxes) / tokens
+    for name in ("clip_fraction_low", "clip_fraction_high", "approx_kl_behaviour", "ratio_mean", "sampler_weight_mean",
+                 "sampler_weight_zero"):
+        if name in auxes[0]:
+            out[name] = sum(float(a[name]) for a in auxes) / tokens
     out["ratio_max"] = max(float(a["ratio_max"]) for a in auxes)
     out["ratio_min"] = min(float(a["ratio_min"]) for a in auxes)
     return out

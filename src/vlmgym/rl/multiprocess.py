@@ -29,13 +29,15 @@ def check_multiprocess(config: Any, policy: Any) -> None:
         raise ValueError(f"a run over {processes} processes needs a device mesh over all of them (train.mesh)")
 
 
-def gathered_collection(groups: list[dict], rollout_time: float, sampled_tokens: int, final: list[float]) -> dict:
+def gathered_collection(groups: list[dict], rollout_time: float, sampled_tokens: int, final: list[float],
+                        overlong: list[float]) -> dict:
     """Every process's sampled groups (in process order, the order of the step's prompts) on every process, as
     `_collect` returns them; a group another process sampled has no observation (obs None)."""
     local = [{"index": g["index"], "texts": list(g["texts"]), "infos": g["infos"]} for g in groups]
     arrays = {name: distributed.gather_rows(np.stack([g[name] for g in groups]))
               for name in ("tokens", "mask", "logprobs", "rewards")}
     final = distributed.gather_rows(np.asarray(final, np.float64))
+    overlong = distributed.gather_rows(np.asarray(overlong, np.float64))
     figures = distributed.gather_json({"groups": local, "rollout_time": rollout_time,
                                        "sampled_tokens": sampled_tokens})
     observations = [None] * sum(len(f["groups"]) for f in figures)
@@ -49,5 +51,6 @@ def gathered_collection(groups: list[dict], rollout_time: float, sampled_tokens:
             "rounds": 1, "rollout_time": max(f["rollout_time"] for f in figures),
             "sampled_tokens": sum(f["sampled_tokens"] for f in figures),
             "sampled_rewards": np.concatenate([g["rewards"] for g in merged]).astype(np.float64),
-            "final_rewards": final, "sampled_infos": [i for g in merged for i in g["infos"]],
+            "final_rewards": final, "groups_filtered": 0, "overlong_penalty": overlong,
+            "sampled_infos": [i for g in merged for i in g["infos"]],
             "sampled_texts": [t for g in merged for t in g["texts"]]}

@@ -1,0 +1,154 @@
+"""The GRPO trainer uses each objective knob: truncated answers leave the loss, the overlong penalty enters the reward,
+filter_metric picks the groups, the sampler correction reweighs a deliberately perturbed sampler, GSPO clips."""
+
+import dataclasses
+
+import jax
+import numpy as np
+import pytest
+from toy import ToyEnv, ToyPolicy
+
+from vlmgym.params import ParamsError, TrainParams
+from vlmgym.rl import grpo, grpo_trainer
+from vlmgym.rl.grpo_trainer import GRPOTrainer
+from vlmgym.rl.loop import Samples
+
+POLICY = ToyPolicy()
+BASE = TrainParams(val_every=0, select="last", steps=2, batch_prompts=4, group_size=8, lr=0.02, warmup_steps=0,
+                   save_every=100, samples_every=100, num_samples=1, max_new_tokens=POLICY.max_new_tokens)
+
+
+def _trainer(tmp_path, name, policy=POLICY, **overrides):
+    return GRPOTrainer(policy, ToyEnv(), policy.init(jax.random.key(0)), dataclasses.replace(BASE, **overrides),
+                       tmp_path / name, progress_bar=False)
+
+
+@pytest.fixture
+def micro_spy(monkeypatch):
+    """Every micro-batch the trainer differentiates, with its normalizer."""
+    seen = []
+    real = grpo_trainer.grpo_gradients
+
+    def spy(params, micro, normalizer, **kwargs):
+        seen.append((jax.device_get({k: v for k, v in micro.items() if k != "batch"}), float(normalizer),
+                     jax.device_get(micro["batch"]["tokens"]), jax.device_get(micro["batch"]["mask"])))
+        return real(params, micro, normalizer, **kwargs)
+
+    monkeypatch.setattr(grpo_trainer, "grpo_gradients", spy)
+    return seen
+
+
+def test_truncated_answers_carry_no_loss_but_keep_their_reward(tmp_path, micro_spy):
+    trainer = _trainer(tmp_path, "masked", steps=1, mask_truncated_completions=True)
+    trainer.run()
+    (micro, normalizer, tokens, sampled_mask), = micro_spy
+    truncated = grpo.truncated_rows(tokens, sampled_mask, POLICY.eos_ids)
+    assert 0 < truncated.sum() < len(truncated)  # the toy policy's first answers: some stop, some run out
+    assert np.all(micro["mask"][truncated] == 0)
+    np.testing.assert_array_equal(micro["mask"][~truncated], sampled_mask[~truncated])
+    assert normalizer == micro["mask"].sum()  # token_mean over the answers that still count
+    # Advantages came from every answer's reward: the truncated ones' are not all zero.
+    assert np.any(micro["advantages"][truncated] != 0)
+    assert trainer.history[0]["truncated_share"] == pytest.approx(truncated.mean())
+
+
+def test_the_overlong_penalty_enters_the_reward(tmp_path, micro_spy):
+    plain = _trainer(tmp_path, "plain", steps=1)
+    plain.run()
+    penalised = _trainer(tmp_path, "penalised", steps=1, overlong_buffer=2, overlong_penalty=0.5)
+    penalised.run()
+    (_, _, tokens, mask), (micro, _, _, _) = micro_spy
+    lengths = mask.sum(axis=1)
+    expected = grpo.soft_overlong_penalty(lengths, POLICY.max_new_tokens, 2, 0.5)
+    assert expected.min() < 0  # the toy answers reach the buffer
+    first, second = plain.history[0], penalised.history[0]  # the same samples: the same start, rng and data
+    assert second["overlong_penalty"] == pytest.approx(expected.mean())
+    assert second["reward_mean"] == pytest.approx(first["reward_mean"] + expected.mean())
+    assert "overlong_penalty" not in first
+
+
+def test_filter_metric_keeps_exactly_the_groups_whose_metric_varies(tmp_path):
+    trainer = _trainer(tmp_path, "filtered", filter_groups=True, filter_metric="stops", max_sample_rounds=3,
+                       batch_prompts=8)
+    collected = trainer._collect(0, jax.random.key(5))
+    kept = collected["groups"][: len(collected["groups"]) - collected["num_padding"]]
+    stops = [np.array([i["reward_components"]["stops"] for i in g["infos"]]) for g in kept]
+    assert kept and all(values.std() > 0 for values in stops)
+    sampled = np.array([i["reward_components"]["stops"] for i in collected["sampled_infos"]]).reshape(-1, 8)
+    flat = int((sampled.std(axis=1) == 0).sum())
+    assert collected["groups_filtered"] == flat > 0
+    # Filtering on the total reward keeps a different set here: the choice of metric matters.
+    by_reward = _trainer(tmp_path, "by_reward", filter_groups=True, max_sample_rounds=3, batch_prompts=8)
+    other = by_reward._collect(0, jax.random.key(5))
+    assert other["groups_filtered"] != collected["groups_filtered"]
+
+
+def test_an_unknown_filter_metric_names_what_the_env_reports(tmp_path):
+    trainer = _trainer(tmp_path, "unknown", filter_groups=True, filter_metric="correct")
+    with pytest.raises(ValueError, match="'correct'.*they report: match, stops"):
+        trainer._collect(0, jax.random.key(0))
+
+
+@dataclasses.dataclass(frozen=True)
+class OffsetSampler(ToyPolicy):
+    """The toy policy whose sampler reports every log-prob `offset` lower than the learner computes (a sampler
+    that disagrees with the learner, as bf16 sampling does on a GPU)."""
+
+    offset: float = 0.5
+
+    def sample(self, params, observations, group_size, rng):
+        samples = super().sample(params, observations, group_size, rng)
+        return Samples(tokens=samples.tokens, mask=samples.mask, texts=samples.texts,
+                       logprobs=np.where(samples.mask > 0, samples.logprobs - self.offset, 0.0).astype(np.float32))
+
+
+def test_the_sampler_correction_reweighs_a_perturbed_sampler(tmp_path):
+    policy = OffsetSampler()
+    truncated = _trainer(tmp_path, "tis", policy, steps=1, old_logprobs="learner", sampler_correction="token_truncate")
+    truncated.run()
+    # learner / sampler = e^0.5 on every token, under the cap of 3: every weight is e^0.5.
+    assert truncated.history[0]["sampler_weight_mean"] == pytest.approx(np.exp(0.5), rel=1e-5)
+    assert truncated.history[0]["sampler_weight_zero"] == 0
+    plain = _trainer(tmp_path, "plain", policy, steps=1, old_logprobs="learner")
+    plain.run()
+    assert truncated.history[0]["policy_loss"] == pytest.approx(np.exp(0.5) * plain.history[0]["policy_loss"],
+                                                                rel=1e-4)
+    # Masked at a cap of 1.5, every token is out (e^0.5 = 1.65): no loss, no gradient, the weights stay.
+    masked = _trainer(tmp_path, "mis", policy, steps=1, old_logprobs="learner", sampler_correction="token_mask",
+                      sampler_correction_cap=1.5)
+    start = policy.init(jax.random.key(0))
+    masked.run()
+    assert masked.history[0]["sampler_weight_zero"] == 1.0 and masked.history[0]["policy_loss"] == 0.0
+    for a, b in zip(jax.tree.leaves(masked.params), jax.tree.leaves(start)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_gspo_clips_by_the_sequence_ratio_in_later_iterations(tmp_path):
+    runs = {level: _trainer(tmp_path, level, steps=2, num_iterations=3, old_logprobs="learner", epsilon=0.01,
+                            epsilon_high=0.01, lr=0.05, importance_sampling_level=level)
+            for level in ("token", "sequence", "sequence_token")}
+    for trainer in runs.values():
+        trainer.run()
+    for level, trainer in runs.items():
+        assert max(m["clip_fraction_low"] + m["clip_fraction_high"] for m in trainer.history) > 0, level
+    assert runs["sequence"].history[-1]["loss"] != runs["token"].history[-1]["loss"]
+    # GSPO-token has GSPO's value and clipping: the same losses, step for step.
+    for a, b in zip(runs["sequence"].history, runs["sequence_token"].history):
+        assert a["loss"] == pytest.approx(b["loss"], rel=1e-5)
+
+
+@pytest.mark.parametrize(("overrides", "message"), [
+    ({"sampler_correction": "token_mask"}, "set train.old_logprobs: learner"),
+    ({"algorithm": "ppo", "importance_sampling_level": "sequence"}, "does not use"),
+    ({"algorithm": "dpo", "mask_truncated_completions": True}, "does not use"),
+    ({"overlong_buffer": 65}, "longer than train.max_new_tokens"),
+])
+def test_knobs_that_cannot_apply_are_refused(overrides, message):
+    with pytest.raises(ParamsError, match=message):
+        TrainParams(**overrides)
+
+
+def test_the_knobs_choices_are_the_losses():
+    fields = {f.name: f for f in dataclasses.fields(TrainParams)}
+    assert fields["importance_sampling_level"].metadata["choices"] == grpo.IMPORTANCE_SAMPLING_LEVELS
+    assert fields["sampler_correction"].metadata["choices"] == grpo.SAMPLER_CORRECTIONS
