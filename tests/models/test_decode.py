@@ -90,6 +90,27 @@ def test_repeated_cache_equals_repeated_prefill(setup):
     np.testing.assert_allclose(got, expected, atol=1e-4, rtol=0)
 
 
+def test_token_entropies_are_the_entropy_of_the_full_forwards_logits(setup):
+    s = setup
+    tiny = s["tiny"]
+    inputs = {"input_ids": jnp.asarray(s["batch"]["input_ids"]),
+              "attention_mask": jnp.asarray(s["batch"]["attention_mask"]),
+              "position_ids": jnp.asarray(s["positions"]), "pixel_values": jnp.asarray(s["batch"]["pixel_values"]),
+              "patch_layout": s["layout"]}
+    completion_mask = np.array([[1, 1, 1], [1, 1, 0]], np.int32)
+    logprobs, entropies = qwen.jit_token_logprobs(tiny.params, tiny.cfg, inputs, jnp.asarray(s["completion"]),
+                                                  jnp.asarray(completion_mask), with_entropy=True)
+    ref = s["reference"][:, s["prompt_len"] - 1: s["prompt_len"] + STEPS - 1].astype(np.float64)
+    log_p = ref - ref.max(-1, keepdims=True)
+    log_p = log_p - np.log(np.exp(log_p).sum(-1, keepdims=True))
+    expected = -(np.exp(log_p) * log_p).sum(-1) * completion_mask
+    np.testing.assert_allclose(np.asarray(entropies), expected, atol=1e-4, rtol=0)
+    assert np.asarray(entropies)[1, 2] == 0.0 and np.asarray(entropies)[0].min() > 0
+    plain = qwen.jit_token_logprobs(tiny.params, tiny.cfg, inputs, jnp.asarray(s["completion"]),
+                                    jnp.asarray(completion_mask))
+    np.testing.assert_array_equal(np.asarray(logprobs), np.asarray(plain))
+
+
 def test_token_logprobs_match_forward_and_are_differentiable(setup):
     s = setup
     tiny = s["tiny"]

@@ -152,3 +152,26 @@ def test_the_knobs_choices_are_the_losses():
     fields = {f.name: f for f in dataclasses.fields(TrainParams)}
     assert fields["importance_sampling_level"].metadata["choices"] == grpo.IMPORTANCE_SAMPLING_LEVELS
     assert fields["sampler_correction"].metadata["choices"] == grpo.SAMPLER_CORRECTIONS
+
+
+@pytest.mark.parametrize("quantile", [0.0, 0.3])
+def test_only_the_high_entropy_tokens_carry_the_loss(tmp_path, quantile):
+    whole = _trainer(tmp_path, "whole", steps=1)
+    whole.run()
+    top = _trainer(tmp_path, f"top{quantile}", steps=1, top_entropy_quantile=quantile)
+    top.run()
+    kept = top.history[0]["entropy_kept"]
+    tokens = whole.history[0]["completion_length"] * BASE.batch_prompts * BASE.group_size
+    # The toy policy's first position has one entropy per prompt: a group's rows tie there (ties are all kept).
+    ties = BASE.group_size / tokens
+    assert (1 / tokens <= kept <= ties) if quantile == 0 else kept == pytest.approx(quantile, abs=ties)
+    assert top.history[0]["policy_loss"] != whole.history[0]["policy_loss"]
+
+
+def test_entropy_masking_needs_a_policy_that_reports_entropies(tmp_path):
+    @dataclasses.dataclass(frozen=True)
+    class NoEntropy(ToyPolicy):
+        logprobs_and_entropies = None  # a policy that scores tokens but has no entropies
+
+    with pytest.raises(ValueError, match="has no logprobs_and_entropies"):
+        _trainer(tmp_path, "none", NoEntropy(), top_entropy_quantile=0.2)

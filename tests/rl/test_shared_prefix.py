@@ -71,6 +71,10 @@ def test_shared_prefix_logprobs_and_gradients_equal_the_per_copy_ones(tiny_vlm, 
         return np.asarray(jax.jit(policy.logprobs)(tiny_vlm.params, batch))
 
     np.testing.assert_allclose(logprobs(shared_policy, shared), logprobs(per_copy_policy, per_copy), atol=1e-5)
+    shared_entropies = jax.jit(shared_policy.logprobs_and_entropies)(tiny_vlm.params, shared)[1]
+    per_copy_entropies = jax.jit(per_copy_policy.logprobs_and_entropies)(tiny_vlm.params, per_copy)[1]
+    np.testing.assert_allclose(np.asarray(shared_entropies), np.asarray(per_copy_entropies), atol=1e-5)
+    assert (np.asarray(shared_entropies)[mask == 0] == 0).all() and np.asarray(shared_entropies).max() > 0
     assert (logprobs(shared_policy, shared)[mask == 0] == 0).all()
     _, shared_grads = objective(shared_policy)(tiny_vlm.params, shared)
     _, per_copy_grads = objective(per_copy_policy)(tiny_vlm.params, per_copy)

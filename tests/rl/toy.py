@@ -132,6 +132,16 @@ class ToyPolicy:
         picked = jnp.take_along_axis(jax.nn.log_softmax(logits, axis=-1), tokens[..., None], axis=-1)[..., 0]
         return jnp.where(batch["mask"] > 0, picked, 0.0), hidden
 
+    def logprobs_and_entropies(self, params: dict, batch: dict) -> tuple[jax.Array, jax.Array]:
+        """`logprobs` and each position's entropy of the next-token softmax (0 where masked)."""
+        tokens = batch["tokens"].astype(jnp.int32)
+        bos = jnp.full((tokens.shape[0], 1), self.vocab_size, jnp.int32)
+        previous = jnp.concatenate([bos, tokens[:, :-1]], axis=1)
+        positions = jnp.broadcast_to(jnp.arange(tokens.shape[1]), tokens.shape)
+        log_p = jax.nn.log_softmax(self._logits(params, batch["prompt"][:, None], previous, positions), axis=-1)
+        entropy = -(jnp.exp(log_p) * log_p).sum(axis=-1)
+        return self.logprobs(params, batch), jnp.where(batch["mask"] > 0, entropy, 0.0)
+
     def sample(self, params: dict, observations: list[dict], group_size: int, rng: jax.Array) -> Samples:
         """group_size completions per observation, sampled at temperature 1."""
         prompts = np.repeat([obs["prompt"] for obs in observations], group_size).astype(np.int32)

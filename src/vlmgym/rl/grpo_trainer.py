@@ -73,6 +73,9 @@ class GRPOTrainer(TrainingLoop):
         if config.algorithm not in self.algorithms:
             raise ValueError(f"train: {type(self).__name__} runs train.algorithm {' or '.join(self.algorithms)}, "
                              f"not {config.algorithm!r} (vlmgym.rl.stage_setup.trainer_class picks the trainer)")
+        if config.top_entropy_quantile < 1 and not callable(getattr(policy, "logprobs_and_entropies", None)):
+            raise ValueError(f"train.top_entropy_quantile={config.top_entropy_quantile} ranks tokens by entropy: "
+                             f"{type(policy).__name__} has no logprobs_and_entropies(params, batch)")
         self.policy, self.env, self.config = policy, env, config
         self.samples_callback = samples_callback
         self.optimizer = make_optimizer(config, params)
@@ -114,7 +117,8 @@ class GRPOTrainer(TrainingLoop):
                             beta=c.beta, current_as_old=current_as_old,
                             importance_sampling_level=c.importance_sampling_level,
                             sampler_correction=c.sampler_correction, sampler_correction_cap=c.sampler_correction_cap,
-                            sampler_correction_floor=c.sampler_correction_floor)
+                            sampler_correction_floor=c.sampler_correction_floor,
+                            top_entropy_quantile=c.top_entropy_quantile)
 
     def _collect(self, step: int, rng: jax.Array) -> dict:
         """Sample and score groups until the batch is full (dropping all-equal groups when filtering)."""

@@ -36,6 +36,7 @@ class LossSettings:
     sampler_correction: str = "none"  # none, or a grpo.SAMPLER_CORRECTIONS mode (micro["sampler"]: its log-probs)
     sampler_correction_cap: float = 3.0
     sampler_correction_floor: float = 0.0
+    top_entropy_quantile: float = 1.0  # < 1: only that top share of tokens by entropy carry the policy loss
 
 
 def _sampler_weights(behaviour: jax.Array, micro: dict, settings: LossSettings) -> tuple[jax.Array | None, dict]:
@@ -52,9 +53,16 @@ def _sampler_weights(behaviour: jax.Array, micro: dict, settings: LossSettings) 
 
 def _grpo_micro_loss(params: Any, micro: dict, normalizer: jax.Array, policy: Policy,
                      settings: LossSettings) -> tuple[jax.Array, dict]:
-    logprobs = policy.logprobs(params, micro["batch"])
+    if settings.top_entropy_quantile < 1.0:
+        logprobs, entropies = policy.logprobs_and_entropies(params, micro["batch"])
+        keep = grpo.high_entropy_mask(jax.lax.stop_gradient(entropies), micro["mask"], settings.top_entropy_quantile)
+    else:
+        logprobs, keep = policy.logprobs(params, micro["batch"]), None
     behaviour = jax.lax.stop_gradient(logprobs) if settings.current_as_old else micro["behaviour"]
     weights, weight_figures = _sampler_weights(behaviour, micro, settings)
+    if keep is not None:
+        weights = keep if weights is None else weights * keep
+        weight_figures["entropy_kept"] = keep.sum()
     out = grpo.grpo_loss(logprobs, behaviour, micro["advantages"], micro["mask"], epsilon=settings.epsilon,
                          epsilon_high=settings.epsilon_high, aggregation=settings.aggregation, beta=settings.beta,
                          reference_logprobs=micro.get("reference"), normalizer=normalizer,
@@ -165,7 +173,7 @@ def combine_grpo_figures(auxes: list[dict]) -> dict[str, float]:
     tokens = max(sum(float(a["tokens"]) for a in auxes), 1.0)
     out = {name: sum(float(a[name]) for a in auxes) for name in ("loss", "policy_loss", "kl_to_reference")}
     for name in ("clip_fraction_low", "clip_fraction_high", "approx_kl_behaviour", "ratio_mean", "sampler_weight_mean",
-                 "sampler_weight_zero"):
+                 "sampler_weight_zero", "entropy_kept"):
         if name in auxes[0]:
             out[name] = sum(float(a[name]) for a in auxes) / tokens
     out["ratio_max"] = max(float(a["ratio_max"]) for a in auxes)

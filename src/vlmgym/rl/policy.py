@@ -109,12 +109,17 @@ class Qwen3VLLearner:
         (float32): what a PPO value head reads."""
         return self._score(params, batch, with_features=True)
 
-    def _score(self, params: Any, batch: dict, with_features: bool) -> Any:
+    def logprobs_and_entropies(self, params: Any, batch: dict) -> tuple[jax.Array, jax.Array]:
+        """`logprobs` and each position's entropy of the same tempered softmax [batch, max_new_tokens] (0 where
+        masked): what train.top_entropy_quantile ranks tokens by."""
+        return self._score(params, batch, with_features=False, with_entropy=True)
+
+    def _score(self, params: Any, batch: dict, with_features: bool, with_entropy: bool = False) -> Any:
         score = (shared_prefix_logprobs if batch["completion_ids"].shape[0] != batch["inputs"]["input_ids"].shape[0]
                  else token_logprobs)
         return score(params, self.cfg, batch["inputs"], batch["completion_ids"], batch["completion_mask"],
                      remat=self.remat == "layer", temperature=self.settings.logprob_temperature,
-                     with_features=with_features)
+                     with_features=with_features, with_entropy=with_entropy)
 
 
 class Qwen3VLPolicy(Qwen3VLLearner):

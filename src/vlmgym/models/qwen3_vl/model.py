@@ -283,7 +283,7 @@ def encode_inputs(params: Params, cfg: Qwen3VLConfig, inputs: dict[str, Any], re
 
 def token_logprobs(params: Params, cfg: Qwen3VLConfig, inputs: dict[str, Any], completion_ids: jax.Array,
                    completion_mask: jax.Array, remat: bool = False, temperature: float = 1.0,
-                   with_features: bool = False) -> jax.Array | tuple[jax.Array, jax.Array]:
+                   with_features: bool = False, with_entropy: bool = False) -> Any:
     """Log-probs (B, C) of completions that follow the prompts in `inputs`, under the softmax of the logits divided
     by `temperature` (the sampler's, so importance ratios compare the policy that was sampled); 0 where masked.
 
@@ -291,7 +291,8 @@ def token_logprobs(params: Params, cfg: Qwen3VLConfig, inputs: dict[str, Any], c
     optional pixel_values + patch_layout. Completion token j sits right after the prompt block.
     `remat=True` trades recomputation for activation memory under jax.grad (each decoder layer and vision block
     is checkpointed). `with_features=True` also returns the final-normed hidden states that predict each
-    completion token (B, C, hidden), float32: a value head's input.
+    completion token (B, C, hidden), float32: a value head's input. `with_entropy=True` returns (log-probs,
+    entropies) in place of the log-probs: each position's entropy of that tempered softmax (B, C), 0 where masked.
     """
     prompt_mask = inputs["attention_mask"].astype(jnp.int32)
     prompt_positions = inputs.get("position_ids")
@@ -317,8 +318,8 @@ def token_logprobs(params: Params, cfg: Qwen3VLConfig, inputs: dict[str, Any], c
     predict_at = length + jnp.arange(steps)[None] - 1
     predict_at = jnp.where(jnp.arange(steps)[None] == 0, _last_valid_index(prompt_mask)[:, None], predict_at)
     predictors = jnp.take_along_axis(h, predict_at[..., None], axis=1)
-    logprobs = picked_logprobs(params, cfg, predictors, completion_ids, completion_mask, temperature)
-    return (logprobs, final_features(params, cfg, predictors)) if with_features else logprobs
+    scored = picked_logprobs(params, cfg, predictors, completion_ids, completion_mask, temperature, with_entropy)
+    return (scored, final_features(params, cfg, predictors)) if with_features else scored
 
 
 def final_features(params: Params, cfg: Qwen3VLConfig, h: jax.Array) -> jax.Array:
@@ -327,18 +328,25 @@ def final_features(params: Params, cfg: Qwen3VLConfig, h: jax.Array) -> jax.Arra
 
 
 def picked_logprobs(params: Params, cfg: Qwen3VLConfig, h: jax.Array, completion_ids: jax.Array,
-                    completion_mask: jax.Array, temperature: float) -> jax.Array:
-    """Log-probs (B, C) of completion_ids from the hidden states (B, C, hidden) that predict them; 0 where masked."""
+                    completion_mask: jax.Array, temperature: float, with_entropy: bool = False) -> Any:
+    """Log-probs (B, C) of completion_ids from the hidden states (B, C, hidden) that predict them; 0 where masked.
+    with_entropy: (log-probs, each position's entropy over the vocabulary), both 0 where masked."""
     logits = _logits(params, cfg, h)
     if temperature != 1.0:  # a static Python float: the default's program has no division
         logits = logits.astype(jnp.float32) / jnp.float32(temperature)
     logprobs = jax.nn.log_softmax(logits, axis=-1)
     picked = jnp.take_along_axis(logprobs, completion_ids[..., None].astype(jnp.int32), axis=-1)[..., 0]
-    return jnp.where(completion_mask.astype(bool), picked, 0.0)
+    valid = completion_mask.astype(bool)
+    picked = jnp.where(valid, picked, 0.0)
+    if not with_entropy:
+        return picked
+    full = logprobs.astype(jnp.float32)
+    entropy = -(jnp.exp(full) * full).sum(axis=-1)
+    return picked, jnp.where(valid, entropy, 0.0)
 
 
 jit_forward = jax.jit(forward, static_argnums=1)
 jit_prefill = jax.jit(prefill, static_argnums=1, static_argnames=("cache_size", "all_logits"))
 jit_decode_step = jax.jit(decode_step, static_argnums=1, static_argnames="unroll", donate_argnums=3)
 jit_token_logprobs = jax.jit(token_logprobs, static_argnums=1,
-                             static_argnames=("remat", "temperature", "with_features"))
+                             static_argnames=("remat", "temperature", "with_features", "with_entropy"))

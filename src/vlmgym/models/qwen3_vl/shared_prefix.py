@@ -61,11 +61,11 @@ def _group_attention(q: jax.Array, k: jax.Array, v: jax.Array, prompt_k: jax.Arr
 
 def shared_prefix_logprobs(params: Params, cfg: Qwen3VLConfig, inputs: dict[str, Any], completion_ids: jax.Array,
                            completion_mask: jax.Array, remat: bool = False, temperature: float = 1.0,
-                           with_features: bool = False) -> jax.Array | tuple[jax.Array, jax.Array]:
+                           with_features: bool = False, with_entropy: bool = False) -> Any:
     """`model.token_logprobs` for P prompts in `inputs` and P x G completions (rows g*G .. g*G+G-1 follow prompt g).
 
     Equal to `token_logprobs` on the batch with each prompt repeated G times (tests/rl/test_shared_prefix.py), and
-    so are the features `with_features=True` returns beside the log-probs.
+    so are the features `with_features=True` returns beside the log-probs and the entropies of `with_entropy=True`.
     """
     prompt_mask = inputs["attention_mask"].astype(jnp.int32)
     prompt_positions = inputs.get("position_ids")
@@ -102,9 +102,9 @@ def shared_prefix_logprobs(params: Params, cfg: Qwen3VLConfig, inputs: dict[str,
     # Token 0 is predicted at the prompt's last attended token (shared by the group), token j at completion j - 1.
     last = h_prompt[jnp.arange(prompts), _last_valid_index(prompt_mask)]
     predictors = jnp.concatenate([jnp.repeat(last, group, axis=0)[:, None], h[:, :-1]], axis=1)
-    logprobs = picked_logprobs(params, cfg, predictors, completion_ids, completion_mask, temperature)
-    return (logprobs, final_features(params, cfg, predictors)) if with_features else logprobs
+    scored = picked_logprobs(params, cfg, predictors, completion_ids, completion_mask, temperature, with_entropy)
+    return (scored, final_features(params, cfg, predictors)) if with_features else scored
 
 
 jit_shared_prefix_logprobs = jax.jit(shared_prefix_logprobs, static_argnums=1,
-                                     static_argnames=("remat", "temperature", "with_features"))
+                                     static_argnames=("remat", "temperature", "with_features", "with_entropy"))
