@@ -1,5 +1,6 @@
 """params.yaml loading: typed sections, and errors that name the key, the value and the file."""
 
+import json
 from pathlib import Path
 
 import pytest
@@ -119,3 +120,45 @@ def test_settings_fall_back_to_the_env_defaults(tmp_path):
     assert env.settings().think is False  # nlvr2's only settings: the think/answer option
     env = params.load_section("env", write(tmp_path, "env:\n  name: geospot\n"))
     assert env.settings().format_weight == 0.1
+
+
+TRL_NAMED = """train:
+  algorithm: dpo
+  num_generations: 4
+  max_completion_length: 32
+  loss_type: grpo
+  min_lr_rate: 0.2
+  lora:
+    rank: 4
+    target_modules: [q_proj, v_proj, down_proj]
+sft:
+  lora:
+    rank: 2
+    target_modules: all-linear
+"""
+
+
+def test_trl_and_peft_names_read_as_vlmgyms_and_print_canonical(tmp_path, capsys):
+    path = write(tmp_path, TRL_NAMED)
+    train = params.load_section("train", path)
+    assert (train.algorithm, train.group_size, train.max_new_tokens, train.loss_aggregation, train.end_lr_ratio) == (
+        "online_dpo", 4, 32, "sequence_mean", 0.2)
+    assert train.lora.targets == ["q", "v", "down"]
+    assert params.load_section("sft", path).lora.targets == list(params.LORA_TEXT_TARGETS)
+    assert params.main([str(path)]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed["train"]["group_size"] == 4 and "num_generations" not in printed["train"]
+    assert printed["train"]["algorithm"] == "online_dpo" and printed["train"]["loss_aggregation"] == "sequence_mean"
+    assert printed["train"]["lora"]["targets"] == ["q", "v", "down"]
+
+
+def test_a_key_and_its_alias_together_are_an_error(tmp_path):
+    with pytest.raises(params.ParamsError, match="train.num_generations is another name for group_size"):
+        params.load_section("train", write(tmp_path, "train:\n  group_size: 8\n  num_generations: 4\n"))
+    with pytest.raises(params.ParamsError, match="train.loss_aggregation: value 'bnpo' is not one of"):
+        params.load_section("train", write(tmp_path, "train:\n  loss_type: bnpo\n"))
+
+
+def test_sections_built_in_code_take_the_aliases_too():
+    assert params.TrainParams(algorithm="dpo").algorithm == "online_dpo"
+    assert params.LoRAParams(targets=["gate_proj", "up"]).targets == ["gate", "up"]

@@ -13,7 +13,15 @@ from typing import Any
 
 import yaml
 
-from vlmgym.config.spec import ParamsError, checked_env_class, env_catalogue, env_sections_field, from_dict, spec
+from vlmgym.config.spec import (
+    ParamsError,
+    checked_env_class,
+    env_catalogue,
+    env_sections_field,
+    from_dict,
+    spec,
+    use_canonical_values,
+)
 
 DEFAULT_PARAMS_FILE = Path("params.yaml")
 
@@ -113,6 +121,8 @@ class EnvParams:
 
 
 LORA_TEXT_TARGETS = ("q", "k", "v", "o", "gate", "up", "down")
+# PEFT's names for the same projections of Qwen3-VL's decoder (target_modules), and its every-linear shorthand.
+PEFT_TARGETS = {**{f"{name}_proj": name for name in LORA_TEXT_TARGETS}, "all-linear": list(LORA_TEXT_TARGETS)}
 
 
 @dataclass(frozen=True)
@@ -124,11 +134,14 @@ class LoRAParams:
     dropout: float = spec(0.0, ge=0, lt=1,
                           doc="dropout on the adapters' input (PEFT's lora_dropout), in training forwards only")
     targets: list[str] = spec(default_factory=lambda: list(LORA_TEXT_TARGETS), choices=LORA_TEXT_TARGETS,
-                              doc="decoder projections that get adapters (attention q/k/v/o, MLP gate/up/down)")
+                              aliases=("target_modules",), value_aliases=PEFT_TARGETS,
+                              doc="decoder projections that get adapters (attention q/k/v/o, MLP gate/up/down; "
+                                  "PEFT's q_proj ... down_proj and all-linear also read)")
     vision: bool = spec(False, doc="also adapt the vision tower's blocks (qkv, proj, fc1, fc2)")
     seed: int = spec(0, ge=0, doc="seed of the adapters' A (B starts at 0: step 0 is the base model) and dropout")
 
     def __post_init__(self) -> None:
+        use_canonical_values(self)
         if self.rank and not self.targets and not self.vision:
             raise ParamsError("lora.rank > 0 but no targets and vision off: nothing would be adapted")
 
@@ -147,7 +160,8 @@ class SFTParams:
     micro_batches: int = spec(1, ge=1, doc="gradient accumulation: micro-batches per step (divides batch_size)")
     lr: float = spec(3e-3, gt=0, doc="peak learning rate")
     warmup_steps: int = spec(20, ge=0, doc="linear warmup steps")
-    end_lr_ratio: float = spec(0.1, ge=0, le=1, doc="final lr of the cosine decay, as a fraction of the peak")
+    end_lr_ratio: float = spec(0.1, ge=0, le=1, aliases=("min_lr_rate",),
+                               doc="final lr of the cosine decay, as a fraction of the peak")
     weight_decay: float = spec(0.0, ge=0, doc="AdamW weight decay (matrices only)")
     max_grad_norm: float = spec(1.0, ge=0, doc="global-norm gradient clipping (0: off)")
     freeze: str = spec("none", choices=("none", "vision"), doc="parameters kept frozen")
@@ -170,24 +184,29 @@ class SFTParams:
                            doc="(data, fsdp, tensor) device counts of the mesh; empty: a single device")
 
 
+# TRL's loss_type values for the aggregations they match (one process: dapo's divisor is the batch's tokens).
+TRL_LOSS_TYPES = {"dapo": "token_mean", "grpo": "sequence_mean"}
+
+
 @dataclass(frozen=True)
 class TrainParams:
     """train stage: GRPO (or RLOO, PPO, online DPO: `algorithm`) from the sft model."""
 
-    algorithm: str = spec("grpo", choices=("grpo", "rloo", "ppo", "dpo"),
+    algorithm: str = spec("grpo", choices=("grpo", "rloo", "ppo", "online_dpo"), value_aliases={"dpo": "online_dpo"},
                           doc="grpo; rloo (GRPO's loss with a leave-one-out baseline: each answer against the mean "
                               "of the others in its group); ppo (value head, GAE; the same sampled groups, each "
                               "answer its own episode); or online dpo (each group's best vs worst answer, against "
                               "the start policy)")
     steps: int = spec(150, ge=1, doc="training steps (one batch of prompts each)")
     batch_prompts: int = spec(8, ge=1, doc="prompts per step")
-    group_size: int = spec(8, ge=1, doc="completions sampled per prompt (the GRPO group)")
+    group_size: int = spec(8, ge=1, aliases=("num_generations",), doc="completions sampled per prompt (the GRPO group)")
     num_iterations: int = spec(1, ge=1, doc="optimizer updates per sampled batch (>1: off-policy, clipped)")
     micro_batches: int = spec(1, ge=1, doc="gradient accumulation: micro-batches per update (divides the batch)")
     share_prefix: bool = spec(True, doc="learner runs each prompt once per group (false: one copy per completion)")
     lr: float = spec(1e-4, gt=0, doc="peak learning rate")
     warmup_steps: int = spec(5, ge=0, doc="linear warmup steps (the schedule spans steps x num_iterations updates)")
-    end_lr_ratio: float = spec(0.1, ge=0, le=1, doc="final lr of the cosine decay, as a fraction of the peak")
+    end_lr_ratio: float = spec(0.1, ge=0, le=1, aliases=("min_lr_rate",),
+                               doc="final lr of the cosine decay, as a fraction of the peak")
     weight_decay: float = spec(0.0, ge=0, doc="AdamW weight decay (matrices only)")
     max_grad_norm: float = spec(1.0, ge=0, doc="global-norm gradient clipping (0: off)")
     freeze: str = spec("none", choices=("none", "vision"), doc="parameters kept frozen")
@@ -206,7 +225,10 @@ class TrainParams:
     ppo_cliprange_value: float = spec(0.2, gt=0, doc="ppo: values move at most this far from the sampled-time value")
     ppo_kl_coef: float = spec(0.0, ge=0, doc="ppo: per-token KL-to-start penalty in the reward (0: no reference)")
     loss_aggregation: str = spec("token_mean", choices=("token_mean", "sequence_mean", "dr_grpo"),
-                                 doc="how per-token losses are reduced")
+                                 aliases=("loss_type",), value_aliases=TRL_LOSS_TYPES,
+                                 doc="how per-token losses are reduced: token_mean (TRL's dapo) over the batch's "
+                                     "answer tokens; sequence_mean (TRL's grpo) of each answer's mean; dr_grpo: "
+                                     "the sum over rows x max_new_tokens, TRL's constant")
     scale_rewards: str = spec("group", choices=("group", "batch", "none"), doc="advantage std normalisation")
     filter_groups: bool = spec(False, doc="drop groups whose rewards are all equal and sample more prompts")
     max_sample_rounds: int = spec(4, ge=1, doc="sampling rounds per step when filtering groups")
@@ -236,7 +258,7 @@ class TrainParams:
     temperature: float = spec(1.0, ge=0, doc="sampling temperature")
     top_k: int = spec(0, ge=0, doc="sampling top-k (0: off)")
     top_p: float = spec(1.0, gt=0, le=1, doc="sampling nucleus (1: off)")
-    max_new_tokens: int = spec(64, ge=1, doc="completion length budget")
+    max_new_tokens: int = spec(64, ge=1, aliases=("max_completion_length",), doc="completion length budget")
     seed: int = spec(0, ge=0, doc="seed of sampling and data order")
     save_every: int = spec(20, ge=1, doc="checkpoint every this many steps (resume point)")
     val_every: int = spec(25, ge=0, doc="validate on the val split every this many steps and at step 0 (0: never)")
@@ -255,13 +277,14 @@ class TrainParams:
                            doc="(data, fsdp, tensor) device counts of the mesh; empty: a single device")
 
     def __post_init__(self) -> None:
+        use_canonical_values(self)
         if self.sampler_correction != "none" and self.old_logprobs != "learner":
             raise ParamsError(f"train.sampler_correction={self.sampler_correction!r} weighs the learner's "
                               "recomputation against the sampler: set train.old_logprobs: learner")
         if self.overlong_buffer > self.max_new_tokens:
             raise ParamsError(f"train.overlong_buffer={self.overlong_buffer} is longer than train.max_new_tokens="
                               f"{self.max_new_tokens}")
-        if self.algorithm in ("ppo", "dpo"):
+        if self.algorithm in ("ppo", "online_dpo"):
             changed = [name for name, default in GRPO_LOSS_DEFAULTS.items() if getattr(self, name) != default]
             if changed:
                 name = changed[0]

@@ -22,15 +22,17 @@ class ParamsError(ValueError):
 
 def spec(default: Any = dataclasses.MISSING, *, ge=None, gt=None, le=None, lt=None, choices=None,
          doc: str = "", default_factory: Any = dataclasses.MISSING, env_sections: str | None = None,
-         env_name: bool = False) -> Any:
+         env_name: bool = False, aliases: tuple[str, ...] = (), value_aliases: dict[str, Any] | None = None) -> Any:
     """A dataclass field with validation bounds and a one-line description.
 
     env_sections="Params": the field holds the envs' own sections ({env name: dataclass}), written in the file
     as keys beside the section's other keys and validated by that env class's attribute of that name.
     env_name=True: the value must name an env (registered, an entry point or 'package.module:Class').
+    aliases: other names the file may use for the key (e.g. TRL's); value_aliases: other spellings of values, the
+    whole value or each item of a list (e.g. PEFT's module names). Both become the canonical ones on reading.
     """
     meta = {"ge": ge, "gt": gt, "le": le, "lt": lt, "choices": choices, "doc": doc, "env_sections": env_sections,
-            "env_name": env_name}
+            "env_name": env_name, "aliases": tuple(aliases), "value_aliases": dict(value_aliases or {})}
     if default_factory is not dataclasses.MISSING:
         return field(default_factory=default_factory, metadata=meta)
     return field(default=default, metadata=meta)
@@ -70,6 +72,7 @@ def from_dict(cls: type[T], raw: dict[str, Any], where: str = "params") -> T:
     """Build dataclass `cls` from `raw`, validating keys, types and ranges (and envs' sections, see spec)."""
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls)}
+    raw = canonical_keys(cls, raw, where)
     plugin = env_sections_field(cls)
     plain = {k: v for k, v in raw.items() if k in fields and (plugin is None or k != plugin.name)}
     extra = [k for k in raw if k not in plain]
@@ -80,7 +83,7 @@ def from_dict(cls: type[T], raw: dict[str, Any], where: str = "params") -> T:
     for key, value in plain.items():
         f = fields[key]
         key_where = f"{where}.{key}"
-        value = _coerce(value, hints[key], key_where)
+        value = _coerce(canonical_value(value, f.metadata.get("value_aliases")), hints[key], key_where)
         _check_range(value, f.metadata, key_where)
         if f.metadata.get("env_name"):
             checked_env_class(value, key_where)
@@ -94,6 +97,38 @@ def from_dict(cls: type[T], raw: dict[str, Any], where: str = "params") -> T:
     except ParamsError as err:  # a check across keys (__post_init__): name the file too
         prefix = where.rsplit(": ", 1)[0] if ": " in where else where
         raise ParamsError(f"{prefix}: {err}") from err
+
+
+def canonical_keys(cls: type, raw: dict[str, Any], where: str) -> dict[str, Any]:
+    """`raw` with every key alias (spec's aliases) renamed to its field; both spellings at once is an error."""
+    names = {alias: f.name for f in dataclasses.fields(cls) for alias in f.metadata.get("aliases", ())}
+    out = dict(raw)
+    for alias, name in names.items():
+        if alias in out:
+            if name in out:
+                raise ParamsError(f"{where}.{alias} is another name for {name}: give one of them")
+            out[name] = out.pop(alias)
+    return out
+
+
+def canonical_value(value: Any, aliases: dict[str, Any] | None) -> Any:
+    """A value with its spec value_aliases replaced: the whole value, or each item of a list."""
+    if not aliases:
+        return value
+    if isinstance(value, str):
+        return copy.deepcopy(aliases.get(value, value))
+    if isinstance(value, list):
+        return [aliases.get(item, item) if isinstance(item, str) else item for item in value]
+    return value
+
+
+def use_canonical_values(section: Any) -> None:
+    """Replace a section's aliased values (spec's value_aliases) in place, from its __post_init__: a section built
+    in code (`TrainParams(algorithm="dpo")`, `dataclasses.replace`) reads as one loaded from a file."""
+    for f in dataclasses.fields(section):
+        aliases = f.metadata.get("value_aliases")
+        if aliases:
+            object.__setattr__(section, f.name, canonical_value(getattr(section, f.name), aliases))
 
 
 def to_dict(section: Any) -> dict[str, Any]:

@@ -32,7 +32,7 @@ class DPOTrainer(GRPOTrainer):
     """
 
     name = "dpo"
-    algorithms = ("dpo",)
+    algorithms = ("online_dpo",)
     needs_reference = True
     reports_kl_to_reference = False
 
