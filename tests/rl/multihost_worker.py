@@ -2,7 +2,10 @@
 fake CPU devices or as one of two processes (jax.distributed over gloo, one CPU device each). Process 0 writes the
 final params (.npz) and the per-step figures (.json).
 
-    python multihost_worker.py MODEL_DIR CHECKPOINT_DIR OUT_PREFIX STEPS [--hang-at STEP]
+    python multihost_worker.py MODEL_DIR CHECKPOINT_DIR OUT_PREFIX STEPS [--hang-at STEP] [--filter]
+
+--filter: filter_groups on the answers' `long` component (each process refills its own prompts); every process
+also writes its data order (OUT_PREFIX.<process>.data.json).
 """
 
 import argparse
@@ -43,10 +46,12 @@ FIGURES = ("reward_mean", "reward_std", "loss", "grad_norm", "completion_length"
 
 
 class LengthEnv(GeospotEnv):
-    """geospot prompts with a reward the random tiny model varies on: its answer's length."""
+    """geospot prompts with a reward the random tiny model varies on: its answer's length (and a component that
+    only some groups vary on: whether the answer is long)."""
 
     def score(self, state, text):
         _, info = super().score(state, text)
+        info["reward_components"] = {**info["reward_components"], "long": float(len(text) >= 24)}
         return min(len(text), 40) / 40, info
 
 
@@ -56,6 +61,7 @@ def main() -> None:
         parser.add_argument(name)
     parser.add_argument("steps", type=int)
     parser.add_argument("--hang-at", type=int, default=0, help="process 1 stops responding after this step")
+    parser.add_argument("--filter", action="store_true", help="filter groups on the `long` component")
     args = parser.parse_args()
     assert jax.device_count() == 2, jax.devices()
     cfg = load_hf_config(args.model)
@@ -63,7 +69,9 @@ def main() -> None:
     mesh = make_mesh(data=2)
     params = distributed.put_global(hf_to_params(read_safetensors(args.model), cfg), param_shardings(cfg, mesh))
     config = TrainParams(steps=args.steps, batch_prompts=2, group_size=4, max_new_tokens=8, lr=1e-2, val_every=0,
-                         select="last", warmup_steps=0, save_every=1, seed=3)
+                         select="last", warmup_steps=0, save_every=1, seed=3,
+                         **({"filter_groups": True, "filter_metric": "long", "max_sample_rounds": 3} if args.filter
+                            else {}))
     settings = SamplingSettings(max_new_tokens=8, eos_ids=tuple(processor.eos_token_ids),
                                 pad_id=int(processor.pad_token_id))
     policy = Qwen3VLPolicy(cfg, processor, settings, mesh=mesh)
@@ -81,9 +89,13 @@ def main() -> None:
         final = trainer.run()
         leaves = {jax.tree_util.keystr(path): distributed.host_value(leaf)
                   for path, leaf in jax.tree_util.tree_leaves_with_path(final)}
+    if args.filter:
+        with open(f"{args.out}.{jax.process_index()}.data.json", "w") as f:
+            json.dump(trainer.loop_state(), f)
     if distributed.is_primary():
         np.savez(args.out + ".npz", **leaves)
-        history = [{name: m[name] for name in FIGURES} for m in trainer.history]
+        names = FIGURES + (("sample_rounds", "groups_dropped", "zero_std_group_share") if args.filter else ())
+        history = [{name: m[name] for name in names} for m in trainer.history]
         with open(args.out + ".json", "w") as f:
             json.dump({"history": history, "resumed_from": trainer.resumed_from,
                        "processes": jax.process_count()}, f)

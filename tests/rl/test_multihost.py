@@ -106,6 +106,22 @@ def test_two_processes_train_as_one_and_resume_after_a_kill(tiny_vlm, tmp_path):
     assert moved > 1e-3  # the steps trained: a layout that trained differently would be far outside 1e-6
 
 
+def test_two_processes_filter_groups_each_refilling_its_own_prompts(tiny_vlm, tmp_path):
+    # Each process keeps sampling until its own prompts' groups vary on `long`; all of them run as many rounds as
+    # the one that needs the most, so the collective sampling copy and the data order stay in step.
+    processes = _two_processes([tiny_vlm.folder, tmp_path / "checkpoints", tmp_path / "filtered", STEPS, "--filter"],
+                               tmp_path, "filtered")
+    for i, process in enumerate(processes):
+        assert _wait(process, tmp_path / f"filtered-{i}.log") == 0, (tmp_path / f"filtered-{i}.log").read_text()[-3000:]
+    run = json.loads((tmp_path / "filtered.json").read_text())
+    assert run["processes"] == 2 and len(run["history"]) == STEPS
+    history = run["history"]
+    assert sum(m["groups_dropped"] for m in history) > 0 and max(m["sample_rounds"] for m in history) > 1
+    assert all(np.isfinite(m["loss"]) for m in history)
+    orders = [json.loads((tmp_path / f"filtered.{i}.data.json").read_text()) for i in range(2)]
+    assert orders[0] == orders[1]
+
+
 def _initial(tiny_vlm, name: str) -> np.ndarray:
     import jax
 
@@ -141,9 +157,9 @@ def test_what_a_run_over_several_processes_refuses(monkeypatch):
     meshed = SimpleNamespace(mesh=object())
     check_multiprocess(TrainParams(batch_prompts=4), meshed)
     check_multiprocess(TrainParams(batch_prompts=4, algorithm="rloo"), meshed)
+    check_multiprocess(TrainParams(batch_prompts=4, filter_groups=True), meshed)
     for config, message in ((TrainParams(batch_prompts=4, algorithm="ppo"), "runs in one process"),
-                            (TrainParams(batch_prompts=4, algorithm="dpo"), "runs in one process"),
-                            (TrainParams(batch_prompts=4, filter_groups=True), "filter_groups"),
+                            (TrainParams(batch_prompts=4, algorithm="online_dpo"), "runs in one process"),
                             (TrainParams(batch_prompts=3), "split evenly over 2 processes")):
         with pytest.raises(ValueError, match=message):
             check_multiprocess(config, meshed)

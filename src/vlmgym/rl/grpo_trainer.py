@@ -33,7 +33,7 @@ from vlmgym.rl.losses import (
     grpo_gradients,
     policy_logprobs,
 )
-from vlmgym.rl.multiprocess import check_multiprocess, gathered_collection
+from vlmgym.rl.multiprocess import any_process, check_multiprocess, gathered_collection
 from vlmgym.rl.prefetch import ResetPrefetcher
 from vlmgym.rl.trainer_parts import (
     SamplesCallback,
@@ -121,63 +121,72 @@ class GRPOTrainer(TrainingLoop):
                             top_entropy_quantile=c.top_entropy_quantile)
 
     def _collect(self, step: int, rng: jax.Array) -> dict:
-        """Sample and score groups until the batch is full (dropping all-equal groups when filtering)."""
+        """Sample and score groups until the batch is full (dropping the groups whose filter_metric does not vary
+        when filtering). Each process fills its own share of the step's prompts (all of them in a single-process
+        run), and every process samples as many rounds as the one that needs the most (the rounds' data and the
+        sampling copy of the params are shared), so the data order stays the same everywhere."""
         c = self.config
         # The curriculum follows training progress, not env resets (which sampling rounds would skew).
         self.env.set_progress(step / self.total_steps)
-        kept, spare, sampled_rewards, sampled_infos, sampled_texts, final, overlong = [], [], [], [], [], [], []
-        sampled_groups = zero_std_groups = rounds = sampled_tokens = 0
-        rollout_time = 0.0
-        # Each process samples its share of the step's prompts (all of them in a single-process run).
         first, stop = distributed.local_range(c.batch_prompts)
-        while len(kept) < c.batch_prompts and rounds < c.max_sample_rounds:
-            indices = self.data.take(c.batch_prompts)[first:stop]
-            resets = self.prefetch.resets(indices)
-            self.prefetch.ahead(self.data.peek(c.batch_prompts)[first:stop])
-            observations = [obs for _, obs in resets]
-            started = time.perf_counter()
-            where = {"first_row": first * c.group_size} if first else {}
-            samples = self.policy.sample(self.model_params(), observations, c.group_size,
-                                         jax.random.fold_in(rng, rounds), **where)
-            rollout_time += time.perf_counter() - started
-            sampled_tokens += int(samples.mask.sum())
-            rounds += 1
-            for g, (state, obs) in enumerate(resets):
-                rows = range(g * c.group_size, (g + 1) * c.group_size)
-                scored = [score(self.env, state, samples.tokens[r], samples.mask[r]) for r in rows]
-                group = {"index": indices[g], "obs": obs, "tokens": samples.tokens[rows.start:rows.stop],
-                         "mask": samples.mask[rows.start:rows.stop], "logprobs": samples.logprobs[rows.start:rows.stop],
-                         "texts": samples.texts[rows.start:rows.stop], "rewards": np.array([s[0] for s in scored]),
-                         "infos": [s[1] for s in scored]}
-                penalty = overlong_penalties(c, group["mask"])
-                group["rewards"] = group["rewards"] + penalty
-                overlong.extend(penalty)
-                sampled_groups += 1
-                sampled_rewards.extend(group["rewards"])
-                final.extend(final_rewards(self.env, state, group["tokens"], group["mask"], group["rewards"]))
-                sampled_infos.extend(group["infos"])
-                sampled_texts.extend(group["texts"])
-                equal = grpo.filter_groups(group["rewards"], c.group_size).num_dropped == 1
-                zero_std_groups += equal
+        tally = {"sampled_groups": 0, "zero_std_groups": 0, "sampled_tokens": 0, "rollout_time": 0.0,
+                 "sampled_rewards": [], "final_rewards": [], "overlong_penalty": [], "sampled_infos": [],
+                 "sampled_texts": []}
+        kept, spare, rounds = [], [], 0
+        while True:
+            for group in self._sample_round(jax.random.fold_in(rng, rounds), first, stop, tally):
                 flat = grpo.filter_groups(filter_values(c.filter_metric, group), c.group_size).num_dropped == 1
                 if c.filter_groups and flat:
                     spare.append(group)
-                elif len(kept) < c.batch_prompts:
+                elif len(kept) < stop - first:
                     kept.append(group)
-            if not c.filter_groups:
+            rounds += 1
+            if not c.filter_groups or rounds >= c.max_sample_rounds or not any_process(len(kept) < stop - first):
                 break
-        if distributed.count() > 1:
-            return gathered_collection(kept, rollout_time, sampled_tokens, final, overlong)
-        # Sampling rounds ran out: fill the batch with all-equal groups, masked out so they only pad the shape.
-        padding = spare[: c.batch_prompts - len(kept)]
+        # Sampling rounds ran out: fill the share with the dropped groups, masked out so they only pad the shape.
+        padding = spare[: stop - first - len(kept)]
         for group in padding:
-            group["mask"] = np.zeros_like(group["mask"])
-        return {"groups": kept + padding, "num_padding": len(padding), "sampled_groups": sampled_groups,
-                "zero_std_groups": zero_std_groups, "rounds": rounds, "rollout_time": rollout_time,
-                "sampled_tokens": sampled_tokens, "sampled_rewards": np.asarray(sampled_rewards, np.float64),
-                "final_rewards": np.asarray(final, np.float64), "groups_filtered": len(spare),
-                "overlong_penalty": np.asarray(overlong, np.float64),
-                "sampled_infos": sampled_infos, "sampled_texts": sampled_texts}
+            group["mask"], group["padding"] = np.zeros_like(group["mask"]), True
+        collected = {**tally, "groups": kept + padding, "num_padding": len(padding), "rounds": rounds,
+                     "groups_filtered": len(spare)}
+        if distributed.count() > 1:
+            return gathered_collection(collected)
+        return {**collected, **{name: np.asarray(tally[name], np.float64)
+                                for name in ("sampled_rewards", "final_rewards", "overlong_penalty")}}
+
+    def _sample_round(self, rng: jax.Array, first: int, stop: int, tally: dict) -> list[dict]:
+        """One round: this process's prompts of the next batch, group_size answers each, scored; counted in
+        `tally` (everything sampled, whether kept or not)."""
+        c = self.config
+        indices = self.data.take(c.batch_prompts)[first:stop]
+        resets = self.prefetch.resets(indices)
+        self.prefetch.ahead(self.data.peek(c.batch_prompts)[first:stop])
+        observations = [obs for _, obs in resets]
+        started = time.perf_counter()
+        where = {"first_row": first * c.group_size} if first else {}
+        samples = self.policy.sample(self.model_params(), observations, c.group_size, rng, **where)
+        tally["rollout_time"] += time.perf_counter() - started
+        tally["sampled_tokens"] += int(samples.mask.sum())
+        groups = []
+        for g, (state, obs) in enumerate(resets):
+            rows = slice(g * c.group_size, (g + 1) * c.group_size)
+            scored = [score(self.env, state, samples.tokens[r], samples.mask[r])
+                      for r in range(rows.start, rows.stop)]
+            group = {"index": indices[g], "obs": obs, "tokens": samples.tokens[rows], "mask": samples.mask[rows],
+                     "logprobs": samples.logprobs[rows], "texts": samples.texts[rows],
+                     "rewards": np.array([s[0] for s in scored]), "infos": [s[1] for s in scored]}
+            penalty = overlong_penalties(c, group["mask"])
+            group["rewards"] = group["rewards"] + penalty
+            tally["overlong_penalty"].extend(penalty)
+            tally["sampled_groups"] += 1
+            tally["sampled_rewards"].extend(group["rewards"])
+            tally["final_rewards"].extend(final_rewards(self.env, state, group["tokens"], group["mask"],
+                                                        group["rewards"]))
+            tally["sampled_infos"].extend(group["infos"])
+            tally["sampled_texts"].extend(group["texts"])
+            tally["zero_std_groups"] += grpo.filter_groups(group["rewards"], c.group_size).num_dropped == 1
+            groups.append(group)
+        return groups
 
     def _sample_batch(self, step: int) -> tuple[dict, np.ndarray, np.ndarray, np.ndarray, np.ndarray, float]:
         """The step's sampled groups and their rewards, masks, tokens and sampler log-probs as batch arrays,
@@ -196,10 +205,10 @@ class GRPOTrainer(TrainingLoop):
         c = self.config
         collected, rewards, mask, tokens, sampler_logprobs, started = self._sample_batch(step)
         groups = collected["groups"]
-        real = np.repeat([i < len(groups) - collected["num_padding"] for i in range(len(groups))], c.group_size)
-        advantages = np.asarray(group_advantages(rewards[real], c.group_size, c.scale_rewards,
-                                            leave_one_out=c.algorithm == "rloo"))
-        advantages = np.concatenate([advantages, np.zeros(int((~real).sum()), np.float32)])
+        real = np.repeat([not g.get("padding", False) for g in groups], c.group_size)
+        advantages = np.zeros(len(rewards), np.float32)  # a padding group's: 0 (and its mask is 0)
+        advantages[real] = np.asarray(group_advantages(rewards[real], c.group_size, c.scale_rewards,
+                                                       leave_one_out=c.algorithm == "rloo"))
         loss_mask = mask
         if c.mask_truncated_completions:  # their reward still counted in the advantages above
             loss_mask = mask * ~grpo.truncated_rows(tokens, mask, self.policy.eos_ids)[:, None]
@@ -250,7 +259,7 @@ class GRPOTrainer(TrainingLoop):
         out["tokens_per_s"] = float(mask.sum()) * c.num_iterations / max(update_time, 1e-9)
         out["rollout_compile_count"] = float(getattr(self.policy, "compile_count", 0))
         if self.samples_callback is not None and ((step + 1) % c.samples_every == 0 or step == 0):
-            self.samples_callback(step + 1, self._sample_rows(groups[: len(groups) - collected["num_padding"]]))
+            self.samples_callback(step + 1, self._sample_rows([g for g in groups if not g.get("padding", False)]))
         return out
 
     def _metrics(self, collected: dict, mask: np.ndarray, tokens: np.ndarray,

@@ -7,7 +7,6 @@ from typing import Any
 
 import numpy as np
 
-from vlmgym.rl import grpo
 from vlmgym.runtime import distributed
 
 MULTIPROCESS_ALGORITHMS = ("grpo", "rloo")
@@ -19,9 +18,6 @@ def check_multiprocess(config: Any, policy: Any) -> None:
     if config.algorithm not in MULTIPROCESS_ALGORITHMS:
         raise ValueError(f"train.algorithm={config.algorithm!r} runs in one process; over {processes} processes "
                          f"train supports {', '.join(MULTIPROCESS_ALGORITHMS)}")
-    if config.filter_groups:
-        raise ValueError(f"train.filter_groups resamples until each process's batch is full, which would make the "
-                         f"processes take different numbers of prompts; turn it off over {processes} processes")
     if config.batch_prompts % processes:
         raise ValueError(f"train.batch_prompts={config.batch_prompts} must split evenly over {processes} processes "
                          "(each samples its own prompts' groups)")
@@ -29,28 +25,33 @@ def check_multiprocess(config: Any, policy: Any) -> None:
         raise ValueError(f"a run over {processes} processes needs a device mesh over all of them (train.mesh)")
 
 
-def gathered_collection(groups: list[dict], rollout_time: float, sampled_tokens: int, final: list[float],
-                        overlong: list[float]) -> dict:
-    """Every process's sampled groups (in process order, the order of the step's prompts) on every process, as
-    `_collect` returns them; a group another process sampled has no observation (obs None)."""
-    local = [{"index": g["index"], "texts": list(g["texts"]), "infos": g["infos"]} for g in groups]
+def any_process(flag: bool) -> bool:
+    """Whether `flag` holds on any process (this process's flag in a single-process run)."""
+    return any(distributed.gather_json(bool(flag))) if distributed.count() > 1 else bool(flag)
+
+
+def gathered_collection(local: dict) -> dict:
+    """Every process's `_collect` result merged, as one process sampling the whole step would return it: the
+    groups in process order (the order of the step's prompts; a group another process sampled has no observation,
+    obs None), counts summed, everything sampled concatenated."""
+    groups = local["groups"]
+    described = [{"index": g["index"], "texts": list(g["texts"]), "infos": g["infos"],
+                  "padding": g.get("padding", False)} for g in groups]
     arrays = {name: distributed.gather_rows(np.stack([g[name] for g in groups]))
               for name in ("tokens", "mask", "logprobs", "rewards")}
-    final = distributed.gather_rows(np.asarray(final, np.float64))
-    overlong = distributed.gather_rows(np.asarray(overlong, np.float64))
-    figures = distributed.gather_json({"groups": local, "rollout_time": rollout_time,
-                                       "sampled_tokens": sampled_tokens})
+    sampled = {name: distributed.gather_rows(np.asarray(local[name], np.float64))
+               for name in ("sampled_rewards", "final_rewards", "overlong_penalty")}
+    counts = ("sampled_groups", "zero_std_groups", "sampled_tokens", "num_padding", "groups_filtered")
+    figures = distributed.gather_json({"groups": described, "rollout_time": local["rollout_time"],
+                                       "infos": local["sampled_infos"], "texts": local["sampled_texts"],
+                                       **{name: local[name] for name in counts}})
     observations = [None] * sum(len(f["groups"]) for f in figures)
     first = sum(len(f["groups"]) for f in figures[:distributed.index()])
     observations[first: first + len(groups)] = [g["obs"] for g in groups]
     described = [g for f in figures for g in f["groups"]]
     merged = [{**described[i], "obs": observations[i], **{name: arrays[name][i] for name in arrays}}
               for i in range(len(described))]
-    zero_std = sum(grpo.filter_groups(g["rewards"], len(g["rewards"])).num_dropped == 1 for g in merged)
-    return {"groups": merged, "num_padding": 0, "sampled_groups": len(merged), "zero_std_groups": int(zero_std),
-            "rounds": 1, "rollout_time": max(f["rollout_time"] for f in figures),
-            "sampled_tokens": sum(f["sampled_tokens"] for f in figures),
-            "sampled_rewards": np.concatenate([g["rewards"] for g in merged]).astype(np.float64),
-            "final_rewards": final, "groups_filtered": 0, "overlong_penalty": overlong,
-            "sampled_infos": [i for g in merged for i in g["infos"]],
-            "sampled_texts": [t for g in merged for t in g["texts"]]}
+    return {"groups": merged, "rounds": local["rounds"], "rollout_time": max(f["rollout_time"] for f in figures),
+            **{name: sum(f[name] for f in figures) for name in counts}, **sampled,
+            "sampled_infos": [i for f in figures for i in f["infos"]],
+            "sampled_texts": [t for f in figures for t in f["texts"]]}
