@@ -19,16 +19,23 @@ from vlmgym.rl.optim import Optimizer, OptimizerConfig, trainable_mask
 from vlmgym.rl.policy import Qwen3VLPolicy
 from vlmgym.rollout.sampling import SamplingSettings
 
+PLAIN = LossSettings(epsilon=0.2, epsilon_high=0.28, aggregation="token_mean", beta=0.0, current_as_old=False)
+# Every objective knob of the loss on at once: GSPO's sequence ratio, the truncated sampler correction, the entropy
+# mask (its quantile is taken over the whole batch, wherever its rows live).
+KNOBS = LossSettings(epsilon=0.2, epsilon_high=0.28, aggregation="token_mean", beta=0.0, current_as_old=False,
+                     importance_sampling_level="sequence", sampler_correction="token_truncate",
+                     sampler_correction_cap=2.0, top_entropy_quantile=0.5)
 
-def update(policy, params, micro):
+
+def update(policy, params, micro, settings=PLAIN):
     optimizer = Optimizer(OptimizerConfig(learning_rate=1e-2), trainable_mask(params))
-    settings = LossSettings(epsilon=0.2, epsilon_high=0.28, aggregation="token_mean", beta=0.0, current_as_old=False)
     compiles = CompileCounter()
     loss, grads, aux = grpo_gradients(params, micro, jnp.float32(micro["mask"].sum()), policy=policy,
                                       optimizer=optimizer, settings=settings, compiles=compiles)
     params, _, stats = apply_update(params, jax.jit(optimizer.init)(params), grads, optimizer=optimizer,
                                     compiles=compiles)
-    return float(loss), float(stats["grad_norm"]), jax.device_get(grads), aux["logprobs"]
+    return (float(loss), float(stats["grad_norm"]), jax.device_get(grads), aux["logprobs"],
+            float(aux.get("entropy_kept", 0.0)))
 
 
 def main(folder: str) -> None:
@@ -80,6 +87,17 @@ def main(folder: str) -> None:
         "logprob_diff": float(np.abs(np.asarray(one[3]) - np.asarray(many[3])).max()),
         "prompt_sharding": str(shared_batch["inputs"]["input_ids"].sharding.spec),
         "row_sharding": str(shared_batch["completion_ids"].sharding.spec)}
+
+    # The same shared-prefix update with every knob on, against the per-copy one on one device.
+    knob_inputs = {**group_inputs, "sampler": group_inputs["behaviour"] - 0.3 * group_mask}
+    one = update(per_copy, jax.tree.map(jnp.copy, params),
+                 {"batch": per_copy.build_batch(observations, group_tokens, group_mask), **knob_inputs}, KNOBS)
+    many = update(sharded, shard_params(jax.tree.map(jnp.copy, params), cfg, mesh),
+                  {"batch": shared_batch, **knob_inputs}, KNOBS)
+    scale = max(float(np.abs(g).max()) for g in jax.tree.leaves(one[2]))
+    out["knobs"] = {"loss": [one[0], many[0]], "kept": [one[4], many[4]], "scale": scale,
+                    "grad_diff": max(float(np.abs(np.asarray(a, np.float64) - np.asarray(b, np.float64)).max())
+                                     for a, b in zip(jax.tree.leaves(one[2]), jax.tree.leaves(many[2]))) / scale}
     print(json.dumps(out))
 
 

@@ -20,3 +20,7 @@ def test_sharded_update_equals_single_device(tiny_vlm, run_on_cpu_devices):
     assert shared["loss"][1] == pytest.approx(shared["loss"][0], rel=1e-5)
     assert shared["logprob_diff"] < 1e-5
     assert shared["grad_diff"] < 1e-5
+    knobs = out["knobs"]  # GSPO, the sampler correction and the entropy mask on the sharded shared-prefix update
+    assert knobs["loss"][1] == pytest.approx(knobs["loss"][0], rel=1e-5) and knobs["loss"][0] != 0
+    assert knobs["kept"][0] == knobs["kept"][1] > 0 and knobs["scale"] > 0
+    assert knobs["grad_diff"] < 1e-5
