@@ -1,9 +1,13 @@
 """MLflow stage runs: params, metrics and lineage tags, checked with MlflowClient on a temp SQLite store."""
 
+import http.server
 import os
+import socket
 import subprocess
 import sys
 import textwrap
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -252,3 +256,40 @@ def test_a_queued_experiment_is_one_parent_run_in_the_repository_store(tmp_path)
         assert run.data.tags[pipeline_run.PARENT_TAG] == parent.info.run_id and run.data.params["seed"] == "5"
         assert f"dvc.out.{run.data.tags['vlmgym.stage']}.out" in run.data.tags
     assert not list((repo / ".dvc" / "tmp").rglob("mlflow.db"))
+
+
+UNREACHABLE_STAGE = """
+from vlmgym.tracking.stage_runs import stage_run
+with stage_run("download"):
+    print("the stage's work ran")
+"""
+
+
+def test_an_unreachable_tracking_server_stops_a_stage_at_once_in_one_line(tmp_path):
+    with socket.socket() as s:  # a free loopback port that nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    uri = f"http://127.0.0.1:{port}"
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, "-c", UNREACHABLE_STAGE], cwd=tmp_path, capture_output=True, text=True,
+                          env={**os.environ, "MLFLOW_TRACKING_URI": uri}, timeout=120)
+    assert time.monotonic() - started < 30
+    assert done.returncode == 1 and "the stage's work ran" not in done.stdout
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and uri in lines[0] and "unset MLFLOW_TRACKING_URI" in lines[0], done.stderr
+
+
+def test_a_server_that_answers_passes_the_check():
+    class Health(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200 if self.path == "/health" else 404)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    with http.server.ThreadingHTTPServer(("127.0.0.1", 0), Health) as server:
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        tracking.check_reachable(f"http://127.0.0.1:{server.server_address[1]}", timeout_s=5)
+        server.shutdown()
+    tracking.check_reachable("sqlite:///nowhere/mlflow.db", timeout_s=5)  # a local store needs no server

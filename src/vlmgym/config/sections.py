@@ -90,6 +90,8 @@ class TrackingParams:
 
     experiment: str = spec("vlmgym", doc="MLflow experiment name")
     tracking_uri: str = spec("", doc="empty: MLFLOW_TRACKING_URI if set, else sqlite:///mlflow.db in the repo")
+    connect_timeout_s: float = spec(5.0, gt=0, doc="an http(s) tracking server must answer within this many seconds "
+                                    "as a stage starts, or the stage stops at once saying so")
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,8 @@ import os
 import subprocess
 import sys
 import tempfile
+import urllib.error
+import urllib.request
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -65,6 +67,23 @@ def tracking_uri(configured: str = "") -> str:
     if configured:
         return configured
     return f"sqlite:///{store_root() / 'mlflow.db'}"
+
+
+def check_reachable(uri: str, timeout_s: float) -> None:
+    """Stop at once, with one line naming the URI and the fix, when an http(s) tracking server does not answer
+    within timeout_s (MLflow's own client would retry for minutes and then die with a long traceback). Any HTTP
+    answer counts; other stores (a SQLite file, a folder) need no server."""
+    if not uri.startswith(("http://", "https://")):
+        return
+    try:
+        urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=timeout_s).close()
+    except urllib.error.HTTPError:
+        return  # the server answered, with an error status for this path
+    except (urllib.error.URLError, OSError, ValueError) as err:
+        reason = getattr(err, "reason", err)
+        raise SystemExit(f"vlmgym: the MLflow tracking server {uri} did not answer within {timeout_s:g} s "
+                         f"({reason}): start it, or unset MLFLOW_TRACKING_URI and tracking.tracking_uri to log to "
+                         "the local store (mlflow.db)") from None
 
 
 def git_state(root: Path | None = None) -> dict[str, str]:
@@ -262,6 +281,7 @@ def stage_run(stage: str, params: Any = None, *, experiment: str | None = None,
     tracking_cfg = (params_mod.load_section("tracking", params_file) if params_file.exists()
                     else params_mod.TrackingParams())
     uri = tracking_uri(tracking_cfg.tracking_uri)
+    check_reachable(uri, tracking_cfg.connect_timeout_s)
     mlflow.set_tracking_uri(uri)
     experiment = experiment or tracking_cfg.experiment
     if uri.startswith("sqlite:") and mlflow.get_experiment_by_name(experiment) is None:
