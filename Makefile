@@ -43,17 +43,19 @@ browser:
 	  apt-get -qq -o DPkg::Lock::Timeout=600 install -y --no-install-recommends chromium >/dev/null; \
 	  command -v chromium >/dev/null || { echo "make test: apt-get did not install chromium" >&2; exit 1; }; }
 
-# One pytest worker per core (pytest-xdist); tests/conftest.py's scheduler keeps each module, and the modules of
-# the shared micro pipeline run, on one worker. A test whose worker process crashed runs once more in a fresh
-# worker (XLA:CPU segfaulted inside a compile late in two full runs, in tests/rollout); a test that fails, or
-# crashes again, fails (pytest-rerunfailures; --only-rerun matches the worker-crash report only).
+# One pytest worker per core (pytest-xdist, worksteal: each worker starts on half the suite, ordered by
+# tests/conftest.py so the micro pipeline runs start at once on both, and an idle worker takes tests from the other's
+# queue); the micro pipeline runs are built once per session whichever worker asks first (tests/shared_setup.py).
+# A test whose worker process crashed runs once more in a fresh worker (XLA:CPU aborted inside a compile in some full
+# runs); a test that fails, or crashes again, fails (pytest-rerunfailures; --only-rerun matches the worker-crash
+# report only).
+PYTEST := $(BIN)/python -m pytest -n auto --dist worksteal --reruns 1 --only-rerun "crashed"
 test: install-dev lint browser
-	$(BIN)/python -m pytest -n auto --dist loadscope --no-loadscope-reorder --reruns 1 --only-rerun "crashed"
+	$(PYTEST)
 
-# The inner loop: every test but the micro pipeline runs of tests/pipeline/ (no browser needed).
+# The inner loop: no micro pipeline run (tests/pipeline/) and no module marked slow (no browser needed).
 test-fast: install-dev lint
-	$(BIN)/python -m pytest -n auto --dist loadscope --no-loadscope-reorder --reruns 1 --only-rerun "crashed" \
-	  --ignore=tests/pipeline
+	$(PYTEST) -m "not slow" --ignore=tests/pipeline
 
 clean-outputs:
 	rm -rf data models outputs metrics reports mlflow.db mlartifacts

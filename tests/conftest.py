@@ -9,6 +9,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pytest
+from shared_setup import session_folder
 
 
 @pytest.fixture(scope="session")
@@ -29,67 +30,55 @@ def run_on_cpu_devices() -> Callable[..., str]:
 @pytest.fixture(scope="session", autouse=True)
 def child_jax_compilation_cache(tmp_path_factory):
     """The JAX programs that tests start (the pipeline's stages, the fake-device children) share one persistent
-    compilation cache per test process, so a program compiled by one `dvc repro` loads from disk in the next (a
-    micro repro: ~5.4 -> ~3.6 min here). Set in os.environ, which every child's environment copies; this process's
-    JAX read its settings at import and is unaffected. A child that must compile afresh drops the variables
-    (pipeline_helpers.without_compilation_cache)."""
+    compilation cache per test session (both workers), so a program compiled by one `dvc repro` loads from disk in
+    the next (a micro repro: ~5.4 -> ~3.6 min here). Set in os.environ, which every child's environment copies;
+    this process's JAX read its settings at import and is unaffected. A child that must compile afresh drops the
+    variables (pipeline_helpers.without_compilation_cache)."""
     import jax  # noqa: F401  (imported before the variables are set: this process keeps compiling in memory only)
 
-    os.environ["JAX_COMPILATION_CACHE_DIR"] = str(tmp_path_factory.getbasetemp() / "jax-compilation-cache")
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = str(session_folder(tmp_path_factory) / "jax-compilation-cache")
     os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"  # the micro model's programs compile in < 1 s
     yield
     for name in ("JAX_COMPILATION_CACHE_DIR", "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"):
         os.environ.pop(name, None)
 
 
-# The modules whose tests use the `pipeline` fixture (tests/pipeline/conftest.py): one session-scoped micro pipeline
-# run, which each test process that needs it runs once. `make test` keeps them on one worker; a module that uses it
-# but is missing here is refused at collection (else it would quietly run the whole pipeline a second time).
-PIPELINE_MODULES = frozenset(f"tests/pipeline/test_{name}.py" for name in (
-    "pipeline_e2e", "kill_rerun", "dvc_remote", "compare", "train_algorithms", "report_browser"))
+# The longest setups and tests, first in each half of the collection: pytest-xdist's worksteal mode starts each of
+# the two workers on one half, so one builds the shared micro pipeline while the other kills and reruns its own.
+FIRST_HALF = ("pipeline/test_pipeline_e2e.py", "pipeline/test_compare.py", "pipeline/test_train_algorithms.py",
+              "pipeline/test_dvc_remote.py", "pipeline/test_report_browser.py")
+SECOND_HALF = ("pipeline/test_kill_rerun.py", "pipeline/test_mixture_env.py", "pipeline/test_external_env.py",
+               "rl/test_multihost.py")
 
 
+# Modules that take 20 s or more of a worker's time (measured with --durations on 2 cores): marked `slow`, so
+# `make test-fast` (-m "not slow", no tests/pipeline) stays a few minutes; `make test` runs them all.
+SLOW_MODULES = ("rl/test_lora_trainer.py", "rl/test_multihost.py", "rl/test_qwen_policy.py", "rl/test_shared_prefix.py",
+                "rl/test_lora_dropout.py", "rl/test_lora.py", "rl/test_rl_learns.py", "rl/test_sharded.py",
+                "bench/test_bench_rollout.py", "test_tracking.py", "plan/test_plan.py", "rl/test_trainer_toy.py",
+                "test_run_recovery.py", "bench/test_bench_data.py", "rollout/test_multi_device.py",
+                "rl/test_validation.py", "rollout/test_engine.py", "rl/test_mixture_trainer.py", "rl/test_ppo.py",
+                "rl/test_remat.py", "models/test_decode.py", "rl/test_dpo.py")
+
+
+@pytest.hookimpl(tryfirst=True)  # the markers must be there before `-m` deselects
 def pytest_collection_modifyitems(config, items):
-    """The micro pipeline run's tests go first (the longest group: on its own worker from the start)."""
+    """Order the suite for two workers: FIRST_HALF's modules, then other tests up to the middle, then SECOND_HALF's,
+    then the rest (the shortest tests last: what an idle worker steals from the other's tail). Only speed depends
+    on this order."""
+    def module(item) -> str:
+        return item.nodeid.split("::")[0].removeprefix("tests/")
+
+    first = [i for i in items if module(i) in FIRST_HALF]
+    second = [i for i in items if module(i) in SECOND_HALF]
+    rest = [i for i in items if module(i) not in FIRST_HALF + SECOND_HALF]
+    first.sort(key=lambda i: FIRST_HALF.index(module(i)))  # stable: each module's tests keep their order
+    second.sort(key=lambda i: SECOND_HALF.index(module(i)))
     for item in items:
-        module = item.nodeid.split("::")[0]
-        if "pipeline" in getattr(item, "fixturenames", ()) and module not in PIPELINE_MODULES:
-            raise pytest.UsageError(f"{module} uses the `pipeline` fixture: add it to PIPELINE_MODULES in "
-                                    "tests/conftest.py")
-    items.sort(key=lambda item: item.nodeid.split("::")[0] not in PIPELINE_MODULES)  # stable: keeps the rest
-
-
-@pytest.hookimpl(optionalhook=True)  # a pytest-xdist hook: unknown (and unused) without it
-def pytest_xdist_make_scheduler(config, log):
-    """How `make test` (`-n auto --dist loadscope --no-loadscope-reorder`) spreads the suite over its workers: a
-    module's tests stay on one worker (its module fixtures run once) and the PIPELINE_MODULES share one, in
-    collection order (the pipeline group first). xdist's own loadgroup marks no longer reach its scheduler under
-    pytest 9.2 (it renames `item._nodeid`, which pytest 9.2 no longer reads)."""
-    if config.getvalue("dist") != "loadscope":
-        return None
-    from xdist.scheduler import LoadScopeScheduling
-
-    class ModuleScheduling(LoadScopeScheduling):
-        def _split_scope(self, nodeid: str) -> str:
-            module = nodeid.split("::")[0]
-            return "pipeline" if module in PIPELINE_MODULES else module
-
-        def remove_node(self, node: object) -> str | None:
-            # xdist queues again every module a crashed worker ever had, finished ones too; a finished module sent
-            # to a worker is an empty run request, after which that worker never asks for more: the run hangs.
-            # Only the modules with tests left go back.
-            self.assigned_work[node] = {scope: unit for scope, unit in self.assigned_work[node].items()
-                                        if not all(unit.values())}
-            return super().remove_node(node)
-
-        def mark_test_pending(self, item: str) -> None:
-            # pytest-rerunfailures runs a crashed worker's test again: remove_node has queued its module's
-            # unfinished tests, this one among them; make sure it is there and hand the work out.
-            self.workqueue.setdefault(self._split_scope(item), {})[item] = False
-            for node in list(self.assigned_work):
-                self._reschedule(node)
-
-    return ModuleScheduling(config, log)
+        if module(item) in SLOW_MODULES:
+            item.add_marker(pytest.mark.slow)
+    filler = max(0, len(items) // 2 - len(first))
+    items[:] = first + rest[:filler] + second + rest[filler:]
 
 
 @pytest.fixture

@@ -102,3 +102,11 @@ def output_digests(root: Path) -> dict[str, str]:
     for path in map(root.joinpath, sorted(paths)):
         files += sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
     return {f.relative_to(root).as_posix(): hashlib.md5(f.read_bytes()).hexdigest() for f in files}
+
+
+def copy_of(pipeline: dict, dest: Path) -> tuple[Path, dict[str, str]]:
+    """A copy of the shared pipeline checkout at `dest` (outputs, DVC cache, checkpoints, MLflow store), and the
+    environment its commands run in: the copy's own code and MLflow store."""
+    shutil.copytree(pipeline["root"], dest, symlinks=True)
+    env = {**pipeline["env"], "PYTHONPATH": str(dest / "src"), "MLFLOW_TRACKING_URI": f"sqlite:///{dest / 'mlflow.db'}"}
+    return dest, env

@@ -9,17 +9,23 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 import yaml
 from pipeline_helpers import REPO, micro_checkout, run_checked, stages_run
+from shared_setup import shared_across_workers
 
 STAGES = ["download", "shard", "base_model", "convert", "sft", "train", "rollout", "export", "evaluate"]
 
 
 @pytest.fixture(scope="module")
 def colour_pipeline(tmp_path_factory):
-    root = tmp_path_factory.mktemp("colour")
+    built = shared_across_workers(tmp_path_factory, "colour-pipeline", _build)  # one run, whichever worker asks
+    return Path(built["root"]), built["env"], built["output"]
+
+
+def _build(root):
     env = micro_checkout(root)
     shutil.copy(REPO / "tests" / "envs" / "colour_env.py", root / "colour_env.py")
     overlay = root / "colour.yaml"
@@ -29,7 +35,7 @@ def colour_pipeline(tmp_path_factory):
     run_checked(["vlmgym", "preset", overlay.name], root, env)
     run_checked(["git", "add", "-A"], root, env)
     run_checked(["git", "commit", "-qm", "colour env"], root, env)
-    return root, env, run_checked(["dvc", "repro"], root, env).stdout
+    return {"root": str(root), "env": env, "output": run_checked(["dvc", "repro"], root, env).stdout}
 
 
 def test_every_stage_ran_on_the_plug_in(colour_pipeline):

@@ -38,7 +38,7 @@ def _leftovers(root):
     return found + list((root / "checkpoints").rglob(ORBAX_TEMP_GLOB))
 
 
-def test_each_stage_killed_inside_its_write_reruns_to_the_same_outputs_without_leftovers(pipeline, tmp_path):
+def test_each_stage_killed_inside_its_write_reruns_to_the_same_outputs_without_leftovers(request, tmp_path):
     root = tmp_path
     env = micro_checkout(root)
     run_checked(["git", "add", "-A"], root, env)
@@ -68,8 +68,9 @@ def test_each_stage_killed_inside_its_write_reruns_to_the_same_outputs_without_l
     _check_mlflow_runs(root)
 
     # Every byte of every output equals the uninterrupted run's (the training-reward curve, read back from
-    # MLflow, included: a resumed training continues its MLflow run).
-    expected, got = pipeline["digests"], output_digests(root)
+    # MLflow, included: a resumed training continues its MLflow run). The reference is asked for only now: another
+    # worker builds it while this test kills and reruns its own checkout.
+    expected, got = request.getfixturevalue("pipeline")["digests"], output_digests(root)
     assert sorted(got) == sorted(expected), "the rerun's outputs are not the same files"
     assert sorted(path for path in got if got[path] != expected[path]) == []
 

@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
 import pytest
 from pipeline_helpers import STAGES, env_pipeline, read_records, stages_run
+from shared_setup import shared_across_workers
 
 from vlmgym.envs.message_decoding.env import length_group
 from vlmgym.envs.rec import report as rec_report
@@ -38,7 +40,13 @@ def mixture_pipeline(tmp_path_factory):
     overlay = {"env": {"name": "mixture", "mixture": {"envs": {"digits": 2.0, "message_decoding": 1.0, "rec": 1.0}},
                        "digits": {"think": True}},
                "eval": {"hf_samples": 2}, "train": {"max_new_tokens": 32}, "rollout": {"max_new_tokens": 32}}
-    return env_pipeline(tmp_path_factory.mktemp("mixture"), overlay)
+
+    def build(folder):
+        root, env, output = env_pipeline(folder, overlay)
+        return {"root": str(root), "env": env, "output": output}
+
+    built = shared_across_workers(tmp_path_factory, "mixture-pipeline", build)  # one run, whichever worker asks
+    return Path(built["root"]), built["env"], built["output"]
 
 
 def test_every_stage_ran_with_each_envs_data(mixture_pipeline):

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from pipeline_helpers import STAGES, run_checked, stages_run
+from pipeline_helpers import STAGES, copy_of, run_checked, stages_run
 
 from vlmgym.tracking import pipeline_run
 
@@ -237,8 +237,8 @@ def test_registered_model_answers_as_the_jax_engine(pipeline):
     assert model.predict([{"image": encoded.getvalue(), "prompt": PROMPT}]) == [record["answer"]]
 
 
-def test_second_repro_is_a_no_op_and_train_param_reruns_downstream(pipeline):
-    root, env = pipeline["root"], pipeline["env"]
+def test_second_repro_is_a_no_op_and_train_param_reruns_downstream(pipeline, tmp_path):
+    root, env = copy_of(pipeline, tmp_path / "checkout")
     lock = (root / "dvc.lock").read_bytes()
     again = run_checked(["dvc", "repro"], root, env)
     assert stages_run(again.stdout) == []
