@@ -32,8 +32,8 @@ def child_jax_compilation_cache(tmp_path_factory):
     """The JAX programs that tests start (the pipeline's stages, the fake-device children) share one persistent
     compilation cache per test session (both workers), so a program compiled by one `dvc repro` loads from disk in
     the next (a micro repro: ~5.4 -> ~3.6 min here). Set in os.environ, which every child's environment copies;
-    this process's JAX read its settings at import and is unaffected. A child that must compile afresh drops the
-    variables (pipeline_helpers.without_compilation_cache)."""
+    this process's JAX read its settings at import and is unaffected. A child that must compile afresh gets a
+    cache of its own (tests/pipeline/test_kill_rerun.py)."""
     import jax  # noqa: F401  (imported before the variables are set: this process keeps compiling in memory only)
 
     os.environ["JAX_COMPILATION_CACHE_DIR"] = str(session_folder(tmp_path_factory) / "jax-compilation-cache")
@@ -51,14 +51,16 @@ SECOND_HALF = ("pipeline/test_kill_rerun.py", "pipeline/test_mixture_env.py", "p
                "rl/test_multihost.py")
 
 
-# Modules that take 20 s or more of a worker's time (measured with --durations on 2 cores): marked `slow`, so
+# Modules that take 15 s or more of a worker's time (measured with --durations on 2 cores): marked `slow`, so
 # `make test-fast` (-m "not slow", no tests/pipeline) stays a few minutes; `make test` runs them all.
 SLOW_MODULES = ("rl/test_lora_trainer.py", "rl/test_multihost.py", "rl/test_qwen_policy.py", "rl/test_shared_prefix.py",
                 "rl/test_lora_dropout.py", "rl/test_lora.py", "rl/test_rl_learns.py", "rl/test_sharded.py",
                 "bench/test_bench_rollout.py", "test_tracking.py", "plan/test_plan.py", "rl/test_trainer_toy.py",
                 "test_run_recovery.py", "bench/test_bench_data.py", "rollout/test_multi_device.py",
                 "rl/test_validation.py", "rollout/test_engine.py", "rl/test_mixture_trainer.py", "rl/test_ppo.py",
-                "rl/test_remat.py", "models/test_decode.py", "rl/test_dpo.py")
+                "rl/test_remat.py", "models/test_decode.py", "rl/test_dpo.py", "models/test_model_parity.py",
+                "rl/test_lora_export.py", "models/test_sharding.py", "models/test_parity_cli.py",
+                "rl/test_objective_knobs_trainer.py")
 
 
 @pytest.hookimpl(tryfirst=True)  # the markers must be there before `-m` deselects

@@ -21,12 +21,6 @@ OUTPUT_DIRS = ("data", "models", "outputs", "metrics", "reports", "checkpoints",
 COMMAND_TIMEOUT_S = 1800
 
 
-def without_compilation_cache(env: dict[str, str]) -> dict[str, str]:
-    """`env` without the tests' shared JAX compilation cache (tests/conftest.py): a child that compiles every
-    program itself, e.g. a rerun whose bytes must come from its own compile, not from the first run's programs."""
-    return {k: v for k, v in env.items() if not k.startswith(("JAX_COMPILATION_CACHE", "JAX_PERSISTENT_CACHE"))}
-
-
 def run_checked(args: list[str], cwd: Path, env: dict[str, str],
                 timeout: int = COMMAND_TIMEOUT_S) -> subprocess.CompletedProcess:
     result = subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)

@@ -5,7 +5,8 @@ One fresh micro checkout, ten `dvc repro`s: run k kills stage k inside its write
 vlmgym.runtime.killpoint), run k+1 reruns stage k (a killed stage has no DVC run-cache entry) and kills stage k+1. The
 training stages are killed while orbax writes a checkpoint after their first one, so their rerun resumes, and
 continues the same MLflow run (each other killed stage's run is closed as KILLED). The reference is the
-`pipeline` fixture's uninterrupted run of a checkout of the same files.
+`pipeline` fixture's uninterrupted run of a checkout of the same files; this run compiles every program itself
+(its own JAX compilation cache), so it is also that run again from scratch: every output byte and dvc.lock equal.
 """
 
 from __future__ import annotations
@@ -39,8 +40,10 @@ def _leftovers(root):
 
 
 def test_each_stage_killed_inside_its_write_reruns_to_the_same_outputs_without_leftovers(request, tmp_path):
-    root = tmp_path
-    env = micro_checkout(root)
+    root = tmp_path / "checkout"
+    root.mkdir()
+    # Its own compilation cache: no program compiled by the reference run (killed and rerun stages share theirs).
+    env = {**micro_checkout(root), "JAX_COMPILATION_CACHE_DIR": str(tmp_path / "jax-compilation-cache")}
     run_checked(["git", "add", "-A"], root, env)
     run_checked(["git", "commit", "-qm", "micro preset"], root, env)
     for index, stage in enumerate(STAGES):
@@ -70,9 +73,12 @@ def test_each_stage_killed_inside_its_write_reruns_to_the_same_outputs_without_l
     # Every byte of every output equals the uninterrupted run's (the training-reward curve, read back from
     # MLflow, included: a resumed training continues its MLflow run). The reference is asked for only now: another
     # worker builds it while this test kills and reruns its own checkout.
-    expected, got = request.getfixturevalue("pipeline")["digests"], output_digests(root)
+    reference = request.getfixturevalue("pipeline")
+    expected, got = reference["digests"], output_digests(root)
     assert sorted(got) == sorted(expected), "the rerun's outputs are not the same files"
     assert sorted(path for path in got if got[path] != expected[path]) == []
+    # The same dvc.lock too: every stage's deps, params and outs hash alike (a committed dvc.lock stays as it is).
+    assert (root / "dvc.lock").read_text() == (reference["root"] / "dvc.lock").read_text()
 
 
 def _check_mlflow_runs(root):
