@@ -90,14 +90,19 @@ def test_repeated_cache_equals_repeated_prefill(setup):
     np.testing.assert_allclose(got, expected, atol=1e-4, rtol=0)
 
 
-def test_token_entropies_are_the_entropy_of_the_full_forwards_logits(setup):
-    s = setup
-    tiny = s["tiny"]
+def _learner_inputs(s):
+    """The setup's prompts as the learner's inputs, and a completion mask whose second row ends a token early."""
     inputs = {"input_ids": jnp.asarray(s["batch"]["input_ids"]),
               "attention_mask": jnp.asarray(s["batch"]["attention_mask"]),
               "position_ids": jnp.asarray(s["positions"]), "pixel_values": jnp.asarray(s["batch"]["pixel_values"]),
               "patch_layout": s["layout"]}
-    completion_mask = np.array([[1, 1, 1], [1, 1, 0]], np.int32)
+    return inputs, np.array([[1, 1, 1], [1, 1, 0]], np.int32)
+
+
+def test_token_entropies_are_the_entropy_of_the_full_forwards_logits(setup):
+    s = setup
+    tiny = s["tiny"]
+    inputs, completion_mask = _learner_inputs(s)
     logprobs, entropies = qwen.jit_token_logprobs(tiny.params, tiny.cfg, inputs, jnp.asarray(s["completion"]),
                                                   jnp.asarray(completion_mask), with_entropy=True)
     ref = s["reference"][:, s["prompt_len"] - 1: s["prompt_len"] + STEPS - 1].astype(np.float64)
@@ -114,11 +119,7 @@ def test_token_entropies_are_the_entropy_of_the_full_forwards_logits(setup):
 def test_token_logprobs_match_forward_and_are_differentiable(setup):
     s = setup
     tiny = s["tiny"]
-    inputs = {"input_ids": jnp.asarray(s["batch"]["input_ids"]),
-              "attention_mask": jnp.asarray(s["batch"]["attention_mask"]),
-              "position_ids": jnp.asarray(s["positions"]), "pixel_values": jnp.asarray(s["batch"]["pixel_values"]),
-              "patch_layout": s["layout"]}
-    completion_mask = np.array([[1, 1, 1], [1, 1, 0]], np.int32)
+    inputs, completion_mask = _learner_inputs(s)
 
     def total(params):
         logprobs = qwen.token_logprobs(params, tiny.cfg, inputs, jnp.asarray(s["completion"]),
