@@ -1,9 +1,10 @@
 """GSPO, the sampler correction, the entropy mask, the overlong penalty and truncation, each against TRL's formula.
 
-The references are TRL's own lines (trl/trainer/grpo_trainer.py `_compute_loss` and `_generate_and_score_completions`,
-`get_high_entropy_mask`; trl/rewards/other_rewards.py `get_soft_overlong_punishment`) rewritten in torch, and the
-GSPO-token weight of the GSPO paper (arXiv 2507.18071, eq. 13): they run on the same inputs as vlmgym's jax code and
-must give the same loss, gradient and weights.
+The overlong penalty is checked against TRL's own public function (trl.rewards.get_soft_overlong_punishment); the
+rest are TRL's lines as methods of its trainer write them (trl 1.16, trl/trainer/grpo_trainer.py `_compute_loss`,
+`_generate_and_score_completions`, `get_high_entropy_mask`), rewritten in torch, and the GSPO-token weight of the
+GSPO paper (arXiv 2507.18071, eq. 13): they run on the same inputs as vlmgym's jax code and must give the same
+loss, gradient and weights.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
+from trl.rewards import get_soft_overlong_punishment
 
 from vlmgym.rl import grpo
 
@@ -82,19 +84,6 @@ def trl_high_entropy_mask(entropies, mask, threshold):
     entropy_threshold = torch.quantile(local, threshold)
     masked_entropies = entropies * mask.float()
     return (masked_entropies >= entropy_threshold) & mask.bool()
-
-
-def trl_overlong(completion_lengths, max_completion_len, soft_punish_cache):
-    """TRL's soft overlong punishment reward."""
-    rewards = []
-    for completion_length in completion_lengths:
-        if completion_length <= max_completion_len - soft_punish_cache:
-            rewards.append(0.0)
-        elif max_completion_len - soft_punish_cache < completion_length <= max_completion_len:
-            rewards.append((max_completion_len - soft_punish_cache - completion_length) / soft_punish_cache)
-        else:
-            rewards.append(-1.0)
-    return rewards
 
 
 AGGREGATION = {"grpo": "sequence_mean", "dapo": "token_mean", "dr_grpo": "dr_grpo"}
@@ -195,7 +184,7 @@ def test_entropy_mask_drops_the_low_entropy_tokens_from_the_loss(inputs):
 def test_soft_overlong_penalty_is_trls(buffer):
     lengths = np.arange(0, 14)
     ours = grpo.soft_overlong_penalty(lengths, MAX_LEN, buffer, factor=1.0)
-    theirs = [0.0] * len(lengths) if buffer == 0 else trl_overlong(lengths, MAX_LEN, buffer)
+    theirs = get_soft_overlong_punishment(MAX_LEN, buffer)([[1] * int(n) for n in lengths])
     np.testing.assert_allclose(ours, theirs)
     half = grpo.soft_overlong_penalty(lengths, MAX_LEN, buffer, factor=0.5)
     np.testing.assert_allclose(half, np.multiply(theirs, 0.5))

@@ -97,12 +97,12 @@ def truncated_rows(tokens: np.ndarray, mask: np.ndarray, eos_ids: tuple[int, ...
 
 def soft_overlong_penalty(lengths: np.ndarray, max_length: int, buffer: int, factor: float = 1.0) -> np.ndarray:
     """DAPO's soft overlong punishment (its eq. 13; TRL's get_soft_overlong_punishment), times `factor`: 0 up to
-    max_length - buffer tokens, then falling linearly to -1 at max_length, -1 beyond. buffer 0: no penalty."""
+    max_length - buffer tokens, then falling linearly to -1 at max_length, -1 beyond. With buffer 0 nothing the
+    sampler can return (at most max_length tokens) is penalised."""
     lengths = np.asarray(lengths, np.float64)
-    if buffer <= 0:
-        return np.zeros_like(lengths)
     start = max_length - buffer
-    penalty = np.where(lengths <= start, 0.0, np.where(lengths <= max_length, (start - lengths) / buffer, -1.0))
+    penalty = np.where(lengths <= start, 0.0,
+                       np.where(lengths <= max_length, (start - lengths) / max(buffer, 1), -1.0))
     return factor * penalty
 
 
