@@ -12,9 +12,10 @@ import numpy as np
 import pytest
 
 from vlmgym.envs.nlvr2 import NLVR2Env
-from vlmgym.eval.hf_baseline import answer_through_eos, token_agreement
+from vlmgym.eval.hf_baseline import token_agreement
 from vlmgym.eval.report import sections_markdown
 from vlmgym.eval.rollouts import answer_split
+from vlmgym.models.qwen3_vl.hf_reference import answer_through_eos
 
 EOS = 9
 

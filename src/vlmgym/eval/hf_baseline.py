@@ -14,24 +14,19 @@ Three figures, all on the same prompts and images the rollout stage used:
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from vlmgym.models.qwen3_vl.hf_reference import GREEDY, hf_generate, hf_logits, load_hf_model, torch_inputs
-
-
-def answer_through_eos(tokens: Sequence[int], eos_ids: Sequence[int]) -> list[int]:
-    """The tokens up to and including the first end token (all of them when none ends the answer)."""
-    out = []
-    for token in tokens:
-        out.append(int(token))
-        if int(token) in eos_ids:
-            break
-    return out
+from vlmgym.models.qwen3_vl.hf_reference import (
+    answer_through_eos,
+    hf_greedy,
+    hf_logits,
+    load_hf_model,
+    torch_inputs,
+)
 
 
 def token_agreement(reference: Sequence[Sequence[int]], other: Sequence[Sequence[int]]) -> dict[str, float]:
@@ -53,32 +48,6 @@ def token_agreement(reference: Sequence[Sequence[int]], other: Sequence[Sequence
     return {"greedy_token_agreement": matches / max(positions, 1), "greedy_exact_match": exact / len(reference),
             "greedy_compared_samples": float(len(reference)), "greedy_compared_tokens": float(positions),
             "greedy_first_divergence": float(min(first_divergence)) if first_divergence else -1.0}
-
-
-def hf_greedy(model: Any, processor: Any, observations: Sequence[dict], *, max_new_tokens: int,
-              batch_size: int, warm_up: bool = True) -> tuple[list[list[int]], int, float]:
-    """transformers' greedy answers (through the first end token), generated tokens and seconds spent; `warm_up`
-    first generates one token untimed, which only matters when the seconds are reported."""
-    eos_ids = list(processor.eos_token_ids)
-    answers: list[list[int]] = []
-    tokens = 0
-    seconds = 0.0
-    for start in range(0, len(observations), batch_size):
-        chunk = observations[start:start + batch_size]
-        inputs = processor([o["messages"] for o in chunk], [list(o.get("images") or []) for o in chunk],
-                           padding_side="left")
-        kwargs = torch_inputs(model, inputs)
-        if start == 0 and warm_up:  # warm-up (allocator, kernels), so the timing is of generation, not first-call setup
-            hf_generate(model, kwargs, max_new_tokens=1, pad_token_id=int(processor.pad_token_id), **GREEDY)
-        started = time.perf_counter()
-        out = hf_generate(model, kwargs, max_new_tokens=max_new_tokens, eos_token_id=eos_ids,
-                          pad_token_id=int(processor.pad_token_id), **GREEDY)
-        seconds += time.perf_counter() - started
-        for row in out[:, kwargs["input_ids"].shape[1]:].tolist():
-            answer = answer_through_eos(row, eos_ids)
-            answers.append(answer)
-            tokens += len(answer)
-    return answers, tokens, seconds
 
 
 def max_logit_difference(model: Any, cfg: Any, params: Any, processor: Any, observation: dict,

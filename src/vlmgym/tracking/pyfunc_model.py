@@ -72,7 +72,7 @@ class GreedyAnswers(PythonModel):
 
     # No type hints here: MLflow would read them as an input schema and warn that Any is not one.
     def predict(self, context, model_input, params=None):
-        from vlmgym.eval.hf_baseline import hf_greedy
+        from vlmgym.models.qwen3_vl.hf_reference import hf_greedy
 
         observations = [observation(row) for row in _rows(model_input)]
         max_new_tokens = int((params or {}).get("max_new_tokens", self.max_new_tokens))

@@ -7,12 +7,15 @@ check, the export check, the evaluate stage's HF baseline, `vlmgym bench rollout
     inputs = torch_inputs(model, processor(messages, images))
     logits = hf_logits(model, inputs)                      # (B, L, V) float32 numpy
     tokens = hf_generate(model, inputs, max_new_tokens=8, **GREEDY)
+    answers, count, seconds = hf_greedy(model, processor, observations, max_new_tokens=8, batch_size=4)
 
 torch and transformers are imported only when called.
 """
 
 from __future__ import annotations
 
+import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -111,3 +114,39 @@ def hf_generate(model: Any, inputs: dict[str, Any], **generate_kwargs: Any) -> A
     with torch.no_grad():
         _forget_rope_deltas(model)
         return model.generate(**inputs, **generate_kwargs)
+
+
+def answer_through_eos(tokens: Sequence[int], eos_ids: Sequence[int]) -> list[int]:
+    """The tokens up to and including the first end token (all of them when none ends the answer)."""
+    out = []
+    for token in tokens:
+        out.append(int(token))
+        if int(token) in eos_ids:
+            break
+    return out
+
+
+def hf_greedy(model: Any, processor: Any, observations: Sequence[dict], *, max_new_tokens: int,
+              batch_size: int, warm_up: bool = True) -> tuple[list[list[int]], int, float]:
+    """transformers' greedy answers (through the first end token), generated tokens and seconds spent; `warm_up`
+    first generates one token untimed, which only matters when the seconds are reported."""
+    eos_ids = list(processor.eos_token_ids)
+    answers: list[list[int]] = []
+    tokens = 0
+    seconds = 0.0
+    for start in range(0, len(observations), batch_size):
+        chunk = observations[start:start + batch_size]
+        inputs = processor([o["messages"] for o in chunk], [list(o.get("images") or []) for o in chunk],
+                           padding_side="left")
+        kwargs = torch_inputs(model, inputs)
+        if start == 0 and warm_up:  # warm-up (allocator, kernels), so the timing is of generation, not first-call setup
+            hf_generate(model, kwargs, max_new_tokens=1, pad_token_id=int(processor.pad_token_id), **GREEDY)
+        started = time.perf_counter()
+        out = hf_generate(model, kwargs, max_new_tokens=max_new_tokens, eos_token_id=eos_ids,
+                          pad_token_id=int(processor.pad_token_id), **GREEDY)
+        seconds += time.perf_counter() - started
+        for row in out[:, kwargs["input_ids"].shape[1]:].tolist():
+            answer = answer_through_eos(row, eos_ids)
+            answers.append(answer)
+            tokens += len(answer)
+    return answers, tokens, seconds
