@@ -135,8 +135,8 @@ class GRPOTrainer(TrainingLoop):
         kept, spare, rounds = [], [], 0
         while True:
             for group in self._sample_round(jax.random.fold_in(rng, rounds), first, stop, tally):
-                flat = grpo.filter_groups(filter_values(c.filter_metric, group), c.group_size).num_dropped == 1
-                if c.filter_groups and flat:
+                if c.filter_groups and grpo.filter_groups(filter_values(c.filter_metric, group),
+                                                          c.group_size).num_dropped == 1:
                     spare.append(group)
                 elif len(kept) < stop - first:
                     kept.append(group)
