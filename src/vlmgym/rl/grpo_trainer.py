@@ -175,9 +175,10 @@ class GRPOTrainer(TrainingLoop):
             group = {"index": indices[g], "obs": obs, "tokens": samples.tokens[rows], "mask": samples.mask[rows],
                      "logprobs": samples.logprobs[rows], "texts": samples.texts[rows],
                      "rewards": np.array([s[0] for s in scored]), "infos": [s[1] for s in scored]}
-            penalty = overlong_penalties(c, group["mask"])
-            group["rewards"] = group["rewards"] + penalty
-            tally["overlong_penalty"].extend(penalty)
+            if c.overlong_buffer:
+                penalty = overlong_penalties(c, group["mask"])
+                group["rewards"] = group["rewards"] + penalty
+                tally["overlong_penalty"].extend(penalty)
             tally["sampled_groups"] += 1
             tally["sampled_rewards"].extend(group["rewards"])
             tally["final_rewards"].extend(final_rewards(self.env, state, group["tokens"], group["mask"],
@@ -285,8 +286,8 @@ class GRPOTrainer(TrainingLoop):
         active_rows = mask.sum(axis=1) > 0
         lengths = mask.sum(axis=1)[active_rows]
         out["completion_length"] = float(lengths.mean()) if lengths.size else 0.0
-        eos = np.isin(tokens, self.policy.eos_ids) & (mask > 0)
-        out["truncated_share"] = float(1.0 - eos.any(axis=1)[active_rows].mean()) if lengths.size else 0.0
+        ended = ~grpo.truncated_rows(tokens, mask, self.policy.eos_ids)
+        out["truncated_share"] = float(1.0 - ended[active_rows].mean()) if lengths.size else 0.0
         for name in iterations[0]:
             values = [float(m[name]) for m in iterations]
             # Clip fractions, KL and ratios say most after the last iteration (the first is on-policy).
@@ -313,7 +314,7 @@ class GRPOTrainer(TrainingLoop):
 
 
 def overlong_penalties(config: Any, mask: np.ndarray) -> np.ndarray:
-    """Each answer's soft overlong penalty (train.overlong_buffer; zeros when off), by its length in tokens."""
+    """Each answer's soft overlong penalty (train.overlong_buffer), by its length in tokens."""
     return grpo.soft_overlong_penalty(np.asarray(mask).sum(axis=1), config.max_new_tokens, config.overlong_buffer,
                                       config.overlong_penalty)
 

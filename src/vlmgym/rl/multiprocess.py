@@ -40,7 +40,10 @@ def gathered_collection(local: dict) -> dict:
     arrays = {name: distributed.gather_rows(np.stack([g[name] for g in groups]))
               for name in ("tokens", "mask", "logprobs", "rewards")}
     sampled = {name: distributed.gather_rows(np.asarray(local[name], np.float64))
-               for name in ("sampled_rewards", "final_rewards", "overlong_penalty")}
+               for name in ("sampled_rewards", "final_rewards")}
+    # Only with train.overlong_buffer on (the same on every process): no collective for an empty list.
+    sampled["overlong_penalty"] = (distributed.gather_rows(np.asarray(local["overlong_penalty"], np.float64))
+                                   if local["overlong_penalty"] else np.zeros(0))
     counts = ("sampled_groups", "zero_std_groups", "sampled_tokens", "num_padding", "groups_filtered")
     figures = distributed.gather_json({"groups": described, "rollout_time": local["rollout_time"],
                                        "infos": local["sampled_infos"], "texts": local["sampled_texts"],
