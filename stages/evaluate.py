@@ -20,6 +20,7 @@ import sys
 from vlmgym.eval.evaluate import evaluate_pipeline
 from vlmgym.eval.outputs import mlflow_metrics
 from vlmgym.params import load_section
+from vlmgym.tracking import model_registry as registry
 from vlmgym.tracking import stage_runs as tracking
 
 
@@ -48,6 +49,8 @@ def main(argv: list[str] | None = None) -> int:
             run.set_tags({"vlmgym.train_run_id": train_run})
         for path in outputs.files.values():
             run.log_artifact(path, artifact_path="plots" if path.suffix in (".png", ".csv") else "report")
+        # The `champion` alias of vlmgym-<env> moves to the evaluated export when its mean reward beats the champion's.
+        registry.promote_evaluated(run, env_params.name, eval_params.hf_dir, eval_params.hf_policy, outputs.results)
     print(outputs.files["table"].read_text())
     print(f"evaluate: wrote {', '.join(str(p) for p in outputs.files.values())}")
     return 0

@@ -227,6 +227,48 @@ def test_registered_model_answers_as_the_jax_engine(pipeline):
     assert model.predict([{"image": encoded.getvalue(), "prompt": PROMPT}]) == [record["answer"]]
 
 
+def test_the_evaluated_export_is_the_champion_and_loads_without_warnings(pipeline):
+    """The evaluate stage records the grpo policy's mean reward on the version it evaluated (the export of the same
+    `dvc repro`) and, the model having no champion yet, gives it the alias `champion`; the model loaded from
+    `models:/vlmgym-geospot@champion` has its signature and input example, and MLflow warns about nothing."""
+    import logging
+    import warnings
+
+    import mlflow
+    from mlflow.tracking import MlflowClient
+
+    root = pipeline["root"]
+    uri = f"sqlite:///{root / 'mlflow.db'}"
+    client = MlflowClient(tracking_uri=uri)
+    version = client.get_model_version_by_alias("vlmgym-geospot", "champion")
+    assert version.version in (1, "1")
+    evaluate = next(r for r in _mlflow_runs(root) if r.data.tags["vlmgym.stage"] == "evaluate")
+    assert version.tags["vlmgym.eval.run_id"] == evaluate.info.run_id
+    assert float(version.tags["vlmgym.eval.mean_reward"]) == evaluate.data.metrics["grpo/mean_reward"]
+    assert "vlmgym-geospot version 1 (mean_reward" in pipeline["first"]  # the stage said so
+    mlflow.set_tracking_uri(uri)
+
+    class Records(logging.Handler):
+        def __init__(self):
+            super().__init__(logging.WARNING)
+            self.records = []
+
+        def emit(self, record):
+            self.records.append(record.getMessage())
+
+    logged = Records()
+    logging.getLogger("mlflow").addHandler(logged)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            model = mlflow.pyfunc.load_model("models:/vlmgym-geospot@champion")
+    finally:
+        logging.getLogger("mlflow").removeHandler(logged)
+    assert [str(w.message) for w in caught] + logged.records == []
+    assert {c.name for c in model.metadata.signature.inputs.inputs} == {"image", "prompt"}
+    assert model.metadata.saved_input_example_info is not None
+
+
 def test_second_repro_is_a_no_op_and_a_train_param_makes_what_follows_stale(pipeline, tmp_path):
     root, env = copy_of(pipeline, tmp_path / "checkout")
     lock = (root / "dvc.lock").read_bytes()
