@@ -6,7 +6,10 @@ the `hf_baseline` figures; the baseline's speed goes to the MLflow run only, as 
 metrics/plots/*.csv (DVC plots: distance CDF per policy, training reward curve),
 reports/eval.md, reports/eval.html and the PNGs. The HF baseline runs transformers on the exported folder
 (models/hf/grpo) over the first `eval.hf_samples` test prompts and compares with the JAX engine's greedy answers.
-The training reward curve comes from the MLflow train run that wrote the evaluated model (vlmgym.eval.curve).
+The training curves come from the train stage's per-step figures, metrics/curves/train.jsonl (vlmgym.eval.curve),
+a DVC output of the train stage and a dep of this one: the report depends on DVC-tracked files only, never on the
+MLflow store. The evaluate run's lineage tags link it to the train run that wrote the evaluated model: its
+`dvc.dep.models/jax/grpo` equals that run's `dvc.out.models/jax/grpo`.
 `env.name` picks the env, whose metrics, plots and report section these are.
 
     python stages/evaluate.py [--params params.yaml]
@@ -20,6 +23,7 @@ import sys
 from vlmgym.eval.evaluate import evaluate_pipeline
 from vlmgym.eval.outputs import mlflow_metrics
 from vlmgym.params import load_section
+from vlmgym.rl.step_curve import curve_file
 from vlmgym.tracking import model_registry as registry
 from vlmgym.tracking import stage_runs as tracking
 
@@ -33,20 +37,14 @@ def main(argv: list[str] | None = None) -> int:
     rollout = load_section("rollout", args.params)
     model = load_section("model", args.params)
     env_params = load_section("env", args.params)
-    train = load_section("train", args.params)
-    tracking_params = load_section("tracking", args.params)
     data = load_section("data", args.params)
     logged = {"env.name": env_params.name, "rollout.policies": rollout.policies}
     with tracking.stage_run("evaluate", eval_params, extra_params=logged, params_file=args.params) as run:
-        outputs, train_run, hf_timing = evaluate_pipeline(
-            eval_params, rollout, model, env_params, train.out_dir,
-            tracking_uri=tracking.tracking_uri(tracking_params.tracking_uri), experiment=tracking_params.experiment,
-            data=data)
+        outputs, hf_timing = evaluate_pipeline(eval_params, rollout, model, env_params, curve_file("train"),
+                                               data=data)
         run.log_metrics(mlflow_metrics(outputs.results))
         run.log_pipeline_results(mlflow_metrics(outputs.results))  # the headline results of the whole pipeline
         run.log_metrics({f"hf_baseline/{name}": value for name, value in hf_timing.items()})
-        if train_run:
-            run.set_tags({"vlmgym.train_run_id": train_run})
         for path in outputs.files.values():
             run.log_artifact(path, artifact_path="plots" if path.suffix in (".png", ".csv") else "report")
         # The `champion` alias of vlmgym-<env> moves to the evaluated export when its mean reward beats the champion's.

@@ -2,8 +2,10 @@
 
 Teacher-forced cross entropy on the answer tokens only (prompt and padding masked), AdamW with warmup and
 cosine decay. Checkpoints go to `sft.checkpoint_dir/<config hash>/` every `sft.save_every` steps, so a killed
-run started again with the same params resumes exactly where the last checkpoint left it. `sft.steps: 0`
-copies the start model through unchanged (the real Instruct model needs no warm start).
+run started again with the same params resumes exactly where the last checkpoint left it. Every step's figures go
+to MLflow and, less the timings and compile counts, to metrics/curves/sft.jsonl (vlmgym.rl.step_curve).
+`sft.steps: 0` copies the start model through unchanged (the real Instruct model needs no warm start) and writes
+an empty curve.
 
     python stages/sft.py [--params params.yaml]
 """
@@ -14,6 +16,7 @@ import argparse
 import sys
 
 from vlmgym.params import load_section
+from vlmgym.rl import step_curve
 from vlmgym.rl.stage_setup import (
     resume_dir,
     save_model,
@@ -25,6 +28,7 @@ from vlmgym.rl.stage_setup import (
 from vlmgym.tracking import stage_runs as tracking
 
 METRICS_FILE = "metrics/sft.json"
+CURVE_FILE = step_curve.curve_file("sft")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -42,19 +46,24 @@ def main(argv: list[str] | None = None) -> int:
                             resume_folder=checkpoints) as run:
         policy, params = stage_policy("sft", sft, model)
         summary = {"steps": sft.steps}
+        curve: step_curve.Curve = {}
         if checkpoints is not None:
+            journal = step_curve.StepJournal(checkpoints)
             trainer = stage_trainer("sft", sft, policy, params, env_params, checkpoints,
-                                    metrics_callback=lambda step, metrics: run.log_metrics(metrics, step=step))
+                                    metrics_callback=journal.callback(
+                                        lambda step, metrics: run.log_metrics(metrics, step=step)))
             params = trainer.run()
             recent = trainer.restored_history + trainer.history
             last = recent[-1] if recent else {}
             summary.update({"final_loss": last.get("loss"), "resumed_from": trainer.resumed_from,
                             "checkpoints": str(checkpoints), **selection_summary(trainer)})
+            curve = journal.entries()
         out = save_model(sft.out_dir, policy, params, sft.init_dir, sft.lora.dropout)
         # Results only: where a run resumed from is MLflow's to know, so a killed and resumed run writes the
         # same bytes as an uninterrupted one.
         write_json_atomically(METRICS_FILE, {k: v for k, v in summary.items()
                                              if isinstance(v, int | float) and k != "resumed_from"})
+        step_curve.write_curve(CURVE_FILE, curve)
         run.log_dict(summary, "sft.json")
     print(f"sft: {sft.init_dir} -> {out} ({sft.steps} steps"
           + (f", final loss {summary['final_loss']:.4f})" if summary.get("final_loss") is not None else ")"))

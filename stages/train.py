@@ -3,13 +3,15 @@
 Each step samples `train.group_size` answers for `train.batch_prompts` prompts with the rollout engine, scores
 them with the env (its curriculum follows step / total steps), and takes `train.num_iterations` clipped-surrogate
 updates. Every step's figures go to MLflow (reward and its components, clip fractions, KL, entropy, lengths,
-sampler-vs-learner mismatch, gradient norm, lr, throughput, compiles); every `train.samples_every` steps a table
-of sample rollouts (image, answer, reward components) is logged as an artifact. Checkpoints in
-`train.checkpoint_dir/<config hash>/` make a killed run resume exactly.
+sampler-vs-learner mismatch, gradient norm, lr, throughput, compiles), and all but the timings and compile counts
+to metrics/curves/train.jsonl (vlmgym.rl.step_curve), which the evaluate stage draws its training curves from;
+every `train.samples_every` steps a table of sample rollouts (image, answer, reward components) is logged as an
+artifact. Checkpoints in `train.checkpoint_dir/<config hash>/` make a killed run resume exactly.
 
 Over several processes (hosts), each runs this script with the same params and code (docs/scaling.md, "Scale out"):
 JAX_COORDINATOR_ADDRESS / JAX_NUM_PROCESSES / JAX_PROCESS_ID or the flags below; process 0 logs to MLflow and
-writes metrics/train.json, all of them write the checkpoints and the model folder together.
+writes metrics/train.json and metrics/curves/train.jsonl, all of them write the checkpoints and the model folder
+together.
 
     python stages/train.py [--params params.yaml] [--coordinator HOST:PORT --num-processes N --process-id I]
 """
@@ -21,6 +23,7 @@ import contextlib
 import sys
 
 from vlmgym.params import load_section
+from vlmgym.rl import step_curve
 from vlmgym.rl.loop import RECENT_METRICS
 from vlmgym.rl.stage_setup import (
     history_summary,
@@ -35,6 +38,7 @@ from vlmgym.runtime import distributed
 from vlmgym.tracking import stage_runs as tracking
 
 METRICS_FILE = "metrics/train.json"
+CURVE_FILE = step_curve.curve_file("train")
 # Figures of the final steps summarised into the DVC metrics file (mean over the last SUMMARY_STEPS steps, which
 # checkpoints keep, so a run restarted after its last step reports the same summary).
 SUMMARY = ("reward_mean", "reward_std", "zero_std_group_share", "completion_length", "approx_kl_behaviour", "entropy")
@@ -69,8 +73,9 @@ def _train(args: argparse.Namespace) -> int:
                                   resume_folder=checkpoints) if distributed.is_primary()
                else contextlib.nullcontext())
     with tracked as run:
+        journal = None if run is None else step_curve.StepJournal(checkpoints)
         callbacks = {} if run is None else {
-            "metrics_callback": lambda step, metrics: run.log_metrics(metrics, step=step),
+            "metrics_callback": journal.callback(lambda step, metrics: run.log_metrics(metrics, step=step)),
             "samples_callback": run.log_sample_table}
         policy, params = stage_policy("train", train, model)
         trainer = stage_trainer("train", train, policy, params, env_params, checkpoints, **callbacks)
@@ -80,6 +85,7 @@ def _train(args: argparse.Namespace) -> int:
         summary.update(selection_summary(trainer))
         if run is not None:
             write_json_atomically(METRICS_FILE, summary)
+            step_curve.write_curve(CURVE_FILE, journal.entries())
             run.log_dict({**summary, "resumed_from": trainer.resumed_from, "checkpoints": str(checkpoints)},
                          "train.json")
     print(f"train: {train.init_dir} -> {out} ({train.steps} steps; last {SUMMARY_STEPS} steps: "

@@ -1,5 +1,5 @@
 """The evaluation pieces the rollout and evaluate stages are built from: batched answering, HF-baseline agreement,
-extra report sections, and finding the training curve through MLflow lineage tags."""
+extra report sections, and reading the training curves from the train stage's curve file."""
 
 from __future__ import annotations
 
@@ -115,68 +115,37 @@ def test_extra_metrics_may_not_shadow_a_policy(tmp_path):
         write_evaluation("nlvr2", {"grpo": []}, {}, out_root=tmp_path, extra_metrics={"grpo": {"x": 1.0}})
 
 
-def test_train_curve_comes_from_the_run_that_wrote_the_model(tmp_path, monkeypatch):
-    import mlflow
+def test_train_curve_is_read_from_the_train_stages_curve_file(tmp_path):
+    from vlmgym.eval.curve import train_curves, train_reward_curve
+    from vlmgym.rl.step_curve import write_curve
 
-    from vlmgym.eval.curve import train_reward_curve
-    from vlmgym.tracking.stage_runs import dvc_hash
-
-    monkeypatch.chdir(tmp_path)
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    model = tmp_path / "models/jax/grpo"
-    model.mkdir(parents=True)
-    (model / "params.bin").write_bytes(b"weights v1")
-    mlflow.set_tracking_uri(uri)
-    mlflow.create_experiment("exp", artifact_location=(tmp_path / "art").as_uri())
-    mlflow.set_experiment("exp")
-    for weights, rewards in ((b"weights v0", [0.5, 0.5]), (b"weights v1", [0.1, 0.2, 0.4])):
-        (model / "params.bin").write_bytes(weights)
-        with mlflow.start_run(tags={"vlmgym.stage": "train"}) as run:
-            for step, reward in enumerate(rewards, start=1):
-                mlflow.log_metric("reward_mean", reward, step=step)
-            mlflow.set_tag("dvc.out.models/jax/grpo", dvc_hash("models/jax/grpo"))
-            if weights == b"weights v1":
-                wanted = run.info.run_id
-    mlflow.end_run()
-    # A later run that restored the last checkpoint and trained nothing (`dvc repro -f`) saved the same weights.
-    with mlflow.start_run(tags={"vlmgym.stage": "train"}):
-        mlflow.set_tag("dvc.out.models/jax/grpo", dvc_hash("models/jax/grpo"))
-    curve, run_id = train_reward_curve("models/jax/grpo", "reward_mean", tracking_uri=uri, experiment="exp")
-    assert run_id == wanted and curve == [(1, 0.1), (2, 0.2), (3, 0.4)]
-    (model / "params.bin").write_bytes(b"retrained elsewhere")
-    assert train_reward_curve("models/jax/grpo", "reward_mean", tracking_uri=uri, experiment="exp") == ([], None)
+    path = write_curve(tmp_path / "metrics/curves/train.jsonl",
+                       {3: {"reward_mean": 0.4}, 1: {"reward_mean": 0.1}, 0: {"val/reward_greedy": 0.25},
+                        2: {"reward_mean": 0.2, "val/reward_greedy": 0.5}})
+    curve = train_reward_curve(path, "reward_mean")
+    assert curve == [(1, 0.1), (2, 0.2), (3, 0.4)]  # by step, only the steps that hold it
+    assert train_curves(path, ["val/reward_greedy", "reward/k_city"]) == {"val/reward_greedy": [(0, 0.25), (2, 0.5)]}
+    assert train_reward_curve(tmp_path / "absent.jsonl", "reward_mean") == []
     assert json.dumps(curve)  # plain numbers, ready for the CSV writer
 
 
-def test_reward_curves_headline_final_weights_beside_the_reward_as_trained(tmp_path, monkeypatch):
-    import mlflow
-
+def test_reward_curves_headline_final_weights_beside_the_reward_as_trained(tmp_path):
     from vlmgym.eval.curve import reward_curves
-    from vlmgym.tracking.stage_runs import dvc_hash
+    from vlmgym.rl.step_curve import write_curve
 
-    monkeypatch.chdir(tmp_path)
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    model = tmp_path / "models/jax/grpo"
-    model.mkdir(parents=True)
-    mlflow.set_tracking_uri(uri)
-    mlflow.create_experiment("exp", artifact_location=(tmp_path / "art").as_uri())
-    mlflow.set_experiment("exp")
     env = SimpleNamespace(reward_levels={})
 
-    def logged(weights: bytes, metrics: dict) -> None:
-        (model / "params.bin").write_bytes(weights)
-        with mlflow.start_run(tags={"vlmgym.stage": "train"}):
-            for name, values in metrics.items():
-                for step, value in enumerate(values, start=1):
-                    mlflow.log_metric(name, value, step=step)
-            mlflow.set_tag("dvc.out.models/jax/grpo", dvc_hash("models/jax/grpo"))
+    def written(metrics: dict) -> str:
+        steps = {step: {name: values[step - 1] for name, values in metrics.items()} for step in (1, 2)}
+        return str(write_curve(tmp_path / "train.jsonl", steps))
 
-    logged(b"curriculum", {"reward_mean": [0.5, 0.4], "final_reward_mean": [0.2, 0.3]})
-    curves, _ = reward_curves(env, "models/jax/grpo", "final_reward_mean", tracking_uri=uri, experiment="exp")
+    curves = reward_curves(env, written({"reward_mean": [0.5, 0.4], "final_reward_mean": [0.2, 0.3]}),
+                           "final_reward_mean")
     assert curves.total == [(1, 0.2), (2, 0.3)] and curves.as_trained == [(1, 0.5), (2, 0.4)]
-    logged(b"flat", {"reward_mean": [0.2, 0.3], "final_reward_mean": [0.2, 0.3]})  # no curriculum: one curve
-    curves, _ = reward_curves(env, "models/jax/grpo", "final_reward_mean", tracking_uri=uri, experiment="exp")
+    # no curriculum: one curve
+    curves = reward_curves(env, written({"reward_mean": [0.2, 0.3], "final_reward_mean": [0.2, 0.3]}),
+                           "final_reward_mean")
     assert curves.total == [(1, 0.2), (2, 0.3)] and curves.as_trained == []
-    logged(b"older", {"reward_mean": [0.1, 0.6]})  # a run from before final_reward_mean: its one curve
-    curves, _ = reward_curves(env, "models/jax/grpo", "final_reward_mean", tracking_uri=uri, experiment="exp")
+    # a trainer that logs no final_reward_mean: its one curve
+    curves = reward_curves(env, written({"reward_mean": [0.1, 0.6]}), "final_reward_mean")
     assert curves.total == [(1, 0.1), (2, 0.6)] and curves.as_trained == []

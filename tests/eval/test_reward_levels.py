@@ -1,5 +1,5 @@
 """The report's training reward: each reward level's unweighted curve and weight beside the weighted total, read
-from the train run in MLflow; and gallery answers that cannot stretch their card."""
+from the train stage's curve file; and gallery answers that cannot stretch their card."""
 
 from __future__ import annotations
 
@@ -31,37 +31,24 @@ def test_geospot_declares_its_levels_coarse_to_fine_and_nlvr2_none():
 
 
 @pytest.fixture()
-def train_run(tmp_path, monkeypatch):
-    """An MLflow store holding the train run that wrote models/jax/grpo: a total falling while the country level
-    rises, as a curriculum shifting weight to finer levels makes it; coords never logged."""
-    import mlflow
+def train_curve(tmp_path):
+    """The train stage's curve file: a total falling while the country level rises, as a curriculum shifting
+    weight to finer levels makes it; coords never logged; validation at step 0 and every other step, then the
+    end."""
+    from vlmgym.rl.step_curve import write_curve
 
-    from vlmgym.tracking.stage_runs import dvc_hash
-
-    monkeypatch.chdir(tmp_path)
-    (tmp_path / "models/jax/grpo").mkdir(parents=True)
-    (tmp_path / "models/jax/grpo/params.bin").write_bytes(b"weights")
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    mlflow.set_tracking_uri(uri)
-    mlflow.create_experiment("exp", artifact_location=(tmp_path / "art").as_uri())
-    mlflow.set_experiment("exp")
-    with mlflow.start_run(tags={"vlmgym.stage": "train"}) as run:
-        for step in (1, 2, 3):
-            mlflow.log_metrics({"reward_mean": 0.6 - 0.1 * step, component_metric("k_country"): 0.5 + 0.1 * step,
-                                component_metric("k_region"): 0.2, component_metric("k_city"): 0.1,
-                                component_metric("w_country"): 1.0 - 0.2 * step,
-                                component_metric("w_city"): 0.1 * step}, step=step)
-        for step, greedy in ((0, 0.3), (2, 0.45), (3, 0.4)):  # validation: step 0 and every other step, then the end
-            mlflow.log_metrics({"val/reward_greedy": greedy, "val/reward_sampled": greedy - 0.1}, step=step)
-        mlflow.set_tag("dvc.out.models/jax/grpo", dvc_hash("models/jax/grpo"))
-    mlflow.end_run()
-    return uri, run.info.run_id
+    steps = {step: {"reward_mean": 0.6 - 0.1 * step, component_metric("k_country"): 0.5 + 0.1 * step,
+                    component_metric("k_region"): 0.2, component_metric("k_city"): 0.1,
+                    component_metric("w_country"): 1.0 - 0.2 * step, component_metric("w_city"): 0.1 * step}
+             for step in (1, 2, 3)}
+    steps[0] = {}
+    for step, greedy in ((0, 0.3), (2, 0.45), (3, 0.4)):
+        steps[step].update({"val/reward_greedy": greedy, "val/reward_sampled": greedy - 0.1})
+    return write_curve(tmp_path / "metrics/curves/train.jsonl", steps)
 
 
-def test_reward_curves_hold_each_logged_level_and_weight(train_run):
-    uri, run_id = train_run
-    curves, found = reward_curves(GeospotEnv, "models/jax/grpo", "reward_mean", tracking_uri=uri, experiment="exp")
-    assert found == run_id
+def test_reward_curves_hold_each_logged_level_and_weight(train_curve):
+    curves = reward_curves(GeospotEnv, train_curve, "reward_mean")
     assert [step for step, _ in curves.total] == [1, 2, 3] and curves.total[0][1] == pytest.approx(0.5)
     assert list(curves.levels) == ["country", "region", "city"]  # in the env's order; coords was never logged
     assert curves.levels["country"][-1] == (3, pytest.approx(0.8))
@@ -70,10 +57,12 @@ def test_reward_curves_hold_each_logged_level_and_weight(train_run):
     assert curves.validation["sampled"][0] == (0, pytest.approx(0.2))
     assert best_validation(curves) == (2, 0.45)
     assert "best greedy one was at step 2 (0.4500)" in reward_curve_note(curves)
-    # an env without levels: the total alone, from the same run
-    alone, found = reward_curves(NLVR2Env, "models/jax/grpo", "reward_mean", tracking_uri=uri, experiment="exp")
-    assert found == run_id and alone.total == curves.total and alone.levels == {} and alone.weights == {}
+    # an env without levels: the total alone, from the same file
+    alone = reward_curves(NLVR2Env, train_curve, "reward_mean")
+    assert alone.total == curves.total and alone.levels == {} and alone.weights == {}
     assert "level" not in reward_curve_note(alone) and "unweighted" in reward_curve_note(curves)
+    # a sub-env's own figures, under its prefix (vlmgym.envs.base.part_metric)
+    assert reward_curves(NLVR2Env, train_curve, "reward_mean", prefix="env/nlvr2/").total == []
 
 
 def test_level_curves_csv_lines_up_steps(tmp_path):

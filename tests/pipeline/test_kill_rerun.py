@@ -70,9 +70,9 @@ def test_each_stage_killed_inside_its_write_reruns_to_the_same_outputs_without_l
     assert _leftovers(root) == []
     _check_mlflow_runs(root)
 
-    # Every byte of every output equals the uninterrupted run's (the training-reward curve, read back from
-    # MLflow, included: a resumed training continues its MLflow run). The reference is asked for only now: another
-    # worker builds it while this test kills and reruns its own checkout.
+    # Every byte of every output equals the uninterrupted run's (metrics/curves/ included: a resumed training
+    # journals the steps it recomputes again, and the last entry of each step wins). The reference is asked for
+    # only now: another worker builds it while this test kills and reruns its own checkout.
     reference = request.getfixturevalue("pipeline")
     expected, got = reference["digests"], output_digests(root)
     assert sorted(got) == sorted(expected), "the rerun's outputs are not the same files"

@@ -4,8 +4,8 @@ One session-scoped run (a few minutes on 2 cores; the `pipeline` fixture in conf
 every stage ran once and wrote its outputs, `dvc repro -f` from scratch writes every output byte for byte again
 (so git status stays clean), one MLflow parent run per pipeline with one nested run per stage with lineage tags,
 the registered model answers as the JAX engine did, a second `dvc repro` is a no-op, a training param that
-leaves the weights as they were reruns train only, and one that changes them reruns train and what follows,
-nothing upstream.
+leaves the weights as they were reruns train and (its curve file changed) evaluate only, and one that changes them
+reruns train and what follows, nothing upstream.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from pipeline_helpers import STAGES, copy_of, run_checked, stages_run
+from pipeline_helpers import STAGES, copy_of, output_digests, run_checked, stages_run
 
 from vlmgym.tracking import pipeline_run
 
@@ -156,8 +156,9 @@ def test_one_mlflow_run_per_stage_with_lineage(pipeline):
             out = out if isinstance(out, str) else next(iter(out))
             assert f"dvc.out.{out}" in run.data.tags, (stage, out)
         assert any(tag.startswith("dvc.dep.") for tag in run.data.tags), stage
-    # evaluate's training curve came from the train run that wrote models/jax/grpo.
-    assert by_stage["evaluate"].data.tags["vlmgym.train_run_id"] == by_stage["train"].info.run_id
+    # The lineage tags link evaluate to the train run that wrote the model and the curves it drew.
+    for path in ("models/jax/grpo", "metrics/curves/train.jsonl"):
+        assert by_stage["evaluate"].data.tags[f"dvc.dep.{path}"] == by_stage["train"].data.tags[f"dvc.out.{path}"]
     assert "grpo/geoscore" in by_stage["evaluate"].data.metrics
     assert "hf_baseline/greedy_token_agreement" in by_stage["evaluate"].data.metrics
     # Measured speeds are here, not in the DVC outputs.
@@ -279,15 +280,23 @@ def test_second_repro_is_a_no_op_and_a_train_param_makes_what_follows_stale(pipe
     before = yaml.safe_load(lock)["stages"]
     # The micro preset's two GRPO steps see only groups whose rewards are all equal (zero advantages), so a
     # doubled lr reruns train but gives the same weights; the model folder's bytes are equal, so DVC reruns
-    # nothing after it.
+    # nothing that reads it. The train stage's curve file holds each step's learning rate: evaluate, which draws
+    # its training curves from it, reruns, and writes the same report (the rewards are the same).
     params = yaml.safe_load((root / "params.yaml").read_text())
     params["train"]["lr"] = params["train"]["lr"] * 2
     (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     same = run_checked(["dvc", "repro"], root, env)
-    assert stages_run(same.stdout) == ["train"]
+    assert stages_run(same.stdout) == ["train", "evaluate"]
     middle = yaml.safe_load((root / "dvc.lock").read_bytes())["stages"]
     assert middle["train"]["params"]["params.yaml"]["train"]["lr"] == params["train"]["lr"]
-    assert middle["train"]["outs"] == before["train"]["outs"]
+
+    def model_out(stages: dict) -> list:
+        return [out for out in stages["train"]["outs"] if out["path"] == "models/jax/grpo"]
+
+    assert model_out(middle) == model_out(before)
+    report = ("reports/", "metrics/eval.json", "metrics/plots/")
+    assert ({path: md5 for path, md5 in output_digests(root).items() if path.startswith(report)}
+            == {path: md5 for path, md5 in pipeline["digests"].items() if path.startswith(report)})
     # Weight decay moves the matrices even with zero advantages: new weights, and everything that reads them is
     # out of date (`dvc status`: what the next `dvc repro` reruns; running it is the fixture's first run again).
     params["train"]["weight_decay"] = 0.5
@@ -301,4 +310,4 @@ def test_second_repro_is_a_no_op_and_a_train_param_makes_what_follows_stale(pipe
     stale = json.loads(run_checked(["dvc", "status", "--json"], root, env).stdout)
     assert sorted(stale) == ["evaluate", "export", "rollout"]
     runs = _mlflow_runs(root)
-    assert [r.data.tags["vlmgym.stage"] for r in runs[len(STAGES):]] == ["train", "train"]
+    assert [r.data.tags["vlmgym.stage"] for r in runs[len(STAGES):]] == ["train", "evaluate", "train"]

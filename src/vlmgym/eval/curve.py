@@ -1,9 +1,9 @@
-"""The training reward curves of the model being evaluated, found in MLflow through the train run's lineage tags.
+"""The training curves of the model being evaluated, read from the train stage's curve file.
 
-The train stage logs its per-step metrics to one MLflow run and, once it succeeds, tags the run with the DVC hash
-of each output (`dvc.out.<path>`, see vlmgym.tracking.stage_runs). The run that produced the model folder on disk
-is the one whose tag equals that folder's hash now, so the curves always belong to the evaluated weights, even when
-`dvc repro` skipped train this time. A run resumed from a checkpoint holds the steps after its resume point.
+The train stage writes every step's figures, under the names MLflow gets them, to `metrics/curves/train.jsonl`
+(vlmgym.rl.step_curve), a DVC output of the stage that writes the model folder and a dep of the evaluate stage: the
+curves always belong to the evaluated weights, and a clone that `dvc pull`s draws the same report from the same
+dvc.lock (no MLflow store needed). A run resumed from a checkpoint writes the same file as an uninterrupted one.
 """
 
 from __future__ import annotations
@@ -11,30 +11,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from vlmgym.rl.step_curve import read_curve
 from vlmgym.stats.plots import RewardCurves
-from vlmgym.tracking.stage_runs import dvc_hash
-
-
-def train_run_id(model_dir: str, *, tracking_uri: str, experiment: str, stage: str = "train") -> str | None:
-    """The newest finished MLflow run of `stage` that wrote `model_dir` as it is now and logged training metrics
-    (None when there is none). A run that trained nothing is passed over: `dvc repro -f` with the checkpoints in
-    place restores the last one and saves the same weights in a new run without a single step."""
-    from mlflow.tracking import MlflowClient
-
-    digest = dvc_hash(model_dir)
-    if digest is None:
-        return None
-    client = MlflowClient(tracking_uri=tracking_uri)
-    found = client.get_experiment_by_name(experiment)
-    if found is None:
-        return None
-    # The tag name is the path exactly as dvc.yaml spells it (relative, forward slashes).
-    tag = f"dvc.out.{Path(model_dir).as_posix()}"
-    runs = client.search_runs([found.experiment_id],
-                              filter_string=f"tags.`vlmgym.stage` = '{stage}' and tags.`{tag}` = '{digest}'",
-                              order_by=["attributes.start_time DESC"], max_results=50)
-    return next((run.info.run_id for run in runs if run.data.metrics), None)
-
 
 # The GRPO trainer's mean reward at each step's curriculum weights (what it optimised then); its
 # `final_reward_mean` scores the same samples at the final weights (vlmgym.rl.grpo_trainer.GRPOTrainer._metrics).
@@ -49,37 +27,31 @@ def component_metric(component: str) -> str:
     return f"reward/{component}"
 
 
-def train_curves(model_dir: str, metrics: list[str], *, tracking_uri: str,
-                 experiment: str) -> tuple[dict[str, list[tuple[int, float]]], str | None]:
-    """({metric: (step, value) pairs}, run id) of the train run that wrote `model_dir`; ({}, None) if none.
+def train_curves(curve_file: str | Path, metrics: list[str]) -> dict[str, list[tuple[int, float]]]:
+    """{metric: (step, value) pairs} of the train stage's curve file; {} when there is no such file.
 
-    A metric the run never logged is left out (an older run, or an env whose reward has no such component)."""
-    from mlflow.tracking import MlflowClient
-
-    run_id = train_run_id(model_dir, tracking_uri=tracking_uri, experiment=experiment)
-    if run_id is None:
-        return {}, None
-    client = MlflowClient(tracking_uri=tracking_uri)
+    A metric the file does not hold is left out (an env whose reward has no such component)."""
+    path = Path(curve_file)
+    if not path.is_file():
+        return {}
+    by_step = read_curve(path)
     curves = {}
     for metric in metrics:
-        by_step = {int(m.step): float(m.value) for m in client.get_metric_history(run_id, metric)}  # a re-log: last
-        if by_step:
-            curves[metric] = sorted(by_step.items())
-    return curves, run_id
+        curve = [(step, figures[metric]) for step, figures in sorted(by_step.items()) if metric in figures]
+        if curve:
+            curves[metric] = curve
+    return curves
 
 
-def train_reward_curve(model_dir: str, metric: str, *, tracking_uri: str,
-                       experiment: str) -> tuple[list[tuple[int, float]], str | None]:
-    """((step, value) pairs of `metric`, run id) of the train run that wrote `model_dir`; ([], None) if none."""
-    curves, run_id = train_curves(model_dir, [metric], tracking_uri=tracking_uri, experiment=experiment)
-    return curves.get(metric, []), run_id
+def train_reward_curve(curve_file: str | Path, metric: str) -> list[tuple[int, float]]:
+    """(step, value) pairs of `metric` in the train stage's curve file; [] if it has none."""
+    return train_curves(curve_file, [metric]).get(metric, [])
 
 
-def reward_curves(env: Any, model_dir: str, total_metric: str, *, tracking_uri: str,
-                  experiment: str, prefix: str = "") -> tuple[RewardCurves, str | None]:
+def reward_curves(env: Any, curve_file: str | Path, total_metric: str, *, prefix: str = "") -> RewardCurves:
     """The training reward (`total_metric`), the reward as trained when that is another metric, the validation
     curves when the run validated, and, for an env with reward levels (Env.reward_levels), each level's
-    unweighted score and weight per step, from the train run that wrote `model_dir`; (empty, None) if none.
+    unweighted score and weight per step, from the train stage's curve file; empty if there is none.
     `prefix` reads each of those metrics under that prefix (a sub-env's own figures: vlmgym.envs.base.part_metric)."""
     wanted = {("total", ""): prefix + total_metric}
     if total_metric != AS_TRAINED_METRIC:
@@ -90,8 +62,7 @@ def reward_curves(env: Any, model_dir: str, total_metric: str, *, tracking_uri: 
         wanted[("levels", level)] = prefix + component_metric(score)
         if weight is not None:
             wanted[("weights", level)] = prefix + component_metric(weight)
-    curves, run_id = train_curves(model_dir, list(dict.fromkeys(wanted.values())), tracking_uri=tracking_uri,
-                                  experiment=experiment)
+    curves = train_curves(curve_file, list(dict.fromkeys(wanted.values())))
     found = {key: curves[metric] for key, metric in wanted.items() if metric in curves}
     total, as_trained = found.get(("total", ""), []), found.get(("as_trained", ""), [])
     if not total:  # a run from before the trainer logged the final-weights reward: the curve it has
@@ -101,4 +72,4 @@ def reward_curves(env: Any, model_dir: str, total_metric: str, *, tracking_uri: 
     return RewardCurves(total=total, as_trained=as_trained,
                         levels={level: c for (kind, level), c in found.items() if kind == "levels"},
                         weights={level: c for (kind, level), c in found.items() if kind == "weights"},
-                        validation={name: c for (kind, name), c in found.items() if kind == "validation"}), run_id
+                        validation={name: c for (kind, name), c in found.items() if kind == "validation"})

@@ -1,5 +1,6 @@
 """The evaluate stage's library: read every policy's rollouts, run the HF baseline, draw the training reward
-curves from MLflow, and write metrics, plots and reports with the env's metrics and report section."""
+curves from the train stage's curve file (vlmgym.eval.curve), and write metrics, plots and reports with the env's
+metrics and report section."""
 
 from __future__ import annotations
 
@@ -86,25 +87,21 @@ def hf_baseline(eval_params: EvalParams, rollout: RolloutParams, model: ModelPar
 
 
 def evaluate_pipeline(eval_params: EvalParams, rollout: RolloutParams, model: ModelParams, env_params: EnvParams,
-                      train_out_dir: str, tracking_uri: str, experiment: str, out_root: str | Path = ".",
-                      curve_prefix: str = "",
-                      data: DataParams | None = None) -> tuple[EvaluationOutputs, str | None, dict[str, float]]:
-    """Everything the evaluate stage computes and writes; returns the outputs, the MLflow train run whose
-    reward curve was drawn (None when no run wrote train_out_dir as it is now) and the HF baseline's timing
-    (empty without the baseline), which is for MLflow only. An env made of several is evaluated per sub-env
-    (vlmgym.eval.parts); `curve_prefix` reads the training curves under that prefix (a sub-env's own). `data`, the
-    settings the splits were generated with, names the out-of-distribution shift in the reports."""
+                      train_curve: str | Path, out_root: str | Path = ".", curve_prefix: str = "",
+                      data: DataParams | None = None) -> tuple[EvaluationOutputs, dict[str, float]]:
+    """Everything the evaluate stage computes and writes; returns the outputs and the HF baseline's timing (empty
+    without the baseline), which is for MLflow only. The training curves come from `train_curve`, the train stage's
+    curve file (vlmgym.rl.step_curve). An env made of several is evaluated per sub-env (vlmgym.eval.parts);
+    `curve_prefix` reads the training curves under that prefix (a sub-env's own). `data`, the settings the splits
+    were generated with, names the out-of-distribution shift in the reports."""
     if envs.has_parts(env_params):
-        return evaluate_parts(eval_params, rollout, model, env_params, train_out_dir, tracking_uri, experiment,
-                              evaluate_env, out_root, data)
-    return evaluate_env(eval_params, rollout, model, env_params, train_out_dir, tracking_uri, experiment, out_root,
-                        curve_prefix, data)
+        return evaluate_parts(eval_params, rollout, model, env_params, train_curve, evaluate_env, out_root, data)
+    return evaluate_env(eval_params, rollout, model, env_params, train_curve, out_root, curve_prefix, data)
 
 
 def evaluate_env(eval_params: EvalParams, rollout: RolloutParams, model: ModelParams, env_params: EnvParams,
-                 train_out_dir: str, tracking_uri: str, experiment: str, out_root: str | Path = ".",
-                 curve_prefix: str = "",
-                 data: DataParams | None = None) -> tuple[EvaluationOutputs, str | None, dict[str, float]]:
+                 train_curve: str | Path, out_root: str | Path = ".", curve_prefix: str = "",
+                 data: DataParams | None = None) -> tuple[EvaluationOutputs, dict[str, float]]:
     """evaluate_pipeline for an env that is not made of several (its arguments and what it returns)."""
     env = envs.env_class(env_params.name)
     records = with_sampled(env, eval_params.rollouts_dir, read_rollouts(eval_params.rollouts_dir, rollout.policies))
@@ -115,11 +112,11 @@ def evaluate_env(eval_params: EvalParams, rollout: RolloutParams, model: ModelPa
                               f"{rollout.policies}")
         extra["hf_baseline"], timing = hf_baseline(eval_params, rollout, model, env_params,
                                                    records[eval_params.hf_policy])
-    curves, train_run = reward_curves(env, train_out_dir, eval_params.reward_curve_metric, tracking_uri=tracking_uri,
-                                      experiment=experiment, prefix=curve_prefix)
+    curves = reward_curves(env, train_curve, eval_params.reward_curve_metric, prefix=curve_prefix)
     if not curves.total:
-        print(f"evaluate: no MLflow train run wrote {train_out_dir} as it is now: no training reward curve",
-              file=sys.stderr)
+        why = ("holds no " + curve_prefix + eval_params.reward_curve_metric if Path(train_curve).is_file()
+               else "does not exist (the train stage writes it)")
+        print(f"evaluate: {train_curve} {why}: no training reward curve", file=sys.stderr)
     ids = {r["id"] for recs in records.values() for r in recs}
     image_exts = env.schema.image_exts if env.schema is not None else None
     images = {s.key: s.images for s in open_split(rollout.shards_dir, rollout.split, rollout.limit or None,
@@ -138,7 +135,7 @@ def evaluate_env(eval_params: EvalParams, rollout: RolloutParams, model: ModelPa
                                                                    rollout) if rollout.ood_split else {})
     for warning in outputs.warnings:
         print(f"evaluate: WARNING: {warning}", file=sys.stderr)
-    return outputs, train_run, timing
+    return outputs, timing
 
 
 def start_policies(rollout: RolloutParams, model: ModelParams) -> list[str]:

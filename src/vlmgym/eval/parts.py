@@ -3,8 +3,8 @@ single-env stage would, then gathered.
 
 Each sub-env `<name>` reads its rollouts from `<rollouts_dir>/<name>/` and its shards from `<shards_dir>/<name>/`,
 and gets its own metrics (its Env class's task_statistics and metric_rows, intervals, paired differences, the
-out-of-distribution split), its own report page and plots, and its own training reward curve (the train run's
-`env/<name>/...` figures, vlmgym.envs.base.part_metric). Written:
+out-of-distribution split), its own report page and plots, and its own training reward curve (the `env/<name>/...`
+figures of the train stage's curve file, vlmgym.envs.base.part_metric). Written:
 - metrics/eval.json: {name: that sub-env's metrics, as metrics/eval.json holds them for one env};
 - reports/<name>/: its eval.md, eval.html and plots; metrics/plots/<name>/: its CSVs;
 - reports/eval.md and reports/eval.html: one section per sub-env (its page's content, headings one level down).
@@ -52,10 +52,9 @@ def html_body(page: str) -> str:
     return body
 
 
-def evaluate_parts(eval_params: Any, rollout: Any, model: Any, env_params: Any, train_out_dir: str,
-                   tracking_uri: str, experiment: str, evaluate_env: Callable[..., Any],
-                   out_root: str | Path = ".",
-                   data: Any = None) -> tuple[EvaluationOutputs, str | None, dict[str, float]]:
+def evaluate_parts(eval_params: Any, rollout: Any, model: Any, env_params: Any, train_curve: str | Path,
+                   evaluate_env: Callable[..., Any], out_root: str | Path = ".",
+                   data: Any = None) -> tuple[EvaluationOutputs, dict[str, float]]:
     """Evaluate each sub-env (module docstring) with `evaluate_env` (vlmgym.eval.evaluate's, passed in so that this
     module needs nothing above it); returns what vlmgym.eval.evaluate.evaluate_pipeline returns, with results keyed
     `<name>/<policy>` (MLflow names `<name>/<policy>/<metric>`) and timing of the HF baseline."""
@@ -67,7 +66,6 @@ def evaluate_parts(eval_params: Any, rollout: Any, model: Any, env_params: Any, 
     files: dict[str, Path] = {}
     warnings: list[str] = []
     timing: dict[str, float] = {}
-    train_run = None
     markdown, bodies, head = [], [], ""
     root.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=root, prefix=".evaluate-parts-") as scratch:
@@ -76,11 +74,9 @@ def evaluate_parts(eval_params: Any, rollout: Any, model: Any, env_params: Any, 
                                             hf_samples=eval_params.hf_samples if number == 0 else 0)
             part_rollout = dataclasses.replace(rollout, shards_dir=f"{rollout.shards_dir}/{name}")
             part_root = Path(scratch) / name
-            outputs, run_id, part_timing = evaluate_env(
-                part_eval, part_rollout, model, envs.part_params(env_params, name), train_out_dir,
-                tracking_uri=tracking_uri, experiment=experiment, out_root=part_root,
+            outputs, part_timing = evaluate_env(
+                part_eval, part_rollout, model, envs.part_params(env_params, name), train_curve, out_root=part_root,
                 curve_prefix=part_metric(name, ""), data=data)
-            train_run = train_run or run_id
             timing.update({f"{name}/{k}": v for k, v in part_timing.items()})
             nested[name] = outputs.results
             results.update({f"{name}/{key}": values for key, values in outputs.results.items()})
@@ -106,4 +102,4 @@ def evaluate_parts(eval_params: Any, rollout: Any, model: Any, env_params: Any, 
     write_text_atomically(files["html"], head.replace("<title>", f"<title>{heading} | ", 1)
                           + f"<body><h1>{heading}</h1><p>{html.escape(intro)}</p>" + "".join(bodies)
                           + "</body></html>\n")
-    return EvaluationOutputs(results, files, warnings), train_run, timing
+    return EvaluationOutputs(results, files, warnings), timing

@@ -138,7 +138,7 @@ def _hash_tags(kind: str, paths: list[str], root: Path, hasher: Any = dvc_hash) 
     return tags
 
 
-def _finite_metrics(metrics: Mapping[str, Any]) -> dict[str, float]:
+def finite_metrics(metrics: Mapping[str, Any]) -> dict[str, float]:
     """Finite numbers only (non-numbers are skipped rather than crashing a long run), under MLflow-safe names."""
     import math
 
@@ -190,7 +190,7 @@ class StageRun:
 
         if step is not None and step <= self.logged_through:
             return
-        clean = _finite_metrics(metrics)
+        clean = finite_metrics(metrics)
         if clean:
             mlflow.log_metrics(clean, step=step)
 
@@ -211,7 +211,7 @@ class StageRun:
 
     def log_pipeline_results(self, metrics: Mapping[str, float]) -> None:
         """Also put these figures on the pipeline's parent run, so its row in the experiment table has them."""
-        pipeline_run.log_results(self.client, self.parent_id, _finite_metrics(metrics))
+        pipeline_run.log_results(self.client, self.parent_id, finite_metrics(metrics))
 
     def log_artifact(self, path: str | Path, artifact_path: str | None = None) -> None:
         import mlflow

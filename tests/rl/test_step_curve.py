@@ -1,0 +1,106 @@
+"""A training stage's curve file (vlmgym.rl.step_curve): each step once, by step, and the same bytes for a run
+killed and resumed from a checkpoint as for an uninterrupted one."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from vlmgym.rl import step_curve
+from vlmgym.rl.loop import TIMING_METRICS
+from vlmgym.rl.step_curve import JOURNAL, StepJournal, read_curve, read_journal, write_curve
+
+
+def figures(step: int) -> dict:
+    """What a trainer hands its metrics callback at `step`: figures of the training, timings that differ on every
+    run, a non-number and a non-finite figure."""
+    return {"reward_mean": step / 3, "loss": 1.0 / (step + 1), "reward/k_city": 0.125 * step, "pass@4": 0.5,
+            "step_time_s": time.perf_counter(), "compile_count": float(step),
+            "rollout_compile_count": 3.0, "note": "text", "kl": float("nan")}
+
+
+def train(folder, steps: range, logged: list | None = None) -> StepJournal:
+    """A run of `steps` through the journal's callback (as the stages wire it: journal, then MLflow)."""
+    journal = StepJournal(folder)
+    callback = journal.callback(None if logged is None else lambda step, metrics: logged.append(step))
+    for step in steps:
+        callback(step, figures(step))
+    return journal
+
+
+def test_the_process_metrics_cover_the_loops_timings():
+    assert TIMING_METRICS <= step_curve.PROCESS_METRICS
+
+
+def test_a_step_keeps_the_figures_mlflow_gets_less_the_timings(tmp_path):
+    logged = []
+    journal = train(tmp_path / "ckpt", range(1, 3), logged)
+    assert logged == [1, 2]  # the wrapped callback still runs
+    out = write_curve(tmp_path / "metrics/curves/train.jsonl", journal.entries())
+    lines = out.read_text().splitlines()
+    assert [json.loads(line)["step"] for line in lines] == [1, 2]
+    first = json.loads(lines[0])
+    assert list(first) == ["step", "metrics"]
+    # MLflow's names (vlmgym.tracking.stage_runs.finite_metrics), sorted; finite numbers only; no timings
+    assert first["metrics"] == {"loss": 0.5, "pass_at_4": 0.5, "reward/k_city": 0.125, "reward_mean": 1 / 3}
+    assert read_curve(out) == {1: first["metrics"], 2: json.loads(lines[1])["metrics"]}
+
+
+def test_a_resumed_run_writes_the_bytes_of_an_uninterrupted_one(tmp_path):
+    whole = write_curve(tmp_path / "whole.jsonl", train(tmp_path / "whole", range(0, 6)).entries()).read_bytes()
+    # Killed after step 4's figures were journaled and while step 5's were written (a torn last line); the
+    # checkpoint it resumes from is step 2's, so steps 3 and 4 run again.
+    folder = tmp_path / "killed"
+    train(folder, range(0, 5))
+    with open(folder / JOURNAL, "a") as handle:
+        handle.write('{"step": 5, "metrics": {"loss": 0.1')
+    assert sorted(read_journal(folder / JOURNAL)) == [0, 1, 2, 3, 4]  # the torn line is left out
+    resumed = train(folder, range(3, 6))
+    journaled = [json.loads(line)["step"] for line in (folder / JOURNAL).read_text().splitlines()]
+    assert journaled == [0, 1, 2, 3, 4, 3, 4, 5]  # the torn line was cut before the resumed run appended
+    assert write_curve(tmp_path / "resumed.jsonl", resumed.entries()).read_bytes() == whole
+    # Killed again before any step: the journal as it was, and the same file once more.
+    assert write_curve(tmp_path / "again.jsonl", StepJournal(folder).entries()).read_bytes() == whole
+
+
+def test_each_step_once_the_last_entry_winning(tmp_path):
+    journal = tmp_path / JOURNAL
+    journal.write_text('{"step": 2, "metrics": {"loss": 0.5}}\n{"step": 1, "metrics": {"loss": 0.9}}\n'
+                       '{"step": 2, "metrics": {"loss": 0.25}}\n{"step": 3, "metr')
+    assert read_journal(journal) == {1: {"loss": 0.9}, 2: {"loss": 0.25}}
+    out = write_curve(tmp_path / "curve.jsonl", read_journal(journal))
+    assert out.read_text() == ('{"step": 1, "metrics": {"loss": 0.9}}\n'
+                               '{"step": 2, "metrics": {"loss": 0.25}}\n')
+
+
+def test_no_steps_is_an_empty_file_and_no_journal_no_steps(tmp_path):
+    assert read_journal(tmp_path / "absent" / JOURNAL) == {}
+    out = write_curve(tmp_path / "metrics/curves/sft.jsonl", {})
+    assert out.read_bytes() == b"" and read_curve(out) == {}
+
+
+def test_a_damaged_line_is_an_error_naming_it(tmp_path):
+    journal = tmp_path / JOURNAL
+    journal.write_text('{"step": 1, "metrics": {"loss": 0.5}}\nnot json\n{"step": 2, "metrics": {}}\n')
+    with pytest.raises(ValueError, match=f"{JOURNAL}:2: not a curve entry"):
+        read_journal(journal)
+    curve = tmp_path / "curve.jsonl"
+    curve.write_text('{"step": 1, "metrics": {}}\n{"step": 1, "metrics": {}}\n')
+    with pytest.raises(ValueError, match="curve.jsonl:2: step 1 again"):
+        read_curve(curve)
+    curve.write_text('{"step": "1", "metrics": {}}\n')
+    with pytest.raises(ValueError, match="not a curve entry"):
+        read_curve(curve)
+
+
+def test_the_stages_write_the_paths_dvc_yaml_names():
+    from pathlib import Path
+
+    import yaml
+
+    stages = yaml.safe_load((Path(__file__).resolve().parents[2] / "dvc.yaml").read_text())["stages"]
+    for stage in ("sft", "train"):
+        assert step_curve.curve_file(stage) in stages[stage]["outs"], stage
+    assert step_curve.curve_file("train") in stages["evaluate"]["deps"]
