@@ -293,3 +293,50 @@ def test_a_server_that_answers_passes_the_check():
         tracking.check_reachable(f"http://127.0.0.1:{server.server_address[1]}", timeout_s=5)
         server.shutdown()
     tracking.check_reachable("sqlite:///nowhere/mlflow.db", timeout_s=5)  # a local store needs no server
+
+
+OUTAGE_STAGE = """
+import os, signal, sys, time
+from vlmgym.tracking.stage_runs import stage_run
+with stage_run("train") as run:
+    run.log_metrics({"loss": 1.0}, step=1)
+    time.sleep(2)  # the sender delivers step 1
+    os.killpg(int(sys.argv[1]), signal.SIGKILL)  # the server goes away mid-stage
+    started = time.monotonic()
+    for step in range(2, 6):
+        run.log_metrics({"loss": 1.0 / step}, step=step)
+    run.log_dict({"done": True}, "summary.json")
+    print(f"logging took {time.monotonic() - started:.3f} s")
+"""
+
+
+def test_a_server_gone_before_the_stage_ends_loses_nothing_and_tracking_sync_sends_the_rest(tmp_path):
+    from mlflow_server import MlflowServer
+
+    server = MlflowServer(tmp_path)
+    server.start()
+    (tmp_path / "params.yaml").write_text("tracking:\n  experiment: outage\n  flush_timeout_s: 3\n"
+                                          "  system_metrics: false\n")
+    env = {**os.environ, "MLFLOW_TRACKING_URI": server.uri, "PATH": f"{BIN}:{os.environ['PATH']}"}
+    env.pop(tracking.PIPELINE_ID_ENV, None)
+    try:
+        done = subprocess.run([sys.executable, "-c", OUTAGE_STAGE, str(server.process.pid)], cwd=tmp_path, env=env,
+                              capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr
+        assert float(done.stdout.split("logging took ")[1].split()[0]) < 1  # the steps never waited for the server
+        assert "vlmgym tracking sync" in done.stderr and "Traceback" not in done.stderr
+        spooled = list((tmp_path / "mlflow-spool").iterdir())
+        assert len(spooled) == 1
+        server.kill()
+        server.start()
+        synced = subprocess.run([str(BIN / "vlmgym"), "tracking", "sync"], cwd=tmp_path, env=env,
+                                capture_output=True, text=True, timeout=300)
+        assert synced.returncode == 0, synced.stderr + synced.stdout
+        client = MlflowClient(server.uri)
+        run = client.get_run(spooled[0].name)
+        assert [m.step for m in client.get_metric_history(run.info.run_id, "loss")] == [1, 2, 3, 4, 5]
+        assert run.info.status == "FINISHED" and "summary.json" in {a.path for a in client.list_artifacts(
+            run.info.run_id)}
+        assert not (tmp_path / "mlflow-spool").exists() or not list((tmp_path / "mlflow-spool").iterdir())
+    finally:
+        server.kill()

@@ -18,6 +18,8 @@ COMMANDS: Table = {
     "compare": ("vlmgym.compare.command:main",
                 "train SFT-longer, GRPO, PPO and DPO from the SFT model at one budget; compare"),
     "bench": ("vlmgym.bench:main", "benchmarks: `vlmgym bench rollout ...`, `vlmgym bench reward ...`"),
+    "tracking": ("vlmgym.cli.tracking:main", "MLflow: `vlmgym tracking sync` sends the logs stages kept while "
+                                             "their server was down"),
     "plan": ("vlmgym.plan.cli:main", "per-device memory of a training step for a config and mesh (XLA, no weights)"),
 }
 

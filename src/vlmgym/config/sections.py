@@ -92,6 +92,10 @@ class TrackingParams:
     tracking_uri: str = spec("", doc="empty: MLFLOW_TRACKING_URI if set, else sqlite:///mlflow.db in the repo")
     connect_timeout_s: float = spec(5.0, gt=0, doc="an http(s) tracking server must answer within this many seconds "
                                     "as a stage starts, or the stage stops at once saying so")
+    flush_timeout_s: float = spec(30.0, ge=0, doc="as a stage ends, wait this long for the server to take the "
+                                  "logs still queued; what it has not taken by then waits in mlflow-spool/ for "
+                                  "the next stage or `vlmgym tracking sync`")
+    system_metrics: bool = spec(True, doc="log CPU, memory (and GPU where present) on the sft and train runs")
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator, Mapping
@@ -25,9 +26,14 @@ import yaml
 
 from vlmgym.runtime import atomic, temps
 from vlmgym.tracking import pipeline_run, run_recovery
+from vlmgym.tracking import spool as spool_mod
 
 PIPELINE_ID_ENV = pipeline_run.PIPELINE_ID_ENV
 pipeline_id = pipeline_run.pipeline_id
+# MLflow's HTTP client retries a failed call 7 times over minutes by default; a stage gives up sooner (its logs wait
+# in the spool and are retried in the background). A value set in the environment wins.
+HTTP_DEFAULTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_TIMEOUT": "30"}
+SYSTEM_METRICS_STAGES = ("sft", "train")  # the long ones, where CPU, memory and GPU use tell something
 EXPS_DIR = Path(".dvc", "tmp", "exps")  # where DVC runs queued and --temp experiments, each in a temporary copy
 
 
@@ -170,11 +176,17 @@ def log_inputs(dep_tags: Mapping[str, str], root: Path, stage: str) -> None:
             mlflow.log_input(MetaDataset(source, name=path, digest=digest), context=stage)
 
 
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
 class StageRun:
-    """A thin handle on the active MLflow run of a stage."""
+    """A handle on the MLflow run of a stage. Every call is queued on the run's spool (vlmgym.tracking.spool) and
+    sent in the background, so an unreachable or failing server never blocks or kills the work."""
 
     def __init__(self, run: Any, client: Any, logged_through: int = -1, parent_id: str | None = None,
-                 tags: Mapping[str, str] | None = None):
+                 tags: Mapping[str, str] | None = None, spool: spool_mod.Spool | None = None,
+                 sender: spool_mod.Sender | None = None):
         self.run = run
         self.tags = dict(tags or {})  # the lineage tags the run started with
         self._output_hashes: dict[Path, str | None] = {}
@@ -183,16 +195,26 @@ class StageRun:
         # A continued run already holds the steps through this one: they are not logged twice.
         self.logged_through = logged_through
         self.parent_id = parent_id  # the pipeline's parent run (None outside DVC)
+        self.spool, self.sender = spool, sender
+
+    def _queue(self, kind: str, run_id: str | None = None, **fields: Any) -> None:
+        if self.spool is None:
+            raise RuntimeError("this StageRun has no spool: open it with stage_run()")
+        self.spool.append({"kind": kind, "run_id": run_id or self.run_id, **fields})
+        if self.sender is not None:
+            self.sender.notify()
 
     def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
-        """Log finite numeric metrics; non-numbers are skipped rather than crashing a long run."""
-        import mlflow
-
+        """Queue finite numeric metrics; non-numbers are skipped rather than crashing a long run."""
         if step is not None and step <= self.logged_through:
             return
         clean = finite_metrics(metrics)
         if clean:
-            mlflow.log_metrics(clean, step=step)
+            self._queue("metrics", step=step or 0, timestamp=_now_ms(), values=clean)
+
+    def log_params(self, params: Mapping[str, str]) -> None:
+        if params:
+            self._queue("params", values=dict(params))
 
     def output_hash(self, path: str | Path) -> str | None:
         """dvc_hash of a finished output, computed once per stage (the lineage of a registered model and the run's
@@ -211,26 +233,33 @@ class StageRun:
 
     def log_pipeline_results(self, metrics: Mapping[str, float]) -> None:
         """Also put these figures on the pipeline's parent run, so its row in the experiment table has them."""
-        pipeline_run.log_results(self.client, self.parent_id, finite_metrics(metrics))
+        clean = finite_metrics(metrics)
+        if self.parent_id and clean:
+            self._queue("metrics", run_id=self.parent_id, step=0, timestamp=_now_ms(), values=clean)
 
     def log_artifact(self, path: str | Path, artifact_path: str | None = None) -> None:
-        import mlflow
+        """Queue a file or folder (copied into the spool now, so a temporary may go away)."""
+        path = Path(path)
+        # A folder is logged under its own name, as mlflow.log_artifact does.
+        target = "/".join(p for p in (artifact_path, path.name) if p) if path.is_dir() else artifact_path
+        self._queue("artifact", file=self.spool.keep_file(path) if self.spool else "", artifact_path=target)
 
-        mlflow.log_artifact(str(path), artifact_path=artifact_path)
+    def _log_bytes(self, data: bytes, name: str) -> None:
+        folder, _, base = name.rpartition("/")
+        self._queue("artifact", file=self.spool.write_file(base, data) if self.spool else "",
+                    artifact_path=folder or None)
 
     def log_dict(self, obj: Any, name: str) -> None:
-        import mlflow
-
-        mlflow.log_dict(obj, name)
+        self._log_bytes((json.dumps(obj, indent=2) + "\n").encode(), name)
 
     def log_text(self, text: str, name: str) -> None:
-        import mlflow
-
-        mlflow.log_text(text, name)
+        self._log_bytes(text.encode(), name)
 
     def log_sample_table(self, step: int, rows: list[dict]) -> None:
-        """A sample-rollouts table (table.json + each row's images as JPEGs) as the artifact folder
-        samples/step_NNNNNN/; rows have index, images (PIL), answer, reward, reward_components."""
+        """Sample rollouts of a training step: an MLflow table (`samples.json`: step, index, answer, reward and
+        components, compared across runs in the UI's evaluation view), each row's first image as an MLflow image
+        with its step (`sample_NN`), and the artifact folder samples/step_NNNNNN/ (table.json + every image as
+        JPEG); rows have index, images (PIL), answer, reward, reward_components."""
         if step <= self.logged_through:
             return
         with tempfile.TemporaryDirectory() as tmp:
@@ -243,15 +272,41 @@ class StageRun:
                     name = f"{i:02d}_{j}.jpg"
                     image.convert("RGB").save(folder / name, quality=85)
                     images.append(name)
+                    if j == 0:
+                        self._queue("image", file=self.spool.keep_file(folder / name) if self.spool else "",
+                                    key=f"sample_{i:02d}", step=step, timestamp=_now_ms())
                 table.append({"index": row["index"], "images": images, "answer": row["answer"],
                               "reward": row["reward"], "reward_components": row["reward_components"]})
             (folder / "table.json").write_text(json.dumps(table, indent=2) + "\n")
             self.log_artifact(folder, artifact_path="samples")
+        columns = {"step": [step] * len(table), "index": [r["index"] for r in table],
+                   "answer": [r["answer"] for r in table], "reward": [float(r["reward"]) for r in table],
+                   "reward_components": [json.dumps(r["reward_components"], sort_keys=True) for r in table]}
+        self._queue("table", data=columns, artifact_file=f"samples/table_step_{step:06d}.json")
 
     def set_tags(self, tags: Mapping[str, str]) -> None:
-        import mlflow
+        if tags:
+            self._queue("tags", values={k: str(v) for k, v in tags.items()})
 
-        mlflow.set_tags(dict(tags))
+    def end(self, status: str, parent_status: str | None, flush_timeout_s: float) -> bool:
+        """Queue the end of the run (and the parent's status), wait up to flush_timeout_s for the server to take
+        everything; whether it did. What it did not take stays in the spool."""
+        now = _now_ms()
+        self._queue("terminate", status=status, timestamp=now)
+        if self.parent_id and parent_status:
+            self._queue("terminate", run_id=self.parent_id, status=parent_status, timestamp=now)
+        if self.sender is None or self.spool is None:
+            return True
+        sent = self.sender.flush(flush_timeout_s)
+        self.sender.stop()
+        if sent:
+            self.spool.remove()
+        else:
+            self.spool.release()
+            print(f"vlmgym: MLflow ({self.spool.tracking_uri}) has not taken all of run {self.run_id}'s logs; "
+                  f"they wait in {self.spool.folder}: the next stage sends them, or run `vlmgym tracking sync`",
+                  file=sys.stderr, flush=True)
+        return sent
 
 
 @contextlib.contextmanager
@@ -267,7 +322,9 @@ def stage_run(stage: str, params: Any = None, *, experiment: str | None = None,
     processes are closed as KILLED first; with `resume_folder` (a training stage's
     checkpoint folder) the unfinished run that trained into it is continued. Under
     DVC the run is nested in its pipeline's parent run (vlmgym.tracking.pipeline_run), which
-    gets the whole params file and follows the stage's status.
+    gets the whole params file and follows the stage's status. Once the run exists, everything
+    logged goes through the run's spool (vlmgym.tracking.spool): the body never waits for the
+    server, and the end waits at most tracking.flush_timeout_s for it.
     """
     import mlflow
 
@@ -282,6 +339,8 @@ def stage_run(stage: str, params: Any = None, *, experiment: str | None = None,
                     else params_mod.TrackingParams())
     uri = tracking_uri(tracking_cfg.tracking_uri)
     check_reachable(uri, tracking_cfg.connect_timeout_s)
+    for name, value in HTTP_DEFAULTS.items():
+        os.environ.setdefault(name, value)
     mlflow.set_tracking_uri(uri)
     experiment = experiment or tracking_cfg.experiment
     if uri.startswith("sqlite:") and mlflow.get_experiment_by_name(experiment) is None:
@@ -309,28 +368,39 @@ def stage_run(stage: str, params: Any = None, *, experiment: str | None = None,
     if parent:
         tags[pipeline_run.PARENT_TAG] = parent  # a continued training run moves to the pipeline finishing it
     tags[run_recovery.WRITER_TAG] = atomic.writer_tag()
+    # Logs an earlier stage could not send (its server was down as it ended) go first: a continued run's
+    # steps are then all on the server when it counts them.
+    spool_mod.sync(store_root(), client_for=lambda _uri: client, only_uri=uri)
     continued = run_recovery.run_to_continue(resume_folder, client, uri) if resume_folder else None
     if continued:
         tags[run_recovery.RESUMED_TAG] = str(continued.resumed_times + 1)
         print(f"{stage}: continuing MLflow run {continued.run_id} (steps through {continued.logged_through} "
               "already logged)", file=sys.stderr)
     start = {"run_id": continued.run_id} if continued else {"run_name": run_name}
+    run = mlflow.start_run(**start, tags=tags,
+                           log_system_metrics=tracking_cfg.system_metrics and stage in SYSTEM_METRICS_STAGES)
+    spool = spool_mod.run_spool(store_root(), run.info.run_id, uri)
+    logged_through = max(continued.logged_through if continued else -1, spool.max_step(run.info.run_id))
+    handle = StageRun(run, client, logged_through=logged_through, parent_id=parent, tags=tags, spool=spool,
+                      sender=spool_mod.Sender(spool, client))
+    status = "FAILED"
     try:
-        with mlflow.start_run(**start, tags=tags) as run:
-            logged = pipeline_run.flat_params(params) if params is not None else {}
-            logged.update(pipeline_run.flat_params(extra_params or {}))
-            if logged and not continued:  # a continued run has them, and MLflow refuses to log a param twice
-                mlflow.log_params(logged)
-            if resume_folder:
-                run_recovery.remember_run(resume_folder, run.info.run_id, uri)
-            log_inputs(dep_tags, root, stage)
-            handle = StageRun(run, client, logged_through=continued.logged_through if continued else -1,
-                              parent_id=parent, tags=tags)
-            yield handle
-            mlflow.set_tags(_hash_tags("out", paths["outs"], root, hasher=handle.output_hash))
-    except BaseException:
-        if parent:
-            client.set_terminated(parent, status="FAILED")
-        raise
-    if parent:
-        client.set_terminated(parent, status="FINISHED")
+        logged = pipeline_run.flat_params(params) if params is not None else {}
+        logged.update(pipeline_run.flat_params(extra_params or {}))
+        if not continued:  # a continued run has them, and MLflow refuses to log a param twice
+            handle.log_params(logged)
+        if resume_folder:
+            run_recovery.remember_run(resume_folder, run.info.run_id, uri)
+        log_inputs(dep_tags, root, stage)
+        yield handle
+        handle.set_tags(_hash_tags("out", paths["outs"], root, hasher=handle.output_hash))
+        status = "FINISHED"
+    finally:
+        sent = handle.end(status, status if parent else None, tracking_cfg.flush_timeout_s)
+        # The fluent run is closed too (it also stops the system metrics monitor); the spool has already
+        # ended the run on the server, or will.
+        with contextlib.ExitStack() as stack:
+            if not sent:
+                stack.enter_context(spool_mod.quick_http(2))
+            stack.enter_context(contextlib.suppress(Exception))
+            mlflow.end_run(status)
