@@ -180,3 +180,12 @@ def test_an_entry_the_server_refuses_is_passed_over_with_a_warning_and_does_not_
     with pytest.raises(ConnectionError):
         spool_mod.send_pending(spool, server, check_first=False, say=said.append)
     assert not spool.is_sent()
+
+
+def test_the_lookup_at_a_resume_point_passes_over_entries_that_are_not_metrics(tmp_path):
+    spool = spool_mod.Spool(tmp_path / "s")
+    spool.append({"kind": "terminate", "run_id": "r", "status": "FINISHED", "timestamp": 9})
+    spool.append(metrics_entry(0))
+    server = Server()
+    assert spool_mod.send_pending(spool, server, check_first=True) == 2
+    assert server.terminated == {"r": "FINISHED"} and steps_on(server) == [0]

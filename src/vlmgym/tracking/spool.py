@@ -152,9 +152,9 @@ class Spool:
 
 def _already_stored(client: Any, entry: dict[str, Any]) -> bool:
     """Whether the server holds this metrics entry already (a batch stored before its answer was lost)."""
-    key = next(iter(sorted(entry["values"])), None)
-    if entry["kind"] != "metrics" or key is None:
+    if entry["kind"] != "metrics" or not entry["values"]:
         return False
+    key = min(entry["values"])
     history = client.get_metric_history(entry["run_id"], key)
     return any(m.step == entry["step"] and m.timestamp == entry["timestamp"] for m in history)
 
@@ -276,7 +276,7 @@ class Sender:
         self._wake.set()
 
     def _loop(self) -> None:
-        failures, checked = 0, False
+        failures, checked, last_reason = 0, False, ""
         while True:
             self._wake.clear()
             try:
@@ -285,11 +285,12 @@ class Sender:
                 send_pending(self.spool, self.client, check_first=failures > 0 or not checked, say=self.say)
             except Exception as err:  # any client failure: keep the entries, retry later
                 failures += 1
-                if self.outage_since is None:
-                    self.outage_since = time.monotonic()
-                    self.say(f"MLflow ({self.spool.tracking_uri}) failed to take the run's logs "
-                             f"({type(err).__name__}: {_first_line(err)}); the work goes on, the logs wait in "
-                             f"{self.spool.folder} and are retried")
+                reason = f"{type(err).__name__}: {_first_line(err)}"
+                if self.outage_since is None or reason.split(":")[0] != last_reason.split(":")[0]:
+                    self.outage_since = self.outage_since or time.monotonic()
+                    self.say(f"MLflow ({self.spool.tracking_uri}) failed to take the run's logs ({reason}); the "
+                             f"work goes on, the logs wait in {self.spool.folder} and are retried")
+                last_reason = reason
                 delay = RETRY_DELAYS_S[min(failures - 1, len(RETRY_DELAYS_S) - 1)]
                 if self._stop.wait(delay):
                     return
@@ -310,9 +311,11 @@ class Sender:
             time.sleep(0.05)
         return self.spool.is_sent()
 
-    def stop(self) -> None:
+    def stop(self, timeout_s: float = 5.0) -> None:
+        """Stop the thread, waiting up to timeout_s for a send in flight (whose progress it records) to end."""
         self._stop.set()
         self._wake.set()
+        self.thread.join(timeout_s)
 
 
 def spool_root(store_root: Path) -> Path:
