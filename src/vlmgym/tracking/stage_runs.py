@@ -27,6 +27,8 @@ import yaml
 from vlmgym.runtime import atomic, temps
 from vlmgym.tracking import pipeline_run, run_recovery
 from vlmgym.tracking import spool as spool_mod
+from vlmgym.tracking.system_metrics import SystemMetrics
+from vlmgym.tracking.system_metrics import next_step as next_system_step
 
 PIPELINE_ID_ENV = pipeline_run.PIPELINE_ID_ENV
 pipeline_id = pipeline_run.pipeline_id
@@ -212,6 +214,12 @@ class StageRun:
         if clean:
             self._queue("metrics", step=step or 0, timestamp=_now_ms(), values=clean)
 
+    def log_system_metrics(self, figures: Mapping[str, float], step: int) -> None:
+        """A system metrics sample (vlmgym.tracking.system_metrics: its own step count, so no logged_through)."""
+        clean = finite_metrics(figures)
+        if clean:
+            self._queue("metrics", step=step, timestamp=_now_ms(), values=clean)
+
     def log_params(self, params: Mapping[str, str]) -> None:
         if params:
             self._queue("params", values=dict(params))
@@ -377,12 +385,13 @@ def stage_run(stage: str, params: Any = None, *, experiment: str | None = None,
         print(f"{stage}: continuing MLflow run {continued.run_id} (steps through {continued.logged_through} "
               "already logged)", file=sys.stderr)
     start = {"run_id": continued.run_id} if continued else {"run_name": run_name}
-    run = mlflow.start_run(**start, tags=tags,
-                           log_system_metrics=tracking_cfg.system_metrics and stage in SYSTEM_METRICS_STAGES)
+    run = mlflow.start_run(**start, tags=tags, log_system_metrics=False)  # ours go through the spool
     spool = spool_mod.run_spool(store_root(), run.info.run_id, uri)
     logged_through = max(continued.logged_through if continued else -1, spool.max_step(run.info.run_id))
     handle = StageRun(run, client, logged_through=logged_through, parent_id=parent, tags=tags, spool=spool,
                       sender=spool_mod.Sender(spool, client))
+    system = (SystemMetrics(handle.log_system_metrics, first_step=next_system_step(run))
+              if tracking_cfg.system_metrics and stage in SYSTEM_METRICS_STAGES else None)
     status = "FAILED"
     try:
         logged = pipeline_run.flat_params(params) if params is not None else {}
@@ -396,6 +405,8 @@ def stage_run(stage: str, params: Any = None, *, experiment: str | None = None,
         handle.set_tags(_hash_tags("out", paths["outs"], root, hasher=handle.output_hash))
         status = "FINISHED"
     finally:
+        if system is not None:
+            system.stop()
         sent = handle.end(status, status if parent else None, tracking_cfg.flush_timeout_s)
         # The fluent run is closed too (it also stops the system metrics monitor); the spool has already
         # ended the run on the server, or will.
