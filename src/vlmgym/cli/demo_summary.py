@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+from vlmgym.params import load_section
+from vlmgym.tracking import spool
 from vlmgym.tracking.stage_runs import repo_root, tracking_uri
 
 
@@ -20,6 +22,12 @@ def main() -> int:
     print("  DVC metrics:     .venv/bin/dvc metrics show   |   .venv/bin/dvc dag")
     for report in sorted((root / "reports").glob("*.html")) if (root / "reports").exists() else []:
         print(f"  Report:          {report.relative_to(root)}")
+    if (root / "params.yaml").exists():
+        env_name = load_section("env", root / "params.yaml").name
+        print(f"  Best export:     mlflow.pyfunc.load_model(\"models:/vlmgym-{env_name}@champion\")")
+    unsent = [p for p in spool.spool_root(root).glob("*") if p.is_dir()]
+    if unsent:
+        print(f"  Unsent MLflow logs of {len(unsent)} run(s) in {spool.SPOOL_DIR}/: `vlmgym tracking sync` sends them")
     return 0
 
 
