@@ -23,9 +23,9 @@ import sys
 from vlmgym.eval.evaluate import evaluate_pipeline
 from vlmgym.eval.outputs import mlflow_metrics
 from vlmgym.params import load_section
-from vlmgym.rl.step_curve import curve_file
 from vlmgym.tracking import model_registry as registry
 from vlmgym.tracking import stage_runs as tracking
+from vlmgym.tracking.step_curve import curve_file
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -3,7 +3,7 @@
 Teacher-forced cross entropy on the answer tokens only (prompt and padding masked), AdamW with warmup and
 cosine decay. Checkpoints go to `sft.checkpoint_dir/<config hash>/` every `sft.save_every` steps, so a killed
 run started again with the same params resumes exactly where the last checkpoint left it. Every step's figures go
-to MLflow and, less the timings and compile counts, to metrics/curves/sft.jsonl (vlmgym.rl.step_curve).
+to MLflow and, less the timings and compile counts, to metrics/curves/sft.jsonl (vlmgym.tracking.step_curve).
 `sft.steps: 0` copies the start model through unchanged (the real Instruct model needs no warm start) and writes
 an empty curve.
 
@@ -16,7 +16,6 @@ import argparse
 import sys
 
 from vlmgym.params import load_section
-from vlmgym.rl import step_curve
 from vlmgym.rl.stage_setup import (
     resume_dir,
     save_model,
@@ -26,6 +25,7 @@ from vlmgym.rl.stage_setup import (
     write_json_atomically,
 )
 from vlmgym.tracking import stage_runs as tracking
+from vlmgym.tracking import step_curve
 
 METRICS_FILE = "metrics/sft.json"
 CURVE_FILE = step_curve.curve_file("sft")

@@ -4,7 +4,7 @@ Each step samples `train.group_size` answers for `train.batch_prompts` prompts w
 them with the env (its curriculum follows step / total steps), and takes `train.num_iterations` clipped-surrogate
 updates. Every step's figures go to MLflow (reward and its components, clip fractions, KL, entropy, lengths,
 sampler-vs-learner mismatch, gradient norm, lr, throughput, compiles), and all but the timings and compile counts
-to metrics/curves/train.jsonl (vlmgym.rl.step_curve), which the evaluate stage draws its training curves from;
+to metrics/curves/train.jsonl (vlmgym.tracking.step_curve), which the evaluate stage draws its training curves from;
 every `train.samples_every` steps a table of sample rollouts (image, answer, reward components) is logged as an
 artifact. Checkpoints in `train.checkpoint_dir/<config hash>/` make a killed run resume exactly.
 
@@ -23,7 +23,6 @@ import contextlib
 import sys
 
 from vlmgym.params import load_section
-from vlmgym.rl import step_curve
 from vlmgym.rl.loop import RECENT_METRICS
 from vlmgym.rl.stage_setup import (
     history_summary,
@@ -36,6 +35,7 @@ from vlmgym.rl.stage_setup import (
 )
 from vlmgym.runtime import distributed
 from vlmgym.tracking import stage_runs as tracking
+from vlmgym.tracking import step_curve
 
 METRICS_FILE = "metrics/train.json"
 CURVE_FILE = step_curve.curve_file("train")

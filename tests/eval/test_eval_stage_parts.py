@@ -117,7 +117,7 @@ def test_extra_metrics_may_not_shadow_a_policy(tmp_path):
 
 def test_train_curve_is_read_from_the_train_stages_curve_file(tmp_path):
     from vlmgym.eval.curve import train_curves, train_reward_curve
-    from vlmgym.rl.step_curve import write_curve
+    from vlmgym.tracking.step_curve import write_curve
 
     path = write_curve(tmp_path / "metrics/curves/train.jsonl",
                        {3: {"reward_mean": 0.4}, 1: {"reward_mean": 0.1}, 0: {"val/reward_greedy": 0.25},
@@ -131,7 +131,7 @@ def test_train_curve_is_read_from_the_train_stages_curve_file(tmp_path):
 
 def test_reward_curves_headline_final_weights_beside_the_reward_as_trained(tmp_path):
     from vlmgym.eval.curve import reward_curves
-    from vlmgym.rl.step_curve import write_curve
+    from vlmgym.tracking.step_curve import write_curve
 
     env = SimpleNamespace(reward_levels={})
 

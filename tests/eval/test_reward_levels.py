@@ -35,7 +35,7 @@ def train_curve(tmp_path):
     """The train stage's curve file: a total falling while the country level rises, as a curriculum shifting
     weight to finer levels makes it; coords never logged; validation at step 0 and every other step, then the
     end."""
-    from vlmgym.rl.step_curve import write_curve
+    from vlmgym.tracking.step_curve import write_curve
 
     steps = {step: {"reward_mean": 0.6 - 0.1 * step, component_metric("k_country"): 0.5 + 0.1 * step,
                     component_metric("k_region"): 0.2, component_metric("k_city"): 0.1,

@@ -1,9 +1,10 @@
 """The training curves of the model being evaluated, read from the train stage's curve file.
 
 The train stage writes every step's figures, under the names MLflow gets them, to `metrics/curves/train.jsonl`
-(vlmgym.rl.step_curve), a DVC output of the stage that writes the model folder and a dep of the evaluate stage: the
-curves always belong to the evaluated weights, and a clone that `dvc pull`s draws the same report from the same
-dvc.lock (no MLflow store needed). A run resumed from a checkpoint writes the same file as an uninterrupted one.
+(vlmgym.tracking.step_curve), a DVC output of the stage that writes the model folder and a dep of the evaluate
+stage: the curves always belong to the evaluated weights, and a clone that `dvc pull`s draws the same report from
+the same dvc.lock (no MLflow store needed). A run resumed from a checkpoint writes the same file as an
+uninterrupted one.
 """
 
 from __future__ import annotations
@@ -11,8 +12,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from vlmgym.rl.step_curve import read_curve
 from vlmgym.stats.plots import RewardCurves
+from vlmgym.tracking.step_curve import read_curve
 
 # The GRPO trainer's mean reward at each step's curriculum weights (what it optimised then); its
 # `final_reward_mean` scores the same samples at the final weights (vlmgym.rl.grpo_trainer.GRPOTrainer._metrics).

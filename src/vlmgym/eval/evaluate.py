@@ -91,7 +91,7 @@ def evaluate_pipeline(eval_params: EvalParams, rollout: RolloutParams, model: Mo
                       data: DataParams | None = None) -> tuple[EvaluationOutputs, dict[str, float]]:
     """Everything the evaluate stage computes and writes; returns the outputs and the HF baseline's timing (empty
     without the baseline), which is for MLflow only. The training curves come from `train_curve`, the train stage's
-    curve file (vlmgym.rl.step_curve). An env made of several is evaluated per sub-env (vlmgym.eval.parts);
+    curve file (vlmgym.tracking.step_curve). An env made of several is evaluated per sub-env (vlmgym.eval.parts);
     `curve_prefix` reads the training curves under that prefix (a sub-env's own). `data`, the settings the splits
     were generated with, names the out-of-distribution shift in the reports."""
     if envs.has_parts(env_params):

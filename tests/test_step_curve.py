@@ -1,4 +1,4 @@
-"""A training stage's curve file (vlmgym.rl.step_curve): each step once, by step, and the same bytes for a run
+"""A training stage's curve file (vlmgym.tracking.step_curve): each step once, by step, and the same bytes for a run
 killed and resumed from a checkpoint as for an uninterrupted one."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ import time
 
 import pytest
 
-from vlmgym.rl import step_curve
 from vlmgym.rl.loop import TIMING_METRICS
-from vlmgym.rl.step_curve import JOURNAL, StepJournal, read_curve, read_journal, write_curve
+from vlmgym.tracking import step_curve
+from vlmgym.tracking.step_curve import JOURNAL, StepJournal, read_curve, read_journal, write_curve
 
 
 def figures(step: int) -> dict:
@@ -100,7 +100,7 @@ def test_the_stages_write_the_paths_dvc_yaml_names():
 
     import yaml
 
-    stages = yaml.safe_load((Path(__file__).resolve().parents[2] / "dvc.yaml").read_text())["stages"]
+    stages = yaml.safe_load((Path(__file__).resolve().parents[1] / "dvc.yaml").read_text())["stages"]
     for stage in ("sft", "train"):
         assert step_curve.curve_file(stage) in stages[stage]["outs"], stage
     assert step_curve.curve_file("train") in stages["evaluate"]["deps"]
