@@ -94,6 +94,16 @@ class Spool:
             slot.mkdir(parents=True)
         return slot
 
+    def relative(self, path: Path) -> str:
+        """How a journal entry names a file kept in the spool."""
+        return str(path.relative_to(self.folder))
+
+    def new_folder(self, name: str) -> Path:
+        """An empty folder called `name` in the spool, for a caller to write an artifact folder straight into."""
+        folder = self._new_slot() / name
+        folder.mkdir()
+        return folder
+
     def keep_file(self, source: str | Path, name: str | None = None) -> str:
         """Copy a file or folder into the spool (the original may be a temporary); its path inside the spool."""
         source = Path(source)
@@ -102,13 +112,13 @@ class Spool:
             shutil.copytree(source, dest)
         else:
             shutil.copyfile(source, dest)
-        return str(dest.relative_to(self.folder))
+        return self.relative(dest)
 
     def write_file(self, name: str, data: bytes) -> str:
         """Keep `data` as a file called `name` in the spool; its path inside the spool."""
         dest = self._new_slot() / name
         dest.write_bytes(data)
-        return str(dest.relative_to(self.folder))
+        return self.relative(dest)
 
     def sent_offset(self) -> int:
         try:

@@ -187,8 +187,7 @@ class StageRun:
     sent in the background, so an unreachable or failing server never blocks or kills the work."""
 
     def __init__(self, run: Any, client: Any, logged_through: int = -1, parent_id: str | None = None,
-                 tags: Mapping[str, str] | None = None, spool: spool_mod.Spool | None = None,
-                 sender: spool_mod.Sender | None = None):
+                 tags: Mapping[str, str] | None = None, *, spool: spool_mod.Spool, sender: spool_mod.Sender):
         self.run = run
         self.tags = dict(tags or {})  # the lineage tags the run started with
         self._output_hashes: dict[Path, str | None] = {}
@@ -200,11 +199,8 @@ class StageRun:
         self.spool, self.sender = spool, sender
 
     def _queue(self, kind: str, run_id: str | None = None, **fields: Any) -> None:
-        if self.spool is None:
-            raise RuntimeError("this StageRun has no spool: open it with stage_run()")
         self.spool.append({"kind": kind, "run_id": run_id or self.run_id, **fields})
-        if self.sender is not None:
-            self.sender.notify()
+        self.sender.notify()
 
     def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
         """Queue finite numeric metrics; non-numbers are skipped rather than crashing a long run."""
@@ -250,12 +246,11 @@ class StageRun:
         path = Path(path)
         # A folder is logged under its own name, as mlflow.log_artifact does.
         target = "/".join(p for p in (artifact_path, path.name) if p) if path.is_dir() else artifact_path
-        self._queue("artifact", file=self.spool.keep_file(path) if self.spool else "", artifact_path=target)
+        self._queue("artifact", file=self.spool.keep_file(path), artifact_path=target)
 
     def _log_bytes(self, data: bytes, name: str) -> None:
         folder, _, base = name.rpartition("/")
-        self._queue("artifact", file=self.spool.write_file(base, data) if self.spool else "",
-                    artifact_path=folder or None)
+        self._queue("artifact", file=self.spool.write_file(base, data), artifact_path=folder or None)
 
     def log_dict(self, obj: Any, name: str) -> None:
         self._log_bytes((json.dumps(obj, indent=2) + "\n").encode(), name)
@@ -264,29 +259,29 @@ class StageRun:
         self._log_bytes(text.encode(), name)
 
     def log_sample_table(self, step: int, rows: list[dict]) -> None:
-        """Sample rollouts of a training step: an MLflow table (`samples.json`: step, index, answer, reward and
-        components, compared across runs in the UI's evaluation view), each row's first image as an MLflow image
-        with its step (`sample_NN`), and the artifact folder samples/step_NNNNNN/ (table.json + every image as
-        JPEG); rows have index, images (PIL), answer, reward, reward_components."""
+        """Sample rollouts of a training step: an MLflow table (`samples/table_step_NNNNNN.json`: step, index,
+        answer, reward and components, compared across runs in the UI's evaluation view), each row's first image as
+        an MLflow image with its step (`sample_NN`), and the artifact folder samples/step_NNNNNN/ (table.json +
+        every image as JPEG); rows have index, images (PIL), answer, reward, reward_components. The folder is
+        written straight into the spool, and the images' entries point into it."""
         if step <= self.logged_through:
             return
-        with tempfile.TemporaryDirectory() as tmp:
-            folder = Path(tmp) / f"step_{step:06d}"
-            folder.mkdir()
-            table = []
-            for i, row in enumerate(rows):
-                images = []
-                for j, image in enumerate(row["images"]):
-                    name = f"{i:02d}_{j}.jpg"
-                    image.convert("RGB").save(folder / name, quality=85)
-                    images.append(name)
-                    if j == 0:
-                        self._queue("image", file=self.spool.keep_file(folder / name) if self.spool else "",
-                                    key=f"sample_{i:02d}", step=step, timestamp=_now_ms())
-                table.append({"index": row["index"], "images": images, "answer": row["answer"],
-                              "reward": row["reward"], "reward_components": row["reward_components"]})
-            (folder / "table.json").write_text(json.dumps(table, indent=2) + "\n")
-            self.log_artifact(folder, artifact_path="samples")
+        folder = self.spool.new_folder(f"step_{step:06d}")
+        table = []
+        for i, row in enumerate(rows):
+            images = []
+            for j, image in enumerate(row["images"]):
+                name = f"{i:02d}_{j}.jpg"
+                image.convert("RGB").save(folder / name, quality=85)
+                images.append(name)
+            table.append({"index": row["index"], "images": images, "answer": row["answer"],
+                          "reward": row["reward"], "reward_components": row["reward_components"]})
+        (folder / "table.json").write_text(json.dumps(table, indent=2) + "\n")
+        self._queue("artifact", file=self.spool.relative(folder), artifact_path=f"samples/{folder.name}")
+        for i, entry in enumerate(table):
+            if entry["images"]:
+                self._queue("image", file=self.spool.relative(folder / entry["images"][0]), key=f"sample_{i:02d}",
+                            step=step, timestamp=_now_ms())
         columns = {"step": [step] * len(table), "index": [r["index"] for r in table],
                    "answer": [r["answer"] for r in table], "reward": [float(r["reward"]) for r in table],
                    "reward_components": [json.dumps(r["reward_components"], sort_keys=True) for r in table]}
@@ -303,8 +298,6 @@ class StageRun:
         self._queue("terminate", status=status, timestamp=now)
         if self.parent_id and parent_status:
             self._queue("terminate", run_id=self.parent_id, status=parent_status, timestamp=now)
-        if self.sender is None or self.spool is None:
-            return True
         sent = self.sender.flush(flush_timeout_s)
         self.sender.stop()
         if sent:
