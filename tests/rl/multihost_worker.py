@@ -2,10 +2,11 @@
 fake CPU devices or as one of two processes (jax.distributed over gloo, one CPU device each). Process 0 writes the
 final params (.npz) and the per-step figures (.json).
 
-    python multihost_worker.py MODEL_DIR CHECKPOINT_DIR OUT_PREFIX STEPS [--hang-at STEP] [--filter]
+    python multihost_worker.py MODEL_DIR CHECKPOINT_DIR OUT_PREFIX STEPS [--hang-at STEP] [--filter] [--knobs]
 
 --filter: filter_groups on the answers' `long` component (each process refills its own prompts); every process
 also writes its data order (OUT_PREFIX.<process>.data.json).
+--knobs: every objective knob of the loss and the reward on at once (KNOBS).
 """
 
 import argparse
@@ -42,6 +43,12 @@ ADAM_EPS = 1e-3
 _optimizer_config = trainer_module.optimizer_config
 trainer_module.optimizer_config = lambda section: dataclasses.replace(_optimizer_config(section), eps=ADAM_EPS)
 
+# GSPO's sequence ratio, the learner's old log-probs with the truncated sampler correction, the entropy mask (a
+# quantile over the whole batch, across processes), truncated answers masked and DAPO's overlong penalty.
+KNOBS = {"importance_sampling_level": "sequence", "old_logprobs": "learner", "sampler_correction": "token_truncate",
+         "sampler_correction_cap": 2.0, "top_entropy_quantile": 0.5, "mask_truncated_completions": True,
+         "overlong_buffer": 4, "overlong_penalty": 0.5}
+
 FIGURES = ("reward_mean", "reward_std", "loss", "grad_norm", "completion_length")
 
 
@@ -62,6 +69,7 @@ def main() -> None:
     parser.add_argument("steps", type=int)
     parser.add_argument("--hang-at", type=int, default=0, help="process 1 stops responding after this step")
     parser.add_argument("--filter", action="store_true", help="filter groups on the `long` component")
+    parser.add_argument("--knobs", action="store_true", help="every loss and reward knob on (KNOBS)")
     args = parser.parse_args()
     assert jax.device_count() == 2, jax.devices()
     cfg = load_hf_config(args.model)
@@ -71,7 +79,7 @@ def main() -> None:
     config = TrainParams(steps=args.steps, batch_prompts=2, group_size=4, max_new_tokens=8, lr=1e-2, val_every=0,
                          select="last", warmup_steps=0, save_every=1, seed=3,
                          **({"filter_groups": True, "filter_metric": "long", "max_sample_rounds": 3} if args.filter
-                            else {}))
+                            else {}), **(KNOBS if args.knobs else {}))
     settings = SamplingSettings(max_new_tokens=8, eos_ids=tuple(processor.eos_token_ids),
                                 pad_id=int(processor.pad_token_id))
     policy = Qwen3VLPolicy(cfg, processor, settings, mesh=mesh)
@@ -95,6 +103,7 @@ def main() -> None:
     if distributed.is_primary():
         np.savez(args.out + ".npz", **leaves)
         names = FIGURES + (("sample_rounds", "groups_dropped", "zero_std_group_share") if args.filter else ())
+        names += ("truncated_share", "sampler_weight_mean", "entropy_kept") if args.knobs else ()
         history = [{name: m[name] for name in names} for m in trainer.history]
         with open(args.out + ".json", "w") as f:
             json.dump({"history": history, "resumed_from": trainer.resumed_from,

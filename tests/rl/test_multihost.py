@@ -1,5 +1,6 @@
 """A training run over two processes (jax.distributed on gloo, one CPU device each) equals the same run in one
-process over a 2-device mesh; a process that dies stops the other with a clear error; a restart resumes."""
+process over a 2-device mesh, with every objective knob of the loss on; a process that dies stops the other with a
+clear error; a restart resumes."""
 
 import json
 import os
@@ -61,10 +62,13 @@ def test_two_processes_train_as_one_and_resume_after_a_kill(tiny_vlm, tmp_path):
     model, checkpoints = tiny_vlm.folder, tmp_path / "checkpoints"
     # The reference: one process over the same 2-device mesh and batch, uninterrupted (beside the rest: the
     # test's time is mostly compiling, which each run does once).
-    single = _start([model, tmp_path / "single-checkpoints", tmp_path / "single", STEPS],
+    # Every loss knob is on (the worker's KNOBS): GSPO's sequence ratio, the sampler correction and the entropy
+    # quantile reduce over the whole batch, whichever process holds its rows. The default loss is sharded_step.py's.
+    single = _start([model, tmp_path / "single-checkpoints", tmp_path / "single", STEPS, "--knobs"],
                     _env(XLA_FLAGS="--xla_force_host_platform_device_count=2"), tmp_path / "single.log")
     # 1. Two processes; process 1 hangs after step 2 (before that step's checkpoint), and is killed there.
-    first = _two_processes([model, checkpoints, tmp_path / "killed", STEPS, "--hang-at", 2], tmp_path, "first")
+    first = _two_processes([model, checkpoints, tmp_path / "killed", STEPS, "--hang-at", 2, "--knobs"], tmp_path,
+                           "first")
     hung = tmp_path / "killed.hung"
     deadline = time.time() + 600
     while not hung.exists():
@@ -83,7 +87,7 @@ def test_two_processes_train_as_one_and_resume_after_a_kill(tiny_vlm, tmp_path):
     assert not (tmp_path / "killed.npz").exists()
 
     # 2. Both again: the run resumes from the last complete checkpoint (step 1) and finishes.
-    second = _two_processes([model, checkpoints, tmp_path / "resumed", STEPS], tmp_path, "second")
+    second = _two_processes([model, checkpoints, tmp_path / "resumed", STEPS, "--knobs"], tmp_path, "second")
     for i, process in enumerate(second):
         assert _wait(process, tmp_path / f"second-{i}.log") == 0, (tmp_path / f"second-{i}.log").read_text()[-3000:]
     resumed = json.loads((tmp_path / "resumed.json").read_text())
