@@ -56,6 +56,21 @@ def test_baselines_get_their_figures_and_sft_minus_each():
     assert results["constant"]["mean_reward"] == pytest.approx(0.5) and results["constant"]["seeds"] == 2
 
 
+def test_a_variant_is_paired_with_the_arm_it_varies_seed_by_seed():
+    # seed 0: the variant right where grpo is wrong on 2 of 8; seed 1: the same answers (no change)
+    per_seed = [{"sft": nlvr2_records(["True"] * 8), "grpo": nlvr2_records(["True"] * 8),
+                 "gspo": nlvr2_records(["True", "False"] * 2 + ["True"] * 4)},
+                {"sft": nlvr2_records(["True"] * 8), "grpo": nlvr2_records(["True"] * 8),
+                 "gspo": nlvr2_records(["True"] * 8)}]
+    results = seed_results("nlvr2", per_seed, ["grpo", "gspo"], n_resamples=50, seed=0, confidence=0.95,
+                           comparisons=[("gspo", "grpo")])
+    assert set(results) == {"sft", "grpo", "gspo", "grpo_minus_sft", "gspo_minus_sft", "gspo_minus_grpo"}
+    knob = results["gspo_minus_grpo"]
+    assert [knob["mean_reward_seed0"], knob["mean_reward_seed1"]] == pytest.approx([0.25, 0.0])
+    assert knob["mean_reward"] == pytest.approx(
+        results["gspo_minus_sft"]["mean_reward"] - results["grpo_minus_sft"]["mean_reward"])
+
+
 def sections(sft=None, train=None):
     return {"sft": sft or SFTParams(), "train": train or TrainParams()}
 

@@ -7,10 +7,17 @@ from __future__ import annotations
 import json
 import shutil
 
+import jax
+import numpy as np
 import pytest
 from pipeline_helpers import run_checked
 
+from vlmgym.models.qwen3_vl.convert import load_checkpoint
+
 ARMS = ["sft_longer", "grpo", "ppo", "dpo"]
+# a variant arm: GRPO with GSPO's sequence-level ratio, against the same start and budget
+VARIANT = ["--variant", "gspo=importance_sampling_level=sequence"]
+TRAINED = [*ARMS, "gspo"]
 
 
 def test_compare_trains_every_arm_and_writes_the_paired_comparison(pipeline, tmp_path):
@@ -20,23 +27,23 @@ def test_compare_trains_every_arm_and_writes_the_paired_comparison(pipeline, tmp
     shutil.copytree(pipeline["root"], root, symlinks=True)
     env = {**pipeline["env"], "PYTHONPATH": str(root / "src"), "MLFLOW_TRACKING_URI": f"sqlite:///{root / 'mlflow.db'}"}
     status_before = run_checked(["dvc", "status"], root, env).stdout
-    first = run_checked(["vlmgym", "compare", "--arms", *ARMS], root, env, timeout=1200)
+    first = run_checked(["vlmgym", "compare", "--arms", *ARMS, *VARIANT], root, env, timeout=1200)
     out = root / "outputs/compare"
     results = json.loads((out / "compare.json").read_text())
     assert list(results) == ["test", "test_ood"]  # micro: 8 OOD samples (fog)
     test = results["test"]
     assert set(results["test_ood"]) == set(test) and results["test_ood"]["dpo_minus_sft"]["n"] == 8
-    for arm in ARMS:
+    for arm in TRAINED:
         assert len((out / arm / "test_ood.jsonl").read_text().splitlines()) == 8
     baselines = ["constant", "sft_blind"]  # the image-blind baselines beside the arms
-    assert set(test) == {"sft", *ARMS, *baselines, *(f"{p}_minus_sft" for p in ARMS),
+    assert set(test) == {"sft", *TRAINED, *baselines, *(f"{p}_minus_sft" for p in TRAINED), "gspo_minus_grpo",
                          *(f"sft_minus_{b}" for b in baselines)}
     assert test["sft_minus_constant"]["mean_reward"] == pytest.approx(
         test["sft"]["mean_reward"] - test["constant"]["mean_reward"])
     constant = [json.loads(line)["answer"] for line in (out / "constant/test.jsonl").read_text().splitlines()]
     assert len(constant) == 16 and len(set(constant)) == 1  # one answer for every sample
     assert len((out / "sft_blind/test_ood.jsonl").read_text().splitlines()) == 8
-    for arm in ARMS:
+    for arm in TRAINED:
         difference = test[f"{arm}_minus_sft"]
         assert difference["n"] == 16  # paired on every test sample
         assert difference["mean_reward"] == pytest.approx(test[arm]["mean_reward"] - test["sft"]["mean_reward"])
@@ -46,6 +53,9 @@ def test_compare_trains_every_arm_and_writes_the_paired_comparison(pipeline, tmp
     table = (out / "compare.md").read_text()
     assert "## test" in table and "## test_ood (test's places rendered in fog" in table and "dpo_minus_sft" in table
     assert "sampled completions" in table and "# Algorithm comparison (geospot, 1 seed)" in table
+    assert "Variants: `gspo` is grpo with importance_sampling_level = sequence. `<variant>_minus_grpo`" in table
+    assert test["gspo_minus_grpo"]["mean_reward"] == pytest.approx(
+        test["gspo"]["mean_reward"] - test["grpo"]["mean_reward"])
     assert "## Mean reward, every split" in table and "| policy | test | test_ood |" in table
     assert "1 seed: intervals over test samples only" in table and "on each seed" not in table
     assert "| metric | sft_longer_minus_sft (test) | sft_longer_minus_sft (test_ood) | grpo_minus_sft (test) |" in table
@@ -59,15 +69,19 @@ def test_compare_trains_every_arm_and_writes_the_paired_comparison(pipeline, tmp
     parent = client.search_runs([experiment.experiment_id], filter_string="tags.`vlmgym.role` = 'compare'")[0]
     assert parent.info.status == "FINISHED" and parent.data.metrics["test/ppo_minus_sft/mean_reward"] == (
         test["ppo_minus_sft"]["mean_reward"])
+    assert parent.data.params["variant.gspo"] == "importance_sampling_level=sequence"
     arms = client.search_runs([experiment.experiment_id],
                               filter_string=f"tags.`mlflow.parentRunId` = '{parent.info.run_id}'")
-    assert sorted(r.data.tags["vlmgym.arm"] for r in arms) == sorted(["sft", *ARMS])
+    assert sorted(r.data.tags["vlmgym.arm"] for r in arms) == sorted(["sft", *TRAINED])
     trained = {r.data.tags["vlmgym.arm"]: r for r in arms}
     assert "value_loss" in trained["ppo"].data.metrics and "dpo_pairs" in trained["dpo"].data.metrics
     assert "loss" in trained["sft_longer"].data.metrics and "val/reward_greedy" in trained["grpo"].data.metrics
+    # the variant trained another model than grpo's from the same start
+    gspo, grpo = (load_checkpoint(out / arm / "model")[1] for arm in ("gspo", "grpo"))
+    assert any(not np.array_equal(a, b) for a, b in zip(jax.tree.leaves(gspo), jax.tree.leaves(grpo), strict=True))
 
-    again = run_checked(["vlmgym", "compare", "--arms", *ARMS], root, env, timeout=600)
-    assert all(f"compare: {arm}: reusing" in again.stdout for arm in ["sft", *ARMS])
+    again = run_checked(["vlmgym", "compare", "--arms", *ARMS, *VARIANT], root, env, timeout=600)
+    assert all(f"compare: {arm}: reusing" in again.stdout for arm in ["sft", *TRAINED])
     assert json.loads((out / "compare.json").read_text()) == results
 
 

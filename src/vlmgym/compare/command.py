@@ -1,7 +1,7 @@
 """vlmgym compare: training algorithms from one start policy at a matched budget, compared on the held-out splits.
 
-    vlmgym compare [--params params.yaml] [--arms sft_longer grpo ppo dpo [rloo]] [--seeds N [--only-seed S]]
-                   [--out outputs/compare]
+    vlmgym compare [--params params.yaml] [--arms sft_longer grpo ppo dpo [rloo]] [--variant NAME=KEY=VALUE[,...]]
+                   [--seeds N [--only-seed S]] [--out outputs/compare]
 
 Arms (each against `sft`, the start policy itself: `train.init_dir`, the pipeline's SFT model):
 - grpo, ppo, dpo (and rloo, on request): the train section with `train.algorithm` set to the arm, everything
@@ -11,6 +11,9 @@ Arms (each against `sft`, the start policy itself: `train.init_dir`, the pipelin
 - sft_longer: SFT continued from the same start on the env's ideal answers for as many training sequences as an
   RL arm samples (ceil(train.steps x batch_prompts x group_size / sft.batch_size) steps of the sft section's
   settings: lr, schedule, validation): what supervised data alone buys with the same number of sequences.
+- a variant (`--variant NAME=KEY=VALUE[,KEY=VALUE...]`, repeatable): the train section with those keys changed
+  (TRL's names accepted), e.g. `--variant gspo=importance_sampling_level=sequence`: a knob on against the same
+  seeds' `grpo` arm off, at the same budget. Values are read as YAML and validated as params.yaml's would be.
 Beside the arms, two image-blind baselines answer the same splits (vlmgym.eval.blind): `constant`, the best constant
 answer chosen on val, and `sft_blind`, the start policy with its images blanked; the report adds sft minus each.
 Each arm answers every split (`test`, plus the env's out-of-distribution `test_ood` when the shard stage wrote
@@ -58,10 +61,50 @@ def sft_longer_steps(train: Any, sft: Any) -> int:
     return math.ceil(train.steps * train.batch_prompts * train.group_size / sft.batch_size)
 
 
-def arm_config(arm: str, sections: dict[str, Any], out: Path, checkpoints: Path = Path("checkpoints/compare")) -> Any:
-    """The sft or train section an arm trains with (paths under `out`, start = train.init_dir)."""
+def parse_variants(specs: list[str], params_file: str) -> dict[str, dict[str, Any]]:
+    """{name: {train key: validated value}} from `NAME=KEY=VALUE[,KEY=VALUE...]` strings; a ParamsError or
+    ValueError names the spec that is wrong."""
+    import yaml
+
+    from vlmgym.config.sections import TrainParams, load_section
+    from vlmgym.config.spec import ParamsError, canonical_keys
+
+    variants: dict[str, dict[str, Any]] = {}
+    for spec in specs:
+        name, _, settings = spec.partition("=")
+        if not name.isidentifier() or not settings:
+            raise ValueError(f"--variant {spec!r}: expected NAME=KEY=VALUE[,KEY=VALUE...] with NAME a word, "
+                             "e.g. gspo=importance_sampling_level=sequence")
+        if name in (*ARMS, CONTROL, *BASELINES) or name in variants:
+            raise ValueError(f"--variant {spec!r}: the name {name!r} is taken (arms: {', '.join(ARMS)}; "
+                             f"{CONTROL} and the baselines {', '.join(BASELINES)}; or an earlier variant)")
+        raw: dict[str, Any] = {}
+        for setting in settings.split(","):
+            key, equals, value = setting.partition("=")
+            if not equals or not key.strip():
+                raise ValueError(f"--variant {spec!r}: {setting!r} is not KEY=VALUE")
+            raw[key.strip()] = yaml.safe_load(value)
+        keys = canonical_keys(TrainParams, raw, f"--variant {name}")
+        for key in ("init_dir", "out_dir", "checkpoint_dir", "seed"):
+            if key in keys:
+                raise ValueError(f"--variant {spec!r}: {key} is set by compare (every arm starts from its seed's "
+                                 "sft model, trains with that seed and writes under --out)")
+        try:
+            train = load_section("train", params_file, overrides=keys)  # validated as params.yaml's train section
+        except ParamsError as err:
+            raise ParamsError(f"--variant {spec!r}: {err}") from err
+        variants[name] = {key: getattr(train, key) for key in keys}
+    return variants
+
+
+def arm_config(arm: str, sections: dict[str, Any], out: Path, checkpoints: Path = Path("checkpoints/compare"),
+               variants: dict[str, dict[str, Any]] | None = None) -> Any:
+    """The sft or train section an arm trains with (paths under `out`, start = train.init_dir); a variant's is the
+    train section with its keys changed."""
     train, sft = sections["train"], sections["sft"]
     checkpoints = str(checkpoints / arm)
+    if variants and arm in variants:
+        return replace(train, **variants[arm], out_dir=str(out / arm / "model"), checkpoint_dir=checkpoints)
     if arm == "sft_longer":
         return replace(sft, steps=sft_longer_steps(train, sft), init_dir=train.init_dir,
                        out_dir=str(out / arm / "model"), checkpoint_dir=checkpoints, shards_dir=train.shards_dir)
@@ -175,7 +218,8 @@ def available_splits(shards_dir: str) -> list[str]:
 
 
 def write_report(report: Path, env_name: str, results: dict[str, dict], arms: list[str], sections: dict[str, Any],
-                 confidence: float, seeds: list[int] | None = None) -> dict[str, Path]:
+                 confidence: float, seeds: list[int] | None = None,
+                 variants: dict[str, dict[str, Any]] | None = None) -> dict[str, Path]:
     """reports/compare.{md,json,png}: per split the summary table (every arm, each minus sft) and a plot."""
     from vlmgym.envs import env_class
     from vlmgym.eval.report import markdown_table
@@ -200,6 +244,11 @@ def write_report(report: Path, env_name: str, results: dict[str, dict], arms: li
              f"sft_longer: {sft_longer_steps(train, sft)} more SFT steps x {sft.batch_size} = the same number of "
              f"training sequences on ideal answers. Greedy answers; `arm_minus_sft` columns are paired differences.",
              ""]
+    if variants:
+        lines += ["Variants: " + "; ".join(f"`{name}` is {train.algorithm} with " + ", ".join(
+            f"{key} = {value}" for key, value in values.items()) for name, values in variants.items()) + "."
+                  + (f" `<variant>_minus_{train.algorithm}` pairs each variant with {train.algorithm} on the same "
+                     "samples (and seeds): what the change does." if train.algorithm in arms else ""), ""]
     if BLIND in results.get("test", {}):
         lines += ["Image-blind baselines: `constant` is the best constant answer (one answer for every sample, chosen "
                   "on val), `sft_blind` each seed's start policy answering with its images blanked to grey; "
@@ -286,6 +335,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--params", default="params.yaml", help="params file (the pipeline's)")
     parser.add_argument("--arms", nargs="+", default=list(DEFAULT_ARMS), choices=ARMS,
                         help=f"arms besides sft (default: {' '.join(DEFAULT_ARMS)})")
+    parser.add_argument("--variant", action="append", default=[], metavar="NAME=KEY=VALUE[,...]",
+                        help="an arm NAME: the train section with KEY=VALUE changed (repeatable), e.g. "
+                             "gspo=importance_sampling_level=sequence")
     parser.add_argument("--seeds", type=int, default=1,
                         help="training seeds 0..N-1, each with its own SFT start (default 1: the configured seeds "
                              "and the pipeline's SFT model, intervals over test samples only)")
@@ -300,10 +352,15 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--only-seed {args.only_seed}: needs --seeds N > 1 and a seed in 0..N-1")
     import mlflow
 
+    from vlmgym.config.spec import ParamsError
     from vlmgym.eval.outputs import mlflow_metrics
     from vlmgym.params import load_section
     from vlmgym.tracking import stage_runs as tracking
 
+    try:
+        variants = parse_variants(args.variant, args.params)
+    except (ParamsError, ValueError) as err:
+        parser.error(str(err))
     sections = {name: load_section(name, args.params)
                 for name in ("train", "sft", "model", "env", "rollout", "eval", "tracking", "data")}
     # One seed keeps the configured seeds, the pipeline's SFT start and the folders of a run without --seeds.
@@ -315,7 +372,7 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 1
     splits = available_splits(sections["rollout"].shards_dir)
-    arms = list(dict.fromkeys(args.arms))
+    arms = list(dict.fromkeys(args.arms)) + list(variants)
     out = Path(args.out)
     mlflow.set_tracking_uri(tracking.tracking_uri(sections["tracking"].tracking_uri))
     mlflow.set_experiment(sections["tracking"].experiment)
@@ -328,7 +385,9 @@ def main(argv: list[str] | None = None) -> int:
         mlflow.log_params({"arms": ",".join(arms), "splits": ",".join(splits), "start": train.init_dir,
                            "seeds": args.seeds, "train.steps": train.steps, "train.batch_prompts": train.batch_prompts,
                            "train.group_size": train.group_size,
-                           "sft_longer.steps": sft_longer_steps(train, sections["sft"])})
+                           "sft_longer.steps": sft_longer_steps(train, sections["sft"]),
+                           **{f"variant.{name}": ",".join(f"{k}={v}" for k, v in values.items())
+                              for name, values in variants.items()}})
         constant = constant_answers(sections, splits, out / CONSTANT)
         for seed in trained_seeds or [None]:
             folder, checkpoints = out, Path("checkpoints/compare")
@@ -338,7 +397,8 @@ def main(argv: list[str] | None = None) -> int:
                 seed_sections, start_config = seed_plan(sections, seed, folder, checkpoints)
             answers.append({})
             for arm in [CONTROL, *arms]:
-                config = start_config if arm == CONTROL else arm_config(arm, seed_sections, folder, checkpoints)
+                config = (start_config if arm == CONTROL
+                          else arm_config(arm, seed_sections, folder, checkpoints, variants))
                 tags = {"vlmgym.role": "compare-arm", "vlmgym.arm": arm,
                         "vlmgym.seed": str(seed_sections["train"].seed)}
                 with mlflow.start_run(run_name=arm if seed is None else f"seed{seed}/{arm}", nested=True, tags=tags):
@@ -351,12 +411,17 @@ def main(argv: list[str] | None = None) -> int:
             print(f"compare: seed {args.only_seed} done; `vlmgym compare --seeds {args.seeds}` reports every seed")
             return 0
         baselines = [b for b in BASELINES if b in answers[0]]
+        # each variant against the arm it varies (train.algorithm), when that arm ran too: what the knob changes
+        base = sections["train"].algorithm
+        knob_pairs = [(name, base) for name in variants if base in arms]
         evaluation = sections["eval"]
         results = {split: seed_results(env_name, [{arm: a[arm][split] for arm in a} for a in answers], arms,
                                        n_resamples=evaluation.n_resamples, seed=evaluation.seed,
-                                       confidence=evaluation.confidence, baselines=baselines)
+                                       confidence=evaluation.confidence, baselines=baselines,
+                                       comparisons=knob_pairs)
                    for split in splits}
-        files = write_report(out / "compare", env_name, results, arms, sections, evaluation.confidence, seeds)
+        files = write_report(out / "compare", env_name, results, arms, sections, evaluation.confidence, seeds,
+                             variants)
         for split, split_results in results.items():
             mlflow.log_metrics({f"{split}/{k}": v for k, v in mlflow_metrics(split_results).items()
                                 if np.isfinite(v)})

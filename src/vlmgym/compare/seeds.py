@@ -40,12 +40,13 @@ def seed_plan(sections: dict[str, Any], seed: int, folder: Path, checkpoints: Pa
 
 
 def seed_results(env: Any, per_seed: Sequence[Mapping[str, Sequence[Mapping[str, Any]]]], arms: Sequence[str], *,
-                 n_resamples: int, seed: int, confidence: float,
-                 baselines: Sequence[str] = ()) -> dict[str, dict[str, float]]:
+                 n_resamples: int, seed: int, confidence: float, baselines: Sequence[str] = (),
+                 comparisons: Sequence[tuple[str, str]] = ()) -> dict[str, dict[str, float]]:
     """{policy: flat metrics} and {"<arm>_minus_sft": flat paired differences} over seeds (`per_seed`: one
-    {policy: records} per seed, all on the same samples), and for each of the image-blind `baselines` its metrics
-    and "sft_minus_<baseline>". With one seed these are exactly vlmgym.eval.metrics.evaluate_policies' figures;
-    with more, each also holds `seeds` and every seed's `mean_reward_seed<k>`."""
+    {policy: records} per seed, all on the same samples), for each of the image-blind `baselines` its metrics
+    and "sft_minus_<baseline>", and "<a>_minus_<b>" for each further (a, b) of `comparisons` (arms of the same
+    seed paired). With one seed these are exactly vlmgym.eval.metrics.evaluate_policies' figures; with more, each
+    also holds `seeds` and every seed's `mean_reward_seed<k>`."""
     from vlmgym.eval.metrics import align_by_id, flatten_intervals, statistics_for
     from vlmgym.eval.seed_bootstrap import seed_bootstrap_intervals, seed_points
 
@@ -61,7 +62,7 @@ def seed_results(env: Any, per_seed: Sequence[Mapping[str, Sequence[Mapping[str,
 
     out = {policy: figures([s[policy] for s in per_seed], [statistics_for(env, s[policy]) for s in per_seed])
            for policy in [CONTROL, *arms, *baselines]}
-    for treatment, control in [(arm, CONTROL) for arm in arms] + [(CONTROL, b) for b in baselines]:
+    for treatment, control in [(arm, CONTROL) for arm in arms] + [(CONTROL, b) for b in baselines] + list(comparisons):
         pairs = [align_by_id(s[treatment], s[control]) for s in per_seed]
         out[f"{treatment}_minus_{control}"] = figures([t for t, _ in pairs],
                                                       [statistics_for(env, t) for t, _ in pairs],
