@@ -120,6 +120,8 @@ class Env(abc.ABC):
             where = "the given samples"
         if not samples:
             raise ValueError(f"{self.name}: no samples in {where}")
+        for sample in samples:
+            self.check_sample(sample)
         self.samples = samples
         self.tokenizer = tokenizer
         self.params = params if params is not None else (self.Params() if self.Params is not None else None)
@@ -127,6 +129,11 @@ class Env(abc.ABC):
 
     def __len__(self) -> int:
         return len(self.samples)
+
+    def check_sample(self, sample: SampleLike) -> None:
+        """Raise a ValueError naming `sample` when this env cannot serve it (its images, its meta); every sample
+        is checked once, when the env is built. Default: every sample is served."""
+        return None
 
     def set_progress(self, progress: float) -> None:
         """Training progress in [0, 1] (step / total steps), for rewards with a curriculum."""

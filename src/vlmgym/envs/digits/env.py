@@ -125,10 +125,8 @@ class DigitsEnv(Env):
     ood_note = ("inverted colours, light ink on a dark background (data.digits.ood_shift: invert; or rotate, digits "
                 "turned 20-40 degrees), on test-pool handwriting, which train never shows")
 
-    def __init__(self, samples: Sequence[SampleLike] | None = None, **kwargs: Any) -> None:
-        super().__init__(samples, **kwargs)
-        for sample in self.samples:
-            _check_sample(sample)
+    def check_sample(self, sample: SampleLike) -> None:
+        _check_sample(sample)
 
     @classmethod
     def describe_ood(cls, settings: Any) -> str:

@@ -85,13 +85,14 @@ class GeospotEnv(Env):
         """Serve samples (given, or read from the shards) and score answers with `params` (defaults if None)."""
         super().__init__(samples, shards_dir=shards_dir, split=split, limit=limit, tokenizer=tokenizer,
                          params=params)
-        for sample in self.samples:
-            missing = [k for k in ("latitude", "longitude", "country") if k not in sample.meta]
-            if len(sample.images) != 1 or missing:
-                raise ValueError(f"geospot: sample {sample.key!r} has {len(sample.images)} images (expected 1) "
-                                 f"and lacks meta keys {missing}")
         self.gazetteer = gazetteer()
         self.set_progress(progress)
+
+    def check_sample(self, sample: SampleLike) -> None:
+        missing = [k for k in ("latitude", "longitude", "country") if k not in sample.meta]
+        if len(sample.images) != 1 or missing:
+            raise ValueError(f"geospot: sample {sample.key!r} has {len(sample.images)} images (expected 1) "
+                             f"and lacks meta keys {missing}")
 
     @classmethod
     def describe_ood(cls, settings: Any) -> str:

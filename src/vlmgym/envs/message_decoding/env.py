@@ -118,10 +118,8 @@ class MessageDecodingEnv(Env):
                 "default; data.message_decoding.ood_shift: long, or shuffled, the table's cells out of alphabetical "
                 "order), from the test word pool")
 
-    def __init__(self, samples: Sequence[SampleLike] | None = None, **kwargs: Any) -> None:
-        super().__init__(samples, **kwargs)
-        for sample in self.samples:
-            _check_sample(sample)
+    def check_sample(self, sample: SampleLike) -> None:
+        _check_sample(sample)
 
     @classmethod
     def describe_ood(cls, settings: Any) -> str:

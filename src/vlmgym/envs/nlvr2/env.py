@@ -115,10 +115,8 @@ class NLVR2Env(Env):
     # broke the trace's format and 3e-5 at temperature 1 stayed flat.
     recipe = {"sft": {"lr": 0.001, "steps": 350}, "train": {"lr": 3e-5, "temperature": 0.6}}
 
-    def __init__(self, samples: Sequence[SampleLike] | None = None, **kwargs: Any) -> None:
-        super().__init__(samples, **kwargs)
-        for sample in self.samples:
-            _check_sample(sample)
+    def check_sample(self, sample: SampleLike) -> None:
+        _check_sample(sample)
 
     @classmethod
     def describe_ood(cls, s: Any) -> str:

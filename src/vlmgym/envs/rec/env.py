@@ -108,10 +108,8 @@ class RecEnv(Env):
     ood_note = ("crowded scenes of 7-9 objects (data.rec.ood_min_objects..ood_max_objects), more distractors than the "
                 "2-5 of any train scene")
 
-    def __init__(self, samples: Sequence[SampleLike] | None = None, **kwargs: Any) -> None:
-        super().__init__(samples, **kwargs)
-        for sample in self.samples:
-            _check_sample(sample)
+    def check_sample(self, sample: SampleLike) -> None:
+        _check_sample(sample)
 
     @classmethod
     def describe_ood(cls, s: Any) -> str:
