@@ -126,7 +126,13 @@ class DigitsEnv(Env):
                 "turned 20-40 degrees), on test-pool handwriting, which train never shows")
 
     def check_sample(self, sample: SampleLike) -> None:
-        _check_sample(sample)
+        if len(sample.images) != 1:
+            raise ValueError(f"digits: sample {sample.key} has {len(sample.images)} images, expected 1")
+        task, digits = sample.meta.get("task"), sample.meta.get("digits")
+        if task not in digits_data.TASKS:
+            raise ValueError(f"digits: sample {sample.key} has task {task!r}, expected one of {digits_data.TASKS}")
+        if not isinstance(digits, list) or not digits or not all(isinstance(d, int) and 0 <= d <= 9 for d in digits):
+            raise ValueError(f"digits: sample {sample.key} has digits {digits!r}, expected a list of digits 0-9")
 
     @classmethod
     def describe_ood(cls, settings: Any) -> str:
@@ -254,13 +260,3 @@ class _MetaSample:
     """A stand-in sample for a state built without prepare_truth (only its meta is read)."""
 
     meta: dict
-
-
-def _check_sample(sample: SampleLike) -> None:
-    if len(sample.images) != 1:
-        raise ValueError(f"digits: sample {sample.key} has {len(sample.images)} images, expected 1")
-    task, digits = sample.meta.get("task"), sample.meta.get("digits")
-    if task not in digits_data.TASKS:
-        raise ValueError(f"digits: sample {sample.key} has task {task!r}, expected one of {digits_data.TASKS}")
-    if not isinstance(digits, list) or not digits or not all(isinstance(d, int) and 0 <= d <= 9 for d in digits):
-        raise ValueError(f"digits: sample {sample.key} has digits {digits!r}, expected a list of digits 0-9")

@@ -119,7 +119,13 @@ class MessageDecodingEnv(Env):
                 "order), from the test word pool")
 
     def check_sample(self, sample: SampleLike) -> None:
-        _check_sample(sample)
+        if len(sample.images) != 1:
+            raise ValueError(f"message_decoding: sample {sample.key} has {len(sample.images)} images, expected 1")
+        coded, decoder, answer = (sample.meta.get(k) for k in ("coded", "decoder", "answer"))
+        if not (isinstance(decoder, str) and md_data.is_permutation(decoder) and isinstance(coded, str)
+                and ANSWER.fullmatch(coded) and answer == md_data.decode(coded, decoder)):
+            raise ValueError(f"message_decoding: sample {sample.key} has coded {coded!r}, decoder {decoder!r} and "
+                             f"answer {answer!r}, expected a-z letters, a permutation of a-z and the decoded word")
 
     @classmethod
     def describe_ood(cls, settings: Any) -> str:
@@ -234,13 +240,3 @@ class MessageDecodingEnv(Env):
             return "correct"
         credit = (record.get("parsed") or {}).get("correctness")
         return f"partial {credit:.2f}" if isinstance(credit, float) and 0 < credit < 1 else "wrong"
-
-
-def _check_sample(sample: SampleLike) -> None:
-    if len(sample.images) != 1:
-        raise ValueError(f"message_decoding: sample {sample.key} has {len(sample.images)} images, expected 1")
-    coded, decoder, answer = (sample.meta.get(k) for k in ("coded", "decoder", "answer"))
-    if not (isinstance(decoder, str) and md_data.is_permutation(decoder) and isinstance(coded, str)
-            and ANSWER.fullmatch(coded) and answer == md_data.decode(coded, decoder)):
-        raise ValueError(f"message_decoding: sample {sample.key} has coded {coded!r}, decoder {decoder!r} and answer "
-                         f"{answer!r}, expected a-z letters, a permutation of a-z and the decoded word")

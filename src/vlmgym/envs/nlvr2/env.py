@@ -116,7 +116,13 @@ class NLVR2Env(Env):
     recipe = {"sft": {"lr": 0.001, "steps": 350}, "train": {"lr": 3e-5, "temperature": 0.6}}
 
     def check_sample(self, sample: SampleLike) -> None:
-        _check_sample(sample)
+        if len(sample.images) != 2:
+            raise ValueError(f"nlvr2: sample {sample.key} has {len(sample.images)} images, expected 2 (left, right)")
+        sentence, label = sample.meta.get("sentence"), sample.meta.get("label")
+        if not isinstance(sentence, str) or not sentence.strip():
+            raise ValueError(f"nlvr2: sample {sample.key} has no sentence (meta {sample.meta!r})")
+        if not isinstance(label, bool):
+            raise ValueError(f"nlvr2: sample {sample.key} has label {label!r}, expected true or false")
 
     @classmethod
     def describe_ood(cls, s: Any) -> str:
@@ -259,13 +265,3 @@ class NLVR2Env(Env):
         return ("<h2>Statement types</h2><p>A policy that says True (or False) on ~100% of a type has learned "
                 "nothing about it; right ~50% is chance.</p><table><tr><th>type</th><th>samples</th><th>true</th>"
                 f"{heads}</tr>{''.join(rows)}</table>")
-
-
-def _check_sample(sample: SampleLike) -> None:
-    if len(sample.images) != 2:
-        raise ValueError(f"nlvr2: sample {sample.key} has {len(sample.images)} images, expected 2 (left, right)")
-    sentence, label = sample.meta.get("sentence"), sample.meta.get("label")
-    if not isinstance(sentence, str) or not sentence.strip():
-        raise ValueError(f"nlvr2: sample {sample.key} has no sentence (meta {sample.meta!r})")
-    if not isinstance(label, bool):
-        raise ValueError(f"nlvr2: sample {sample.key} has label {label!r}, expected true or false")

@@ -109,7 +109,14 @@ class RecEnv(Env):
                 "2-5 of any train scene")
 
     def check_sample(self, sample: SampleLike) -> None:
-        _check_sample(sample)
+        if len(sample.images) != 1:
+            raise ValueError(f"rec: sample {sample.key} has {len(sample.images)} images, expected 1")
+        expression, box = sample.meta.get("expression"), sample.meta.get("bbox_2d")
+        if not isinstance(expression, str) or not expression.strip():
+            raise ValueError(f"rec: sample {sample.key} has no expression (meta {sample.meta!r})")
+        if not valid_box(box) or not all(isinstance(v, int) for v in box) or box[0] >= box[2] or box[1] >= box[3]:
+            raise ValueError(f"rec: sample {sample.key} has bbox_2d {box!r}, expected four integers 0-{SCALE} with "
+                             "x1 < x2 and y1 < y2")
 
     @classmethod
     def describe_ood(cls, s: Any) -> str:
@@ -229,14 +236,3 @@ class RecEnv(Env):
     def report_html(cls, records_by_policy: Mapping[str, Sequence[Mapping[str, Any]]], params: Any) -> str:
         """The legend of the boxes the gallery draws."""
         return report.legend_html(list(records_by_policy))
-
-
-def _check_sample(sample: SampleLike) -> None:
-    if len(sample.images) != 1:
-        raise ValueError(f"rec: sample {sample.key} has {len(sample.images)} images, expected 1")
-    expression, box = sample.meta.get("expression"), sample.meta.get("bbox_2d")
-    if not isinstance(expression, str) or not expression.strip():
-        raise ValueError(f"rec: sample {sample.key} has no expression (meta {sample.meta!r})")
-    if not valid_box(box) or not all(isinstance(v, int) for v in box) or box[0] >= box[2] or box[1] >= box[3]:
-        raise ValueError(f"rec: sample {sample.key} has bbox_2d {box!r}, expected four integers 0-{SCALE} with "
-                         "x1 < x2 and y1 < y2")
