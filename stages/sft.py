@@ -4,8 +4,9 @@ Teacher-forced cross entropy on the answer tokens only (prompt and padding maske
 cosine decay. Checkpoints go to `sft.checkpoint_dir/<config hash>/` every `sft.save_every` steps, so a killed
 run started again with the same params resumes exactly where the last checkpoint left it. Every step's figures go
 to MLflow and, less the timings and compile counts, to metrics/curves/sft.jsonl (vlmgym.tracking.step_curve).
-`sft.steps: 0` copies the start model through unchanged (the real Instruct model needs no warm start) and writes
-an empty curve.
+With `sft.perception.steps` > 0 the vision tower is first warmed up on the env's image labels
+(vlmgym.rl.perception), once per checkpoint folder. `sft.steps: 0` copies the start model through unchanged (the
+real Instruct model needs no warm start) and writes an empty curve.
 
     python stages/sft.py [--params params.yaml]
 """
@@ -22,6 +23,7 @@ from vlmgym.rl.stage_setup import (
     selection_summary,
     stage_policy,
     stage_trainer,
+    warm_perception,
     write_json_atomically,
 )
 from vlmgym.tracking import stage_runs as tracking
@@ -48,6 +50,10 @@ def main(argv: list[str] | None = None) -> int:
         summary = {"steps": sft.steps}
         curve: step_curve.Curve = {}
         if checkpoints is not None:
+            if sft.perception.steps:
+                params, warmed = warm_perception(sft, policy, params, env_params, checkpoints,
+                                                 log=lambda step, metrics: run.log_metrics(metrics, step=step))
+                summary.update(warmed)
             journal = step_curve.StepJournal(checkpoints)
             trainer = stage_trainer("sft", sft, policy, params, env_params, checkpoints,
                                     metrics_callback=journal.callback(

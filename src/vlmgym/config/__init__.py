@@ -15,6 +15,7 @@ from vlmgym.config.sections import (
     ExportParams,
     LoRAParams,
     ModelParams,
+    PerceptionParams,
     RolloutParams,
     SFTParams,
     ShardParams,
@@ -27,6 +28,7 @@ from vlmgym.config.sections import (
 from vlmgym.config.spec import ParamsError, from_dict, spec, to_dict, use_env_catalogue
 
 __all__ = ["DEFAULT_PARAMS_FILE", "LORA_TEXT_TARGETS", "REMAT_DOC", "SECTIONS", "DataParams",
-           "EnvParams", "EvalParams", "ExportParams", "LoRAParams", "ModelParams", "ParamsError", "RolloutParams",
+           "EnvParams", "EvalParams", "ExportParams", "LoRAParams", "ModelParams", "ParamsError", "PerceptionParams",
+           "RolloutParams",
            "SFTParams", "ShardParams", "TrackingParams", "TrainParams", "from_dict", "load_all", "load_section",
            "read_yaml", "spec", "to_dict", "use_env_catalogue"]

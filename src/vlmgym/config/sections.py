@@ -152,6 +152,21 @@ class LoRAParams:
             raise ParamsError("lora.rank > 0 but no targets and vision off: nothing would be adapted")
 
 
+@dataclass(frozen=True)
+class PerceptionParams:
+    """A perception warm-up before SFT: the vision tower and a temporary linear head trained on the env's image
+    labels (Env.perception_labels), so that SFT starts from a tower that already tells the images apart."""
+
+    steps: int = spec(0, ge=0, doc="warm-up steps (0: none, SFT starts from init_dir's vision tower as it is)")
+    batch_size: int = spec(32, ge=1, doc="train images per step")
+    lr: float = spec(3e-3, gt=0, doc="peak Adam learning rate of the tower and the head")
+    warmup_steps: int = spec(100, ge=0, doc="linear warmup steps")
+    end_lr_ratio: float = spec(0.1, ge=0, le=1, doc="final lr of the cosine decay, as a fraction of the peak")
+    eval_every: int = spec(500, ge=0, doc="label accuracy on the val split every this many steps and at the end "
+                                          "(0: at the end only)")
+    seed: int = spec(0, ge=0, doc="seed of the head's initial weights and the image order")
+
+
 REMAT_DOC = ("activation checkpointing of the learner's forward: layer recomputes each decoder layer and vision "
              "block in the backward pass instead of keeping its activations (same gradients, less memory, more "
              "compute; measured in BENCHMARKS.md); none keeps them")
@@ -173,6 +188,8 @@ class SFTParams:
     freeze: str = spec("none", choices=("none", "vision"), doc="parameters kept frozen")
     remat: str = spec("none", choices=("none", "layer"), doc=REMAT_DOC)
     lora: LoRAParams = spec(default_factory=LoRAParams, doc="low-rank adapters")
+    perception: PerceptionParams = spec(default_factory=PerceptionParams,
+                                        doc="perception warm-up of the vision tower before the first SFT step")
     max_target_tokens: int = spec(64, ge=1, doc="answer tokens trained on (longer targets are an error)")
     seed: int = spec(0, ge=0, doc="seed of the data order")
     save_every: int = spec(100, ge=1, doc="checkpoint every this many steps (resume point)")
@@ -188,6 +205,11 @@ class SFTParams:
     shards_dir: str = spec("data/shards", doc="webdataset shards of the env")
     mesh: list[int] = spec(default_factory=list, ge=1,
                            doc="(data, fsdp, tensor) device counts of the mesh; empty: a single device")
+
+    def __post_init__(self) -> None:
+        if self.perception.steps and not self.steps:
+            raise ParamsError("sft.perception.steps > 0 but sft.steps is 0: the warm-up runs inside SFT, and "
+                              "sft.steps: 0 passes the start model through unchanged")
 
 
 # TRL's loss_type values for the aggregations they match (one process: dapo's divisor is the batch's tokens).

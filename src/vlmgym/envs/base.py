@@ -16,6 +16,8 @@ samples need no instance):
 - shard: `schema` (vlmgym.data.rows.RowSchema: CSV columns, images, row validation).
 - sft / train / rollout: `prompt`, `score`, `ideal_answer`, `corpus` (the tokenizer's texts). A `Params` with
   the fields of vlmgym.envs.think.ThinkParams (every built-in env's) adds the R1 think/answer option on top.
+  Optionally `perception_heads` / `perception_labels`: class labels of what an image shows, for sft.perception's
+  warm-up of the vision tower.
 - download, rollout, evaluate: `ood_note`, when the generator also writes an out-of-distribution test split
   (test_ood; `describe_ood` names the configured shift where there are several); the rollout stage answers it
   too and the evaluate stage reports it beside test.
@@ -207,6 +209,17 @@ class Env(abc.ABC):
         """The perfect answer for a sample's meta: the SFT target (default: none, so SFT cannot run)."""
         raise MissingPart(f"env {self.name!r} has no ideal_answer, so it cannot be the SFT target; "
                                   "set sft.steps: 0 or implement ideal_answer(meta)")
+
+    # Class counts of the labels perception_labels gives each image (e.g. ten heads of 0-3 for how many of each
+    # digit an image holds): sft.perception trains the vision tower to predict them before SFT. Empty: none.
+    perception_heads: ClassVar[tuple[int, ...]] = ()
+
+    def perception_labels(self, meta: dict) -> list[int]:
+        """One class per head of `perception_heads` for the sample's image (default: none, so the warm-up cannot
+        run)."""
+        raise MissingPart(f"env {self.name!r} has no perception labels, so sft.perception cannot warm its vision "
+                          "tower up; set sft.perception.steps: 0 or implement perception_heads and "
+                          "perception_labels(meta)")
 
     @classmethod
     def corpus(cls) -> list[str]:

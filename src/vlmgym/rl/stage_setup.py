@@ -18,6 +18,7 @@ from vlmgym.models.qwen3_vl.lora import LoRAConfig, init_adapters
 from vlmgym.models.qwen3_vl.mesh import make_mesh, param_shardings
 from vlmgym.models.qwen3_vl.processor import Processor
 from vlmgym.params import to_dict
+from vlmgym.rl import perception
 from vlmgym.rl.dpo_trainer import DPOTrainer
 from vlmgym.rl.grpo_trainer import GRPOTrainer
 from vlmgym.rl.loop import config_fingerprint
@@ -84,6 +85,18 @@ def stage_policy(stage: str, section: Any, model_params: Any) -> tuple[Qwen3VLPo
     if adapters is not None:
         params = init_adapters(params, policy.cfg, adapters)
     return policy, params
+
+
+def warm_perception(section: Any, policy: Any, params: Any, env_params: Any, checkpoints: Path,
+                    log: perception.Log | None = None) -> tuple[Any, dict[str, float]]:
+    """params with the vision tower warmed up on the env's image labels (`section.perception`, vlmgym.rl.perception)
+    over the train split, measured on the val split where the shard stage wrote one."""
+    tokenizer = policy.processor.tokenizer
+    env = envs.from_params(env_params, shards_dir=section.shards_dir, split="train", tokenizer=tokenizer)
+    has_val = all(folder.is_dir() for folder in envs.split_dirs(env_params, section.shards_dir, "val"))
+    val_env = (envs.from_params(env_params, shards_dir=section.shards_dir, split="val", tokenizer=tokenizer)
+               if has_val else None)
+    return perception.warm_up(policy, params, env, val_env, section, checkpoints, distributed.count(), log=log)
 
 
 def trainer_class(stage: str, algorithm: str | None) -> type:

@@ -183,6 +183,14 @@ class DigitsEnv(Env):
         }
         return reward, info
 
+    # how many of each digit 0-9 the image holds (0 to MAX_DIGITS): the sort answer is these counts in order,
+    # the sum their weighted total
+    perception_heads = (digits_data.MAX_DIGITS + 1,) * 10
+
+    def perception_labels(self, meta: dict[str, Any]) -> list[int]:
+        """The count of each digit 0-9 in the image."""
+        return [list(meta["digits"]).count(d) for d in range(10)]
+
     @staticmethod
     def ideal_answer(meta: dict[str, Any]) -> str:
         """The SFT target: "1, 3, 7" for sort, "11" for sum."""

@@ -1,0 +1,124 @@
+"""sft.perception: the vision tower learns an env's image labels, alone, and refuses what it cannot run."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import SimpleNamespace
+
+import jax
+import numpy as np
+import pytest
+from PIL import Image
+
+from vlmgym.config import LoRAParams, ParamsError, PerceptionParams, SFTParams
+from vlmgym.envs.base import Env, MissingPart
+from vlmgym.envs.digits.env import DigitsEnv
+from vlmgym.rl import perception
+
+COLOURS = ((200, 40, 40), (40, 200, 40), (40, 40, 200))
+
+
+@dataclass
+class Sample:
+    key: str
+    images: list
+    meta: dict
+
+
+class ColourEnv(Env):
+    """Which of three colours fills the image: one head of three classes."""
+
+    name = "colour_probe"
+    perception_heads = (3,)
+
+    def perception_labels(self, meta: dict) -> list[int]:
+        return [meta["colour"]]
+
+    def prompt(self, sample):
+        return "Which colour?"
+
+    def score(self, state, text):
+        return 0.0, {}
+
+
+class NoLabelsEnv(ColourEnv):
+    name = "no_labels"
+    perception_heads = ()
+
+
+def colour_samples(count: int, seed: int, size: tuple[int, int] = (64, 64)) -> list[Sample]:
+    rng = np.random.default_rng(seed)
+    samples = []
+    for i in range(count):
+        colour = i % 3
+        pixels = np.clip(np.asarray(COLOURS[colour]) + rng.normal(0, 25, (*size, 3)), 0, 255).astype(np.uint8)
+        samples.append(Sample(f"{seed}-{i}", [Image.fromarray(pixels)], {"colour": colour}))
+    return samples
+
+
+def section(tiny_vlm, **perception_settings) -> SFTParams:
+    settings = {"steps": 40, "lr": 1e-2, "warmup_steps": 5, "batch_size": 6, "eval_every": 0, **perception_settings}
+    return SFTParams(steps=1, init_dir=tiny_vlm.folder, perception=PerceptionParams(**settings))
+
+
+def policy_of(tiny_vlm) -> SimpleNamespace:
+    return SimpleNamespace(cfg=tiny_vlm.cfg, processor=tiny_vlm.processor)
+
+
+def test_warm_up_learns_the_labels_and_changes_only_the_tower(tiny_vlm, tmp_path):
+    env, val = ColourEnv(colour_samples(24, 0)), ColourEnv(colour_samples(12, 1))
+    sft = section(tiny_vlm)
+    warmup = perception.PerceptionWarmup(tiny_vlm.cfg, tiny_vlm.params, tiny_vlm.processor.settings, env, val,
+                                         sft.perception, progress_bar=False)
+    before = warmup.evaluate({"visual": tiny_vlm.params["visual"], "head": warmup.head})
+    params, summary = warmup.run()
+    assert before["perception/val_all_labels"] < 0.7  # a random head is not already right
+    assert summary["perception/val_all_labels"] == 1.0
+    assert summary["perception/val_label_accuracy"] == 1.0
+    for name, value in tiny_vlm.params.items():
+        same = jax.tree.all(jax.tree.map(lambda a, b: bool(np.array_equal(a, b)), value, params[name]))
+        assert same == (name != "visual"), name
+
+
+def test_warm_up_is_kept_and_reused_by_a_resumed_run(tiny_vlm, tmp_path):
+    env, val = ColourEnv(colour_samples(12, 0)), ColourEnv(colour_samples(6, 1))
+    sft = section(tiny_vlm, steps=10)
+    first, summary = perception.warm_up(policy_of(tiny_vlm), tiny_vlm.params, env, val, sft, tmp_path)
+    assert (tmp_path / "perception" / perception.SUMMARY_FILE).is_file()
+    # a resumed run reads the stored tower and figures; labels that would fail show it does not train again
+    broken = ColourEnv([Sample(s.key, s.images, {"colour": 7}) for s in env.samples])
+    again, summary_again = perception.warm_up(policy_of(tiny_vlm), tiny_vlm.params, broken, val, sft, tmp_path)
+    assert summary_again == summary
+    assert jax.tree.all(jax.tree.map(lambda a, b: bool(np.array_equal(a, b)), first["visual"], again["visual"]))
+
+
+def test_bad_labels_and_mixed_image_sizes_name_the_sample(tiny_vlm):
+    settings = tiny_vlm.processor.settings
+    bad = ColourEnv([Sample("odd", colour_samples(1, 0)[0].images, {"colour": 3})])
+    with pytest.raises(ValueError, match=r"labels \[3\] of sample odd do not fit its perception_heads \(3,\)"):
+        perception.split_arrays(bad, settings, "train")
+    mixed = ColourEnv(colour_samples(1, 0) + [Sample("wide", colour_samples(1, 0, (64, 192))[0].images,
+                                                     {"colour": 0})])
+    with pytest.raises(ValueError, match="train sample wide has a .* patch grid"):
+        perception.split_arrays(mixed, settings, "train")
+
+
+def test_refuses_what_it_cannot_run(tiny_vlm):
+    env = ColourEnv(colour_samples(3, 0))
+    with pytest.raises(MissingPart, match="env 'no_labels' has no perception labels"):
+        perception.check_supported(section(tiny_vlm), NoLabelsEnv(colour_samples(3, 0)), 1)
+    lora = SFTParams(steps=1, perception=PerceptionParams(steps=5), lora=LoRAParams(rank=4))
+    with pytest.raises(ValueError, match="does not run with sft.lora.rank > 0"):
+        perception.check_supported(lora, env, 1)
+    with pytest.raises(ValueError, match="runs on one device in one process"):
+        perception.check_supported(SFTParams(steps=1, perception=PerceptionParams(steps=5), mesh=[2, 1, 1]), env, 1)
+    with pytest.raises(ValueError, match="runs on one device in one process"):
+        perception.check_supported(section(tiny_vlm), env, 2)
+    with pytest.raises(ParamsError, match="sft.perception.steps > 0 but sft.steps is 0"):
+        SFTParams(steps=0, perception=PerceptionParams(steps=5))
+
+
+def test_digits_labels_count_each_digit():
+    env = DigitsEnv.__new__(DigitsEnv)
+    assert env.perception_heads == (5,) * 10
+    assert env.perception_labels({"digits": [3, 7, 3]}) == [0, 0, 0, 2, 0, 0, 0, 1, 0, 0]
