@@ -155,7 +155,10 @@ class PerceptionWarmup:
             if self.log is not None:
                 self.log(step, metrics)
             bar.update(1)
-            bar.set_postfix(loss=f"{metrics['perception/loss']:.4f}")
+            shown = {"loss": f"{metrics['perception/loss']:.4f}"}
+            if "perception/val_all_labels" in summary:
+                shown["val_all_labels"] = f"{summary['perception/val_all_labels']:.3f}"
+            bar.set_postfix(shown)
         bar.close()
         params = dict(self.params)
         params["visual"] = trained["visual"]
