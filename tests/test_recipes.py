@@ -54,7 +54,8 @@ def test_the_overrides_are_dvc_exp_run_arguments_that_survive_word_splitting(mon
     # `$(...)` splits on whitespace and keeps quotes: what dvc receives
     words = " ".join(recipes.overrides(recipes.recipe_overlay("nlvr2"))).split()
     assert words == ["-S", "env.name=nlvr2", "-S", "env.recipe=nlvr2", "-S", "sft.lr=0.001", "-S",
-                     'sft.lora.targets=["q","v"]', "-S", "sft.steps=600", "-S", "train.temperature=1.0"]
+                     'sft.lora.targets=["q","v"]', "-S", "sft.freeze=none", "-S", "sft.perception.steps=0", "-S",
+                     "sft.steps=600", "-S", "data.train_images=2000", "-S", "train.temperature=1.0"]
 
 
 def test_a_recipe_outside_the_sections_it_may_set_is_an_error(monkeypatch):
