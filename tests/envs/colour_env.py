@@ -71,6 +71,12 @@ class ColourEnv(Env):
     def ideal_answer(self, meta):
         return meta["colour"]
 
+    # optional: which colour each image shows, for sft.perception's warm-up of the vision tower
+    perception_heads = (len(COLOURS),)
+
+    def perception_labels(self, meta):
+        return [sorted(COLOURS).index(meta["colour"])]
+
     @classmethod
     def corpus(cls):
         return [PROMPT, *COLOURS, *(c.capitalize() for c in COLOURS)]

@@ -1,7 +1,8 @@
 """An env from outside the package runs the whole pipeline: docs/writing-an-env.md's colour plug-in through `dvc repro`.
 
 A fresh checkout with the micro preset, tests/envs/colour_env.py copied beside params.yaml (the working
-directory is on the import path for 'module:Class' names), `env.name: colour_env:ColourEnv`, one `dvc repro`.
+directory is on the import path for 'module:Class' names), `env.name: colour_env:ColourEnv`, a three-step
+perception warm-up on its colour labels, one `dvc repro`.
 No file under src/ is touched: the env's data, reward, metrics and report section all come from the module.
 """
 
@@ -30,7 +31,8 @@ def _build(root):
     shutil.copy(REPO / "tests" / "envs" / "colour_env.py", root / "colour_env.py")
     overlay = root / "colour.yaml"
     overlay.write_text(yaml.safe_dump({"env": {"name": "colour_env:ColourEnv", "colour": {"format_weight": 0.2}},
-                                       "data": {"colour": {"noise": 10.0}}, "eval": {"hf_samples": 2}}))
+                                       "data": {"colour": {"noise": 10.0}}, "eval": {"hf_samples": 2},
+                                       "sft": {"perception": {"steps": 3, "batch_size": 4, "warmup_steps": 1}}}))
     # in the checkout: its working directory is where 'colour_env' imports from (as for the stages)
     run_checked(["vlmgym", "preset", overlay.name], root, env)
     run_checked(["git", "add", "-A"], root, env)
@@ -46,6 +48,16 @@ def test_every_stage_ran_on_the_plug_in(colour_pipeline):
     assert json.loads(checked)["env"]["colour"] == {"format_weight": 0.2}
     manifest = json.loads((root / "data" / "shards" / "manifest.json").read_text())
     assert manifest["dataset"] == "colour" and manifest["splits"]["test"]["kept"] == 16
+
+
+def test_the_sft_stage_warmed_the_tower_on_the_plug_in_labels(colour_pipeline):
+    root, _, output = colour_pipeline
+    summary = json.loads((root / "metrics" / "sft.json").read_text())
+    assert 0 <= summary["perception/val_all_labels"] <= summary["perception/val_label_accuracy"] <= 1
+    assert summary["perception/loss"] > 0
+    warmed = list((root / "checkpoints" / "sft").glob("*/perception/perception.json"))
+    assert len(warmed) == 1 and json.loads(warmed[0].read_text()) == {k: v for k, v in summary.items()
+                                                                      if k.startswith("perception/")}
 
 
 def test_metrics_and_report_come_from_the_plug_in(colour_pipeline):
