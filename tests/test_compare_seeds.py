@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from vlmgym.compare.seeds import per_seed_table, seed_plan, seed_results
+from vlmgym.config import PerceptionParams
 from vlmgym.eval.metrics import evaluate_policies
 from vlmgym.params import LoRAParams, SFTParams, TrainParams
 
@@ -94,6 +95,14 @@ def test_adapters_get_the_seed_too_and_a_pass_through_sft_is_the_base_model(tmp_
     assert seed_plan(sections(SFTParams(lora=lora), TrainParams(lora=lora)), 0, tmp_path, tmp_path)[1] is None
     plan, config = seed_plan(sections(SFTParams(steps=0), TrainParams(init_dir="elsewhere")), 1, tmp_path, tmp_path)
     assert config is None and plan["train"].init_dir == "models/jax/base"
+
+
+def test_a_perception_warm_up_gets_the_seed_too(tmp_path):
+    warmed = SFTParams(perception=PerceptionParams(steps=100))
+    plan, config = seed_plan(sections(warmed), 3, tmp_path, tmp_path)
+    assert config.perception.seed == 3 and config.perception.steps == 100 and plan["sft"].perception.seed == 3
+    assert seed_plan(sections(warmed), 0, tmp_path, tmp_path)[1] is None  # seed 0 is the pipeline's warm-up
+    assert seed_plan(sections(), 3, tmp_path, tmp_path)[1].perception == PerceptionParams()  # none: left as it is
 
 
 def test_the_headline_table_has_a_row_per_policy_and_a_column_per_split():

@@ -1,6 +1,7 @@
 """Seeds as an axis of `vlmgym compare`: what one seed trains from, and the results over seeds.
 
-Seed s trains its own SFT start (the sft section with seed s, from the base model `sft.init_dir`) and every arm
+Seed s trains its own SFT start (the sft section with seed s, its perception warm-up's too, from the base model
+`sft.init_dir`) and every arm
 from it with `train.seed` = s; the figures are means over seeds with two-level bootstrap intervals
 (vlmgym.eval.seed_bootstrap), so run-to-run variance is in them.
 """
@@ -12,14 +13,21 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from vlmgym.config import SFTParams, TrainParams
+
 CONTROL = "sft"  # the arm every other is compared with: each seed's SFT start
 HEADLINE = "mean_reward"  # the figure the tables lead with
 
 
-def seeded(section: Any, seed: int) -> Any:
-    """`section` with `seed`, and its adapters' seed too when it trains adapters (their init is random)."""
-    lora = replace(section.lora, seed=seed) if section.lora.rank else section.lora
-    return replace(section, seed=seed, lora=lora)
+def seeded(section: SFTParams | TrainParams, seed: int) -> SFTParams | TrainParams:
+    """`section` with `seed`, and its adapters' seed too when it trains adapters (their init is random), and its
+    perception warm-up's when SFT warms the vision tower up (its head's init and image order are random)."""
+    changes: dict[str, Any] = {"seed": seed}
+    if section.lora.rank:
+        changes["lora"] = replace(section.lora, seed=seed)
+    if isinstance(section, SFTParams) and section.perception.steps:
+        changes["perception"] = replace(section.perception, seed=seed)
+    return replace(section, **changes)
 
 
 def seed_plan(sections: dict[str, Any], seed: int, folder: Path, checkpoints: Path) -> tuple[dict[str, Any], Any]:
