@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from vlmgym.compare.command import arm_config
 from vlmgym.compare.seeds import per_seed_table, seed_plan, seed_results
 from vlmgym.config import PerceptionParams
 from vlmgym.eval.metrics import evaluate_policies
@@ -103,6 +104,9 @@ def test_a_perception_warm_up_gets_the_seed_too(tmp_path):
     assert config.perception.seed == 3 and config.perception.steps == 100 and plan["sft"].perception.seed == 3
     assert seed_plan(sections(warmed), 0, tmp_path, tmp_path)[1] is None  # seed 0 is the pipeline's warm-up
     assert seed_plan(sections(), 3, tmp_path, tmp_path)[1].perception == PerceptionParams()  # none: left as it is
+    # sft_longer continues the SFT model, whose tower is warmed already: it does not warm it up again
+    longer = arm_config("sft_longer", sections(warmed), tmp_path)
+    assert longer.perception.steps == 0 and longer.init_dir == "models/jax/sft"
 
 
 def test_the_headline_table_has_a_row_per_policy_and_a_column_per_split():

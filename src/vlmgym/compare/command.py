@@ -105,9 +105,10 @@ def arm_config(arm: str, sections: dict[str, Any], out: Path, checkpoints: Path 
     checkpoints = str(checkpoints / arm)
     if variants and arm in variants:
         return replace(train, **variants[arm], out_dir=str(out / arm / "model"), checkpoint_dir=checkpoints)
-    if arm == "sft_longer":
+    if arm == "sft_longer":  # continues the SFT model, whose tower any perception warm-up has already warmed
         return replace(sft, steps=sft_longer_steps(train, sft), init_dir=train.init_dir,
-                       out_dir=str(out / arm / "model"), checkpoint_dir=checkpoints, shards_dir=train.shards_dir)
+                       out_dir=str(out / arm / "model"), checkpoint_dir=checkpoints, shards_dir=train.shards_dir,
+                       perception=replace(sft.perception, steps=0))
     if arm not in ARMS:
         raise ValueError(f"unknown arm {arm!r}: expected some of {ARMS}")
     return replace(train, algorithm=arm, out_dir=str(out / arm / "model"), checkpoint_dir=checkpoints)
@@ -115,12 +116,14 @@ def arm_config(arm: str, sections: dict[str, Any], out: Path, checkpoints: Path 
 
 def train_arm(arm: str, config: Any, sections: dict[str, Any], log_metrics: Any) -> Path:
     """Train one arm as the sft / train stage would and save its model folder; returns it."""
-    from vlmgym.rl.stage_setup import resume_dir, save_model, stage_policy, stage_trainer
+    from vlmgym.rl.stage_setup import resume_dir, save_model, stage_policy, stage_trainer, warm_perception
 
     model, env_params = sections["model"], sections["env"]
     stage = "sft" if arm in ("sft_longer", CONTROL) else "train"  # the control trains only as a seed's SFT start
     policy, params = stage_policy(stage, config, model)
     checkpoints = resume_dir(config.checkpoint_dir, config, model, env_params, init_dir=config.init_dir)
+    if stage == "sft" and config.perception.steps:  # a seed's SFT start, warmed up as the sft stage warms its own
+        params, _ = warm_perception(config, policy, params, env_params, checkpoints, log=log_metrics)
     trainer = stage_trainer(stage, config, policy, params, env_params, checkpoints, metrics_callback=log_metrics)
     params = trainer.run()
     return save_model(config.out_dir, policy, params, config.init_dir, config.lora.dropout)
