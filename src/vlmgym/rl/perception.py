@@ -48,7 +48,7 @@ def check_supported(section: Any, env: Any, processes: int) -> None:
 def split_arrays(env: Any, settings: ImageSettings, what: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(pixel rows (n, patches, dim) as float16, grid (t, h, w), labels (n, heads)) of every sample of `env`.
 
-    float16 halves the memory of a split held whole (12,000 digits images: 1.8 GB); the tower reads float32."""
+    float16 halves the memory of a split held whole (12,000 images of 12 tokens: 1.8 GB); the tower reads float32."""
     heads = env.perception_heads
     pixels, labels, grid = [], [], None
     for index in tqdm(range(len(env)), desc=f"perception {what}", unit="image", leave=False):
