@@ -210,7 +210,7 @@ class Env(abc.ABC):
         raise MissingPart(f"env {self.name!r} has no ideal_answer, so it cannot be the SFT target; "
                                   "set sft.steps: 0 or implement ideal_answer(meta)")
 
-    # Class counts of the labels perception_labels gives each image (e.g. ten heads of 0-3 for how many of each
+    # Class counts of the labels perception_labels gives each image (e.g. ten heads of 0-4 for how many of each
     # digit an image holds): sft.perception trains the vision tower to predict them before SFT. Empty: none.
     perception_heads: ClassVar[tuple[int, ...]] = ()
 
