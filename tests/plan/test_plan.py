@@ -78,3 +78,21 @@ def test_lora_plan_holds_state_and_gradients_of_the_adapters_alone():
     assert lora["state"]["params"] - full["state"]["params"] == lora["state"]["grads"] + 4 * 7 * t.num_hidden_layers
     with pytest.raises(ValueError, match="frozen whole"):
         PlanSpec(config="tiny", batch=4, group=2, lora_rank=8, freeze="vision").check()
+
+
+def test_accelerator_flag_plans_in_this_process_on_the_devices_jax_sees(tmp_path, capsys):
+    """--accelerator compiles for the devices this process has (here the test's CPU devices) without re-running
+    itself under fake ones; a mesh that does not match their count is refused by name."""
+    import jax
+
+    from vlmgym.plan.cli import main
+
+    count = jax.device_count()
+    args = ["--config", "tiny", "--batch", "4", "--seq", "62", "--answer", "8", "--group", "2", "--no-rollout",
+            "--accelerator", "--json", str(tmp_path / "plan.json")]
+    assert main([*args, "--mesh", f"{count},1,1"]) == 0
+    report = json.loads((tmp_path / "plan.json").read_text())
+    assert report["device"].startswith(f"{count} x ") and report["peak"]["learner"] > report["state"]["params"]
+    assert "rollout" not in report["peak"]
+    with pytest.raises(RuntimeError, match=f"needs {2 * count} devices, JAX sees {count}"):
+        main([*args, "--mesh", f"{2 * count},1,1"])

@@ -2,7 +2,7 @@
 
     vlmgym plan --config 2b|4b|8b|tiny --mesh DATA,FSDP,TENSOR --batch B --seq T [--answer A] [--group G]
                 [--micro-batches M] [--image HxW] [--remat none|layer] [--param-dtype bf16|fp32] [--dtype ...]
-                [--freeze none|vision] [--algorithm grpo|sft] [--no-rollout] [--json PATH]
+                [--freeze none|vision] [--algorithm grpo|sft] [--no-rollout] [--accelerator] [--json PATH]
 
 Compiles the trainer's learner update (`grpo_gradients` or `sft_gradients`: loss + backward; `apply_update`:
 the AdamW step) and the rollout engine's prefill and decode loop for abstract inputs (jax.ShapeDtypeStruct,
@@ -11,8 +11,9 @@ program's per-device bytes (arguments, outputs, aliases, temporaries) and the st
 and as a table (stderr). The fake devices need `--xla_force_host_platform_device_count` before JAX starts:
 when JAX is already imported the command runs itself again in a child process.
 
-These are XLA:CPU's figures: a GPU compile fuses and lays out differently, so treat them as estimates
-(BENCHMARKS.md, "Memory plan", compares the tiny model's with live buffers).
+These are XLA:CPU's figures unless `--accelerator` compiles for the GPUs JAX sees: XLA:CPU's buffer assignment
+overstates a GPU's temporaries, so on a CPU treat them as upper bounds (BENCHMARKS.md, "Memory plan", compares
+both with live buffers).
 """
 
 from __future__ import annotations
@@ -68,6 +69,9 @@ def parse_args(argv: list[str]) -> tuple[PlanSpec, argparse.Namespace]:
     parser.add_argument("--algorithm", choices=("grpo", "sft"), default="grpo",
                         help="the update compiled (rloo runs grpo's; sft has no rollout)")
     parser.add_argument("--no-rollout", action="store_true", help="leave out the rollout programs")
+    parser.add_argument("--accelerator", action="store_true",
+                        help="compile for the accelerators JAX sees (as many as the mesh has) instead of fake CPU "
+                             "devices: that backend's own buffer assignment (XLA:CPU's overstates a GPU's)")
     parser.add_argument("--json", default=None, help="also write the JSON report to this file")
     args = parser.parse_args(argv)
     tiny = args.config == "tiny"
@@ -129,13 +133,16 @@ def run(spec: PlanSpec, rollout: bool = True, planner: Any = None) -> dict[str, 
 def main(argv: list[str]) -> int:
     """Entry point of `vlmgym plan`."""
     spec, args = parse_args(argv)
-    if "jax" in sys.modules:  # too late for the device-count flag: run in a fresh interpreter
+    if args.accelerator:
+        report = run(spec, rollout=not args.no_rollout)
+    elif "jax" in sys.modules:  # too late for the device-count flag: run in a fresh interpreter
         env = {**os.environ, "XLA_FLAGS": _with_devices(os.environ.get("XLA_FLAGS", ""), spec.devices),
                "JAX_PLATFORMS": "cpu"}
         return subprocess.run([sys.executable, "-m", "vlmgym.plan.cli", *argv], env=env).returncode
-    os.environ["XLA_FLAGS"] = _with_devices(os.environ.get("XLA_FLAGS", ""), spec.devices)
-    os.environ["JAX_PLATFORMS"] = "cpu"
-    report = run(spec, rollout=not args.no_rollout)
+    else:
+        os.environ["XLA_FLAGS"] = _with_devices(os.environ.get("XLA_FLAGS", ""), spec.devices)
+        os.environ["JAX_PLATFORMS"] = "cpu"
+        report = run(spec, rollout=not args.no_rollout)
     print(table(report), file=sys.stderr)
     text = json.dumps(report, indent=2)
     if args.json:
