@@ -377,8 +377,8 @@ def main(argv: list[str] | None = None) -> int:
     splits = available_splits(sections["rollout"].shards_dir)
     arms = list(dict.fromkeys(args.arms)) + list(variants)
     out = Path(args.out)
-    mlflow.set_tracking_uri(tracking.tracking_uri(sections["tracking"].tracking_uri))
-    mlflow.set_experiment(sections["tracking"].experiment)
+    tracking.open_experiment(tracking.tracking_uri(sections["tracking"].tracking_uri),
+                             sections["tracking"].experiment)
     answers: list[dict[str, dict[str, list]]] = []
     env_name = sections["env"].name
     run_name = f"compare-{env_name}" + (f"-{len(seeds)}seeds" if seeds else "")

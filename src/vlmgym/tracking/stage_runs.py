@@ -77,6 +77,29 @@ def tracking_uri(configured: str = "") -> str:
     return f"sqlite:///{store_root() / 'mlflow.db'}"
 
 
+def open_experiment(uri: str, experiment: str) -> str:
+    """Point MLflow at `uri` and make `experiment` the active one (created if new); returns its id.
+
+    A SQLite store is created, migrated and given the experiment under an exclusive lock on a file beside it:
+    processes started side by side on a fresh store (e.g. `vlmgym compare --only-seed` per seed) would otherwise
+    race to create the same tables or experiment and all but one fail."""
+    import fcntl
+
+    import mlflow
+
+    mlflow.set_tracking_uri(uri)
+    if not uri.startswith("sqlite:"):
+        return mlflow.set_experiment(experiment).experiment_id
+    database = Path(uri.removeprefix("sqlite:///")).resolve()  # sqlite:///rel.db is relative to the cwd
+    database.parent.mkdir(parents=True, exist_ok=True)
+    with open(f"{database}.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        if mlflow.get_experiment_by_name(experiment) is None:
+            # Artifacts beside the SQLite file, not in whatever directory the stage happens to run from.
+            mlflow.create_experiment(experiment, artifact_location=(database.parent / "mlartifacts").as_uri())
+        return mlflow.set_experiment(experiment).experiment_id
+
+
 def check_reachable(uri: str, timeout_s: float) -> None:
     """Stop at once, with one line naming the URI and the fix, when an http(s) tracking server does not answer
     within timeout_s (MLflow's own client would retry for minutes and then die with a long traceback). Any HTTP
@@ -342,12 +365,7 @@ def stage_run(stage: str, params: Any = None, *, experiment: str | None = None,
     check_reachable(uri, tracking_cfg.connect_timeout_s)
     for name, value in HTTP_DEFAULTS.items():
         os.environ.setdefault(name, value)
-    mlflow.set_tracking_uri(uri)
-    experiment = experiment or tracking_cfg.experiment
-    if uri.startswith("sqlite:") and mlflow.get_experiment_by_name(experiment) is None:
-        # Artifacts beside the SQLite file, not in whatever directory the stage happens to run from.
-        mlflow.create_experiment(experiment, artifact_location=(store_root() / "mlartifacts").as_uri())
-    experiment_id = mlflow.set_experiment(experiment).experiment_id
+    experiment_id = open_experiment(uri, experiment or tracking_cfg.experiment)
 
     exp_name = os.environ.get("DVC_EXP_NAME", "")
     paths = stage_paths(stage, root)
