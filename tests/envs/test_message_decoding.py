@@ -395,6 +395,20 @@ def shards(tmp_path_factory):
     return build_shards(tmp_path_factory.mktemp("pipeline"), SMALL, "message_decoding")
 
 
+def test_perception_labels_are_the_table_the_image_draws(shards):
+    """One head per coded letter a-z, its class the plain letter drawn under it: decoding the message with the
+    labels alone gives the answer, whatever order the cells stand in (test_ood may shuffle them)."""
+    params, shards_dir, _ = shards
+    for split in ("test", "test_ood"):
+        env = envs.make("message_decoding", shards_dir=str(shards_dir), split=split)
+        assert env.perception_heads == (26,) * 26
+        for idx in range(len(env)):
+            meta = env.reset(idx)[0].meta
+            labels = env.perception_labels(meta)
+            assert len(labels) == 26 and sorted(labels) == list(range(26))
+            assert "".join(chr(ord("a") + labels[ord(c) - ord("a")]) for c in meta["coded"]) == meta["answer"]
+
+
 def test_env_serves_the_generated_samples_from_shards(shards):
     params, shards_dir, manifest = shards
     assert manifest["splits"]["test"]["kept"] == 6 and manifest["splits"]["test_ood"]["kept"] == 4

@@ -174,6 +174,14 @@ class MessageDecodingEnv(Env):
         """The SFT target: the plain word."""
         return meta["answer"]
 
+    # the plain letter (26 classes) under each of the 26 coded letters a-z: the whole table the image draws,
+    # wherever the cells stand (alphabetical, or shuffled out of distribution)
+    perception_heads = (26,) * 26
+
+    def perception_labels(self, meta: dict[str, Any]) -> list[int]:
+        """The table: decoder[i], the plain letter of coded letter a+i, as 0-25."""
+        return [ord(letter) - ord("a") for letter in meta["decoder"]]
+
     @classmethod
     def corpus(cls) -> list[str]:
         """The alphabet, the most frequent default train words and prompts with coded words (tokenizer training);
