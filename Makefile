@@ -49,7 +49,8 @@ browser:
 # A test whose worker process crashed runs once more in a fresh worker (XLA:CPU aborted inside a compile in some full
 # runs); a test that fails, or crashes again, fails (pytest-rerunfailures; --only-rerun matches the worker-crash
 # report only).
-PYTEST := $(BIN)/python -m pytest -n auto --dist worksteal --reruns 1 --only-rerun "crashed"
+# --durations: the 30 longest setups and tests close the output, to see where the suite's time goes.
+PYTEST := $(BIN)/python -m pytest -n auto --dist worksteal --reruns 1 --only-rerun "crashed" --durations=30
 test: install-dev lint browser
 	$(PYTEST)
 
