@@ -136,14 +136,15 @@ class Planner:
         # LoRA samples with the adapters merged (policy.sampling_params): plain params of the base's shapes
         params = lora.strip(self.params) if spec.lora_rank else self.params
         settings = SamplingSettings(max_new_tokens=spec.answer, eos_ids=(cfg.vision_end_token_id,))
-        prefill = _prefill_group.lower(params, cfg, prompts, spec.group, spec.answer).compile()
+        prefill = self.compiled["rollout_prefill"] = _prefill_group.lower(params, cfg, prompts, spec.group,
+                                                                          spec.answer).compile()
         logits, cache = outputs_of(prefill, lambda p, x: _prefill_group(p, cfg, x, spec.group, spec.answer),
                                    params, prompts)
         key = jax.ShapeDtypeStruct((), jax.eval_shape(lambda: jax.random.key(0)).dtype, sharding=self.replicated)
         live = jax.ShapeDtypeStruct((logits.shape[0],), jnp.bool_, sharding=self.replicated)
         first_row = jax.ShapeDtypeStruct((), jnp.int32, sharding=self.replicated)
         decode_args = (params, logits, cache, key, live, first_row)
-        decode = _decode_loop.lower(params, cfg, settings, *decode_args[1:]).compile()
+        decode = self.compiled["rollout_decode"] = _decode_loop.lower(params, cfg, settings, *decode_args[1:]).compile()
         return memory(prefill, (params, prompts)), memory(decode, decode_args)
 
 
