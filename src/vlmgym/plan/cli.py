@@ -133,16 +133,14 @@ def run(spec: PlanSpec, rollout: bool = True, planner: Any = None) -> dict[str, 
 def main(argv: list[str]) -> int:
     """Entry point of `vlmgym plan`."""
     spec, args = parse_args(argv)
-    if args.accelerator:
-        report = run(spec, rollout=not args.no_rollout)
-    elif "jax" in sys.modules:  # too late for the device-count flag: run in a fresh interpreter
-        env = {**os.environ, "XLA_FLAGS": _with_devices(os.environ.get("XLA_FLAGS", ""), spec.devices),
-               "JAX_PLATFORMS": "cpu"}
-        return subprocess.run([sys.executable, "-m", "vlmgym.plan.cli", *argv], env=env).returncode
-    else:
+    if not args.accelerator:  # fake CPU devices, as many as the mesh has
+        if "jax" in sys.modules:  # too late for the device-count flag: run in a fresh interpreter
+            env = {**os.environ, "XLA_FLAGS": _with_devices(os.environ.get("XLA_FLAGS", ""), spec.devices),
+                   "JAX_PLATFORMS": "cpu"}
+            return subprocess.run([sys.executable, "-m", "vlmgym.plan.cli", *argv], env=env).returncode
         os.environ["XLA_FLAGS"] = _with_devices(os.environ.get("XLA_FLAGS", ""), spec.devices)
         os.environ["JAX_PLATFORMS"] = "cpu"
-        report = run(spec, rollout=not args.no_rollout)
+    report = run(spec, rollout=not args.no_rollout)
     print(table(report), file=sys.stderr)
     text = json.dumps(report, indent=2)
     if args.json:
