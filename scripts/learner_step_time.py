@@ -3,9 +3,9 @@ each). Run from the repository root after `dvc repro`: python scripts/learner_st
 import json
 import statistics
 import tempfile
-from dataclasses import replace
 
 from vlmgym import envs
+from vlmgym.config.spec import with_values
 from vlmgym.params import load_section
 from vlmgym.rl.grpo_trainer import GRPOTrainer
 from vlmgym.rl.stage_setup import load_policy
@@ -16,7 +16,8 @@ for share in (True, False):
     policy, params = load_policy(train.init_dir, model, train.max_new_tokens, share_prefix=share)
     env = envs.from_params(load_section("env"), shards_dir=train.shards_dir, split="train",
                            tokenizer=policy.processor.tokenizer)
-    config = replace(train, steps=12, save_every=100, val_every=0, select="last")
+    config = with_values(train, {"steps": 12, "checkpointing.every": 100, "validation.every": 0,
+                                 "validation.select": "last"})
     with tempfile.TemporaryDirectory() as tmp:
         trainer = GRPOTrainer(policy, env, params, config, tmp, progress_bar=False)
         trainer.run()

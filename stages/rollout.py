@@ -81,7 +81,8 @@ def answer_policy(rollout: Any, engine: Any, params: Any, env: Any, ood_env: Any
     figures, speed = answer_greedy(rollout, engine, params, env, ood_env, policy, out)
     if rollout.sampled_answers > 0:
         engine = RolloutEngine(engine.cfg, engine.processor,
-                               replace(engine.settings, greedy=False, temperature=rollout.temperature))
+                               replace(engine.settings, greedy=False, temperature=rollout.sampling.temperature,
+                                       top_k=rollout.sampling.top_k, top_p=rollout.sampling.top_p))
         key = jax.random.fold_in(jax.random.key(rollout.seed), number)
         sampled, sampled_timing = answer_split(engine, params, env, policy=policy, batch_size=rollout.batch_size,
                                                group_size=rollout.sampled_answers, key=key)

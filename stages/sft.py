@@ -1,8 +1,8 @@
 """sft stage: supervised warm start of the base model on the env's ideal answers -> models/jax/sft/.
 
 Teacher-forced cross entropy on the answer tokens only (prompt and padding masked), AdamW with warmup and
-cosine decay. Checkpoints go to `sft.checkpoint_dir/<config hash>/` every `sft.save_every` steps, so a killed
-run started again with the same params resumes exactly where the last checkpoint left it. Every step's figures go
+cosine decay. Checkpoints go to `sft.checkpointing.dir/<config hash>/` every `sft.checkpointing.every` steps, so a
+killed run started again with the same params resumes exactly where the last checkpoint left it. Every step's figures go
 to MLflow and, less the timings and compile counts, to metrics/curves/sft.jsonl (vlmgym.tracking.step_curve).
 With `sft.perception.steps` > 0 the vision tower is first warmed up on the env's image labels
 (vlmgym.rl.perception), once per checkpoint folder. `sft.steps: 0` copies the start model through unchanged (the
@@ -42,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     model = load_section("model", args.params)
     env_params = load_section("env", args.params)
     logged = {"model.dtype": model.dtype, "model.param_dtype": model.param_dtype, "env.name": env_params.name}
-    checkpoints = (resume_dir(sft.checkpoint_dir, sft, model, env_params, init_dir=sft.init_dir)
+    checkpoints = (resume_dir(sft.checkpointing.dir, sft, model, env_params, init_dir=sft.init_dir)
                    if sft.steps > 0 else None)
     with tracking.stage_run("sft", sft, extra_params=logged, params_file=args.params,
                             resume_folder=checkpoints) as run:

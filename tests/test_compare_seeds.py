@@ -84,7 +84,7 @@ def test_the_configured_seed_reuses_the_pipelines_sft_model_and_others_train_the
     other, config = seed_plan(base, 1, tmp_path / "seed1", Path("checkpoints/compare/seed1"))
     assert config.seed == 1 and config.init_dir == "models/jax/base" and config.steps == base["sft"].steps
     assert config.out_dir == str(tmp_path / "seed1/sft/model") == other["train"].init_dir
-    assert config.checkpoint_dir == "checkpoints/compare/seed1/sft"
+    assert config.checkpointing.dir == "checkpoints/compare/seed1/sft"
     assert other["train"].seed == 1 and other["sft"].seed == 1 and other["train"].lora.seed == 0  # no adapters
 
 

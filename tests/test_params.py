@@ -77,11 +77,54 @@ def test_cli_reports_errors(tmp_path, capsys):
 
 
 def test_exponent_without_dot_is_a_float(tmp_path):
-    # YAML 1.1 (PyYAML) reads `3e-5` as a string; `dvc exp run -S train.lr=3e-5` writes exactly that.
-    train = params.load_section("train", write(tmp_path, "train:\n  lr: 3e-5\n"))
-    assert train.lr == 3e-5
-    with pytest.raises(params.ParamsError, match="train.lr"):
-        params.load_section("train", write(tmp_path, "train:\n  lr: fast\n"))
+    # YAML 1.1 (PyYAML) reads `3e-5` as a string; `dvc exp run -S train.optimizer.lr=3e-5` writes exactly that.
+    train = params.load_section("train", write(tmp_path, "train:\n  optimizer:\n    lr: 3e-5\n"))
+    assert train.optimizer.lr == 3e-5
+    with pytest.raises(params.ParamsError, match="train.optimizer.lr"):
+        params.load_section("train", write(tmp_path, "train:\n  optimizer:\n    lr: fast\n"))
+
+
+def test_a_sub_section_keeps_its_holding_sections_defaults_for_the_keys_it_leaves_out(tmp_path):
+    path = write(tmp_path, "sft:\n  optimizer:\n    weight_decay: 0.1\ntrain:\n  optimizer:\n    weight_decay: 0.1\n"
+                           "  validation:\n    every: 10\n")
+    sft, train = params.load_section("sft", path), params.load_section("train", path)
+    assert (sft.optimizer.lr, sft.optimizer.warmup_steps, sft.optimizer.weight_decay) == (3e-3, 20, 0.1)
+    assert (train.optimizer.lr, train.optimizer.warmup_steps, train.optimizer.weight_decay) == (1e-4, 5, 0.1)
+    assert (train.validation.every, train.validation.select) == (10, "best_val")
+    assert params.SFTParams().perception.optimizer.max_grad_norm == 0.0  # the warm-up clips nothing by default
+    # an override of one key of a sub-section (compare's variants) keeps the file's other keys of it
+    train = params.load_section("train", path, overrides={"optimizer": {"lr": 1e-3}})
+    assert (train.optimizer.lr, train.optimizer.weight_decay, train.optimizer.warmup_steps) == (1e-3, 0.1, 5)
+
+
+def test_a_key_of_the_flat_layout_names_where_it_lives_now(tmp_path):
+    for text, fragment in (("train:\n  lr: 3e-5\n", "train.lr is now train.optimizer.lr (e.g. `dvc exp run -S "
+                                                       "train.optimizer.lr=3e-5`)"),
+                           ("sft:\n  val_every: 5\n", "sft.val_every is now sft.validation.every"),
+                           ("train:\n  ppo_lambda: 0.9\n", "train.ppo_lambda is now train.ppo.lam"),
+                           ("sft:\n  perception:\n    lr: 0.1\n",
+                            "sft.perception.lr is now sft.perception.optimizer.lr"),
+                           ("rollout:\n  temperature: 0.5\n",
+                            "rollout.temperature is now rollout.sampling.temperature")):
+        with pytest.raises(params.ParamsError) as err:
+            params.load_all(write(tmp_path, text))
+        assert fragment in str(err.value), str(err.value)
+
+
+def test_upgrade_moves_the_flat_keys_and_keeps_their_values(tmp_path, capsys):
+    old = ("train:\n  lr: 3.0e-05\n  temperature: 0.6\n  dpo_beta: 0.2\n  select: last\n  val_every: 0\n"
+           "sft:\n  save_every: 7\n  perception:\n    warmup_steps: 3\n")
+    path = write(tmp_path, old)
+    assert params.main([str(path), "--upgrade"]) == 0
+    printed = capsys.readouterr().out
+    assert "7 key(s) moved" in printed.splitlines()[0] and "train.lr -> train.optimizer.lr" in printed
+    sections = params.load_all(path)
+    train, sft = sections["train"], sections["sft"]
+    assert (train.optimizer.lr, train.sampling.temperature, train.dpo.beta) == (3e-5, 0.6, 0.2)
+    assert (train.validation.select, train.validation.every) == ("last", 0)
+    assert sft.checkpointing.every == 7 and sft.perception.optimizer.warmup_steps == 3
+    assert "  optimizer:  # AdamW and its schedule" in path.read_text()  # written with each key's doc
+    assert params.main([str(path), "--upgrade"]) == 0 and "0 key(s) moved" in capsys.readouterr().out
 
 
 def test_env_sections_render_and_read_back(tmp_path):
@@ -127,7 +170,8 @@ TRL_NAMED = """train:
   num_generations: 4
   max_completion_length: 32
   loss_type: grpo
-  min_lr_rate: 0.2
+  optimizer:
+    min_lr_rate: 0.2
   lora:
     rank: 4
     target_modules: [q_proj, v_proj, down_proj]
@@ -141,7 +185,8 @@ sft:
 def test_trl_and_peft_names_read_as_vlmgyms_and_print_canonical(tmp_path, capsys):
     path = write(tmp_path, TRL_NAMED)
     train = params.load_section("train", path)
-    assert (train.algorithm, train.group_size, train.max_new_tokens, train.loss_aggregation, train.end_lr_ratio) == (
+    assert (train.algorithm, train.group_size, train.max_new_tokens, train.loss_aggregation,
+            train.optimizer.end_lr_ratio) == (
         "online_dpo", 4, 32, "sequence_mean", 0.2)
     assert train.lora.targets == ["q", "v", "down"]
     assert params.load_section("sft", path).lora.targets == list(params.LORA_TEXT_TARGETS)

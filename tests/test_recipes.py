@@ -35,27 +35,27 @@ def test_switching_env_name_alone_stops_with_the_command_that_applies_the_recipe
 
 
 def test_a_recipe_sets_its_keys_and_another_envs_keys_go_back_to_their_defaults(params_file, monkeypatch):
-    monkeypatch.setattr(NLVR2Env, "recipe", {"sft": {"lr": 0.001, "steps": 300}})
+    monkeypatch.setattr(NLVR2Env, "recipe", {"sft": {"optimizer": {"lr": 0.001}, "steps": 300}})
     assert recipes.main(["nlvr2", "--params", str(params_file)]) == 0
     sections = params_mod.load_all(params_file)
     assert (sections["env"].name, sections["env"].recipe) == ("nlvr2", "nlvr2")
-    assert (sections["sft"].lr, sections["sft"].steps) == (0.001, 300)
+    assert (sections["sft"].optimizer.lr, sections["sft"].steps) == (0.001, 300)
     # geospot's recipe keys go back to their defaults; the rest of train is untouched
     default_train = params_mod.load_all(REPO / "params.yaml")["train"]
-    assert sections["train"].temperature == 1.0 and default_train.temperature == 0.6
-    assert sections["train"] == replace(default_train, temperature=1.0)
-    assert recipes.main(["digits", "--params", str(params_file)]) == 0  # digits' recipe leaves sft.lr out
+    assert sections["train"].sampling.temperature == 1.0 and default_train.sampling.temperature == 0.6
+    assert sections["train"] == replace(default_train, sampling=replace(default_train.sampling, temperature=1.0))
+    assert recipes.main(["digits", "--params", str(params_file)]) == 0  # digits' recipe leaves sft.optimizer.lr out
     sections = params_mod.load_all(params_file)
-    assert (sections["env"].name, sections["sft"].lr, sections["sft"].steps) == ("digits", 0.003, 600)
+    assert (sections["env"].name, sections["sft"].optimizer.lr, sections["sft"].steps) == ("digits", 0.003, 600)
 
 
 def test_the_overrides_are_dvc_exp_run_arguments_that_survive_word_splitting(monkeypatch):
-    monkeypatch.setattr(NLVR2Env, "recipe", {"sft": {"lr": 0.001, "lora": {"targets": ["q", "v"]}}})
+    monkeypatch.setattr(NLVR2Env, "recipe", {"sft": {"optimizer": {"lr": 0.001}, "lora": {"targets": ["q", "v"]}}})
     # `$(...)` splits on whitespace and keeps quotes: what dvc receives
     words = " ".join(recipes.overrides(recipes.recipe_overlay("nlvr2"))).split()
-    assert words == ["-S", "env.name=nlvr2", "-S", "env.recipe=nlvr2", "-S", "sft.lr=0.001", "-S",
+    assert words == ["-S", "env.name=nlvr2", "-S", "env.recipe=nlvr2", "-S", "sft.optimizer.lr=0.001", "-S",
                      'sft.lora.targets=["q","v"]', "-S", "sft.freeze=none", "-S", "sft.perception.steps=0", "-S",
-                     "sft.steps=600", "-S", "data.train_images=2000", "-S", "train.temperature=1.0"]
+                     "sft.steps=600", "-S", "data.train_images=2000", "-S", "train.sampling.temperature=1.0"]
 
 
 def test_a_recipe_outside_the_sections_it_may_set_is_an_error(monkeypatch):
@@ -69,7 +69,7 @@ def test_a_recipe_outside_the_sections_it_may_set_is_an_error(monkeypatch):
 
 def test_geospots_recipe_is_what_the_default_params_hold(params_file):
     overlay = recipes.recipe_overlay("geospot")
-    assert overlay["sft"]["steps"] == 450 and overlay["train"]["temperature"] == 0.6
+    assert overlay["sft"]["steps"] == 450 and overlay["train"]["sampling"]["temperature"] == 0.6
     before = params_mod.load_all(params_file)
     assert recipes.main(["geospot", "--params", str(params_file)]) == 0
     assert params_mod.load_all(params_file) == before  # params.yaml is geospot with its recipe

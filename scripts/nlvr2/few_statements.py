@@ -22,7 +22,6 @@ with a tokenizer trained on nlvr2's texts exists (after `dvc repro convert` with
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import random
 import tempfile
@@ -32,6 +31,7 @@ from dataclasses import dataclass
 import jax
 import numpy as np
 
+from vlmgym.config.spec import with_values
 from vlmgym.envs.nlvr2.data import COLOURS, render_scene, sample_scene
 from vlmgym.envs.nlvr2.env import NLVR2Env, parse_answer
 from vlmgym.params import load_section
@@ -97,8 +97,9 @@ def main() -> None:
     args = _arguments()
     started = time.time()
     budget = 16 if args.think else 8
-    sft = dataclasses.replace(load_section("sft", args.params), steps=args.steps, lr=args.lr, batch_size=16,
-                              val_every=0, warmup_steps=20, save_every=10**9, max_target_tokens=budget)
+    sft = with_values(load_section("sft", args.params), {
+        "steps": args.steps, "optimizer.lr": args.lr, "batch_size": 16, "validation.every": 0,
+        "optimizer.warmup_steps": 20, "checkpointing.every": 10**9, "max_target_tokens": budget})
     policy, params = load_policy(args.model, load_section("model", args.params), budget)
     tokenizer = policy.processor.tokenizer
     families = [args.statements] + ([args.then] if args.then else [])

@@ -23,6 +23,7 @@ import jax
 import numpy as np
 
 from vlmgym import envs
+from vlmgym.config.spec import with_values
 from vlmgym.envs.nlvr2.data import generate_split
 from vlmgym.envs.nlvr2.env import NLVR2Env, parse_answer
 from vlmgym.params import load_section
@@ -69,8 +70,9 @@ def main() -> None:
     # the scenes the shards were rendered from: the configured generator (data.nlvr2), not generate_split's defaults
     settings = NLVR2Env.data_settings(data)
     knobs = settings.knobs()
-    sft = dataclasses.replace(load_section("sft"), steps=args.steps, lr=args.lr, batch_size=args.batch, val_every=0,
-                              warmup_steps=args.warmup, save_every=10**9, max_target_tokens=args.max_target)
+    sft = with_values(load_section("sft"), {
+        "steps": args.steps, "optimizer.lr": args.lr, "batch_size": args.batch, "validation.every": 0,
+        "optimizer.warmup_steps": args.warmup, "checkpointing.every": 10**9, "max_target_tokens": args.max_target})
     policy, params = load_policy(args.model, load_section("model"), args.max_target if args.caption else 8)
     if args.max_pixels:
         policy.processor.settings = dataclasses.replace(policy.processor.settings, max_pixels=args.max_pixels)

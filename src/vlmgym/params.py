@@ -9,6 +9,7 @@ text with each key's doc, and the `vlmgym params` command.
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -37,6 +38,7 @@ from vlmgym.config import (  # noqa: F401  (re-exported: the names every stage a
     spec,
     to_dict,
 )
+from vlmgym.config.spec import merged, moved_to_their_places  # noqa: F401  (re-exported)
 from vlmgym.envs import registry
 from vlmgym.envs.registry import DEFAULT_ENV
 
@@ -67,7 +69,8 @@ def render_yaml(sections: dict[str, Any] | None = None) -> str:
                     emit(section, indent + 1)
                 continue
             if dataclasses.is_dataclass(value):
-                lines.append(f"{pad}{f.name}:")
+                doc = f.metadata.get("doc", "")
+                lines.append(f"{pad}{f.name}:" + (f"  # {doc}" if doc else ""))
                 emit(value, indent + 1)
                 continue
             text = yaml.safe_dump(value, default_flow_style=True, width=10_000).strip()
@@ -82,6 +85,32 @@ def render_yaml(sections: dict[str, Any] | None = None) -> str:
     return "\n".join(lines)
 
 
+def upgraded(raw: dict[str, Any], where: str = "") -> tuple[dict[str, Any], list[str]]:
+    """A params file's mapping with the keys of the older, flat layout (`train.lr`, `sft.val_every`, ...) moved to
+    their sub-sections (`train.optimizer.lr`, `sft.validation.every`), and the list of what moved."""
+    out, moves = dict(raw), []
+    for name, cls in SECTIONS.items():
+        if isinstance(out.get(name), dict):
+            out[name], moved = moved_to_their_places(cls, out[name], f"{where}{name}")
+            moves += moved
+    return out, moves
+
+
+def upgrade_file(path: str | Path) -> list[str]:
+    """Rewrite a params file in the current layout (validated, atomically, each key with its doc); returns what
+    moved. A file already in it is rewritten only in form."""
+    from vlmgym.runtime.atomic import atomic_file
+
+    raw, moves = upgraded(read_yaml(path))
+    with atomic_file(path) as tmp:
+        tmp.write_text(yaml.safe_dump(raw, sort_keys=False))
+        sections = load_all(tmp)
+        lines = Path(path).read_text().splitlines()
+        header = [line for line in lines[: next((i for i, x in enumerate(lines) if not x.startswith("#")), 0)]]
+        tmp.write_text("".join(f"{line}\n" for line in header) + ("\n" if header else "") + render_yaml(sections))
+    return moves
+
+
 def main(argv: list[str]) -> int:
     """`vlmgym params [FILE]`: validate a params file and print its sections with defaults filled in."""
     import argparse
@@ -90,8 +119,14 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="vlmgym params", description=main.__doc__)
     parser.add_argument("file", nargs="?", default=str(DEFAULT_PARAMS_FILE))
     parser.add_argument("--yaml", action="store_true", help="print the sections as params.yaml text with docs")
+    parser.add_argument("--upgrade", action="store_true",
+                        help="rewrite the file with the keys of the older flat layout moved to their sub-sections")
     args = parser.parse_args(argv)
     try:
+        if args.upgrade:
+            moves = upgrade_file(args.file)
+            print("\n".join([f"{args.file}: {len(moves)} key(s) moved", *moves]))
+            return 0
         sections = load_all(args.file)
     except ParamsError as e:
         print(f"error: {e}")

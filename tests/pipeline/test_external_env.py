@@ -32,7 +32,8 @@ def _build(root):
     overlay = root / "colour.yaml"
     overlay.write_text(yaml.safe_dump({"env": {"name": "colour_env:ColourEnv", "colour": {"format_weight": 0.2}},
                                        "data": {"colour": {"noise": 10.0}}, "eval": {"hf_samples": 2},
-                                       "sft": {"perception": {"steps": 3, "batch_size": 4, "warmup_steps": 1}}}))
+                                       "sft": {"perception": {"steps": 3, "batch_size": 4,
+                                                              "optimizer": {"warmup_steps": 1}}}}))
     # in the checkout: its working directory is where 'colour_env' imports from (as for the stages)
     run_checked(["vlmgym", "preset", overlay.name], root, env)
     run_checked(["git", "add", "-A"], root, env)

@@ -195,7 +195,7 @@ def test_each_pipeline_is_one_parent_run_with_its_stages_and_results(pipeline):
     mlflow.set_tracking_uri(f"sqlite:///{root / 'mlflow.db'}")
     table = mlflow.search_runs(experiment_names=["vlmgym"], filter_string="tags.`vlmgym.role` = 'pipeline'")
     assert set(table["run_id"]) == {p.info.run_id for p in parents}
-    assert {"params.train.lr", "metrics.grpo/geoscore"} <= set(table.columns)
+    assert {"params.train.optimizer.lr", "metrics.grpo/geoscore"} <= set(table.columns)
 
 
 def test_registered_model_answers_as_the_jax_engine(pipeline):
@@ -283,12 +283,12 @@ def test_second_repro_is_a_no_op_and_a_train_param_makes_what_follows_stale(pipe
     # nothing that reads it. The train stage's curve file holds each step's learning rate: evaluate, which draws
     # its training curves from it, reruns, and writes the same report (the rewards are the same).
     params = yaml.safe_load((root / "params.yaml").read_text())
-    params["train"]["lr"] = params["train"]["lr"] * 2
+    params["train"]["optimizer"]["lr"] = params["train"]["optimizer"]["lr"] * 2
     (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     same = run_checked(["dvc", "repro"], root, env)
     assert stages_run(same.stdout) == ["train", "evaluate"]
     middle = yaml.safe_load((root / "dvc.lock").read_bytes())["stages"]
-    assert middle["train"]["params"]["params.yaml"]["train"]["lr"] == params["train"]["lr"]
+    assert middle["train"]["params"]["params.yaml"]["train"]["optimizer"] == params["train"]["optimizer"]
 
     def model_out(stages: dict) -> list:
         return [out for out in stages["train"]["outs"] if out["path"] == "models/jax/grpo"]
@@ -299,7 +299,7 @@ def test_second_repro_is_a_no_op_and_a_train_param_makes_what_follows_stale(pipe
             == {path: md5 for path, md5 in pipeline["digests"].items() if path.startswith(report)})
     # Weight decay moves the matrices even with zero advantages: new weights, and everything that reads them is
     # out of date (`dvc status`: what the next `dvc repro` reruns; running it is the fixture's first run again).
-    params["train"]["weight_decay"] = 0.5
+    params["train"]["optimizer"]["weight_decay"] = 0.5
     (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     rerun = run_checked(["dvc", "repro", "train"], root, env)
     assert stages_run(rerun.stdout) == ["train"]

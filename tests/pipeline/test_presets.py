@@ -8,15 +8,15 @@ from pathlib import Path
 import pytest
 import yaml
 
-from vlmgym.cli.presets import apply_preset, merge
-from vlmgym.params import ParamsError, TrainParams, load_all
+from vlmgym.cli.presets import apply_preset
+from vlmgym.params import ParamsError, TrainParams, load_all, merged
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 def test_merge_is_recursive_for_mappings_and_replaces_lists():
     base = {"a": {"x": 1, "y": [1, 2]}, "b": 2}
-    assert merge(base, {"a": {"y": [3]}, "c": 4}) == {"a": {"x": 1, "y": [3]}, "b": 2, "c": 4}
+    assert merged(base, {"a": {"y": [3]}, "c": 4}) == {"a": {"x": 1, "y": [3]}, "b": 2, "c": 4}
     assert base == {"a": {"x": 1, "y": [1, 2]}, "b": 2}  # the inputs are left alone
 
 
@@ -26,6 +26,8 @@ def test_micro_preset_applies_to_the_repo_params(tmp_path):
     sections = apply_preset(REPO / "configs/micro.yaml", params)
     assert (sections["data"].train_images, sections["data"].test_images) == (64, 16)
     assert sections["train"].steps == 2 and sections["model"].tiny_num_layers == 2
+    # a sub-section's keys the preset leaves out keep what params.yaml holds (micro sets only its warmup)
+    assert sections["train"].optimizer.warmup_steps == 1 and sections["train"].optimizer.lr == 1e-4
     assert load_all(params)["sft"].steps == 4  # what was written reads back the same
     assert params.read_text().startswith("# vlmgym pipeline parameters")  # header comment kept
     steps_doc = next(f.metadata["doc"] for f in dataclasses.fields(TrainParams) if f.name == "steps")

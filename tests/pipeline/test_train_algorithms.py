@@ -29,7 +29,8 @@ def test_algorithm_runs_the_train_stage(pipeline, tmp_path, algorithm):
     run_checked(["git", "checkout", "--", "params.yaml"], root, pipeline["env"])
     params = yaml.safe_load((root / "params.yaml").read_text())
     params["train"]["algorithm"] = algorithm
-    params["train"].update(group_size=4, warmup_steps=0)  # more pairs; every update at a nonzero lr
+    params["train"]["group_size"] = 4  # more pairs
+    params["train"]["optimizer"]["warmup_steps"] = 0  # every update at a nonzero lr
     (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     # The copy's own code and MLflow store (the fixture's environment points at the original checkout's).
     env = {**pipeline["env"], "PYTHONPATH": str(root / "src"), "MLFLOW_TRACKING_URI": f"sqlite:///{root / 'mlflow.db'}"}
@@ -47,7 +48,7 @@ def test_algorithm_runs_the_train_stage(pipeline, tmp_path, algorithm):
     figures, signal = ALGORITHMS[algorithm]
     assert figures | {"final_reward_mean", "val/reward_greedy", "val/reward_sampled"} <= set(run.data.metrics)
     validated = client.get_metric_history(run.info.run_id, "val/reward_greedy")
-    assert sorted(m.step for m in validated) == [0, 1, 2]  # the start policy, then every step (micro: val_every 1)
+    assert sorted(m.step for m in validated) == [0, 1, 2]  # the start, then every step (micro: validation.every 1)
     # The trained model differs from its start (the sft model) iff a step had a learning signal: a preference
     # pair (DPO), a nonzero reward (PPO: with all rewards 0, returns, values and advantages are all 0). The micro
     # preset's untrained policy often has neither, so either outcome can occur; each is checked.
@@ -73,7 +74,7 @@ def test_train_stage_over_two_processes(pipeline, tmp_path):
     shutil.copytree(pipeline["root"], root, symlinks=True)
     run_checked(["git", "checkout", "--", "params.yaml"], root, pipeline["env"])
     params = yaml.safe_load((root / "params.yaml").read_text())
-    params["train"]["select"] = "best_val"  # the best params are saved by both processes together
+    params["train"]["validation"]["select"] = "best_val"  # the best params are saved by both processes together
     (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     uri = f"sqlite:///{root / 'mlflow.db'}"
     env = {**pipeline["env"], "PYTHONPATH": str(root / "src"), "MLFLOW_TRACKING_URI": uri}

@@ -23,6 +23,7 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 from conftest import geo_samples  # noqa: E402
 
+from vlmgym.config.spec import with_values  # noqa: E402
 from vlmgym.envs.geospot import GeospotEnv  # noqa: E402
 from vlmgym.models.qwen3_vl.config import load_hf_config  # noqa: E402
 from vlmgym.models.qwen3_vl.convert import hf_to_params, read_safetensors  # noqa: E402
@@ -76,10 +77,11 @@ def main() -> None:
     processor = Processor.from_pretrained(args.model)
     mesh = make_mesh(data=2)
     params = distributed.put_global(hf_to_params(read_safetensors(args.model), cfg), param_shardings(cfg, mesh))
-    config = TrainParams(steps=args.steps, batch_prompts=2, group_size=4, max_new_tokens=8, lr=1e-2, val_every=0,
-                         select="last", warmup_steps=0, save_every=1, seed=3,
-                         **({"filter_groups": True, "filter_metric": "long", "max_sample_rounds": 3} if args.filter
-                            else {}), **(KNOBS if args.knobs else {}))
+    config = with_values(TrainParams(steps=args.steps, batch_prompts=2, group_size=4, max_new_tokens=8, seed=3,
+                                     **({"filter_groups": True, "filter_metric": "long", "max_sample_rounds": 3}
+                                        if args.filter else {}), **(KNOBS if args.knobs else {})), {
+        "optimizer.lr": 1e-2, "validation.every": 0, "validation.select": "last", "optimizer.warmup_steps": 0,
+        "checkpointing.every": 1})
     settings = SamplingSettings(max_new_tokens=8, eos_ids=tuple(processor.eos_token_ids),
                                 pad_id=int(processor.pad_token_id))
     policy = Qwen3VLPolicy(cfg, processor, settings, mesh=mesh)

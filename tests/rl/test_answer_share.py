@@ -6,6 +6,7 @@ import jax
 import pytest
 from toy import ToyEnv, ToyPolicy
 
+from vlmgym.config.spec import with_values
 from vlmgym.eval.metrics import answer_spread
 from vlmgym.params import TrainParams
 from vlmgym.rl.grpo_trainer import GRPOTrainer
@@ -24,9 +25,10 @@ class RecordingPolicy(ToyPolicy):
 def test_answer_top_share_is_over_every_sampled_completion_of_the_step(tmp_path, filter_groups):
     policy = RecordingPolicy()
     object.__setattr__(policy, "sampled", [])  # ToyPolicy is a frozen dataclass (hashable for jit)
-    config = TrainParams(steps=3, batch_prompts=4, group_size=8, lr=0.02, warmup_steps=0, save_every=3,
-                         samples_every=5, num_samples=2, filter_groups=filter_groups, max_sample_rounds=2,
-                         val_every=0, select="last")
+    config = with_values(TrainParams(steps=3, batch_prompts=4, group_size=8, samples_every=5, num_samples=2,
+                                     filter_groups=filter_groups, max_sample_rounds=2), {
+        "optimizer.lr": 0.02, "optimizer.warmup_steps": 0, "checkpointing.every": 3, "validation.every": 0,
+        "validation.select": "last"})
     trainer = GRPOTrainer(policy, ToyEnv(), policy.init(jax.random.key(0)), config, tmp_path / "ckpt",
                           progress_bar=False)
     trainer.run()

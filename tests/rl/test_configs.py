@@ -10,7 +10,7 @@ CONFIG = Path(__file__).resolve().parents[2] / "configs" / "qwen3vl_4b_osv5m.yam
 def test_reference_recipe_loads_and_validates():
     sections = load_all(CONFIG)
     train, model = sections["train"], sections["model"]
-    assert (train.lr, train.steps, train.group_size) == (5e-7, 10000, 8)
+    assert (train.optimizer.lr, train.steps, train.group_size) == (5e-7, 10000, 8)
     assert model.source == "hf:Qwen/Qwen3-VL-4B-Instruct" and model.param_dtype == "bf16"
     assert sections["env"].name == "geospot" and sections["sft"].steps == 0
     # Every sequence of a step splits evenly into micro-batches, and the mesh is (data, fsdp, tensor).

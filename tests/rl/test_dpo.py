@@ -1,6 +1,5 @@
 """Online DPO: pair selection, the loss against its formula, learning on the toy env, exact resume."""
 
-import dataclasses
 
 import jax
 import jax.numpy as jnp
@@ -8,14 +7,16 @@ import numpy as np
 import pytest
 from toy import ToyEnv, ToyPolicy
 
+from vlmgym.config.spec import with_values
 from vlmgym.params import TrainParams
 from vlmgym.rl.dpo import dpo_loss, pair_rows, select_pairs
 from vlmgym.rl.dpo_trainer import DPOTrainer
 from vlmgym.rl.loop import TIMING_METRICS
 
 POLICY = ToyPolicy()
-DPO = TrainParams(algorithm="dpo", steps=12, batch_prompts=4, group_size=8, lr=0.02, warmup_steps=0, save_every=4,
-                  val_every=0, select="last", dpo_beta=0.5)
+DPO = with_values(TrainParams(algorithm="dpo", steps=12, batch_prompts=4, group_size=8), {
+    "optimizer.lr": 0.02, "optimizer.warmup_steps": 0, "checkpointing.every": 4, "validation.every": 0,
+    "validation.select": "last", "dpo.beta": 0.5})
 
 
 def test_pairs_are_each_groups_best_and_worst_and_ties_are_invalid():
@@ -52,7 +53,7 @@ def test_loss_equals_the_dpo_formula():
 
 
 def _run(tmp_path, name, stop_after=None, **overrides):
-    trainer = DPOTrainer(POLICY, ToyEnv(), POLICY.init(jax.random.key(0)), dataclasses.replace(DPO, **overrides),
+    trainer = DPOTrainer(POLICY, ToyEnv(), POLICY.init(jax.random.key(0)), with_values(DPO, overrides),
                           tmp_path / name, progress_bar=False)
     trainer.run(stop_after=stop_after)
     return trainer

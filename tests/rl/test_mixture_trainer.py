@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from toy import ToyEnv, ToyPolicy
 
+from vlmgym.config.spec import with_values
 from vlmgym.envs import registry
 from vlmgym.envs.base import PART_KEY
 from vlmgym.envs.mixture import MixtureEnv, MixtureParams
@@ -17,8 +18,9 @@ from vlmgym.rl.loop import TIMING_METRICS
 from vlmgym.rl.sft_trainer import SFTTrainer
 
 POLICY = ToyPolicy(num_prompts=16)
-BASE = TrainParams(steps=6, batch_prompts=4, group_size=4, lr=0.02, warmup_steps=0, save_every=2, samples_every=5,
-                   num_samples=2, val_every=3, val_batch_size=4, select="last")
+BASE = with_values(TrainParams(steps=6, batch_prompts=4, group_size=4, samples_every=5, num_samples=2), {
+    "optimizer.lr": 0.02, "optimizer.warmup_steps": 0, "checkpointing.every": 2, "validation.every": 3,
+    "validation.batch_size": 4, "validation.select": "last"})
 
 
 class ToyA(ToyEnv):
@@ -100,7 +102,8 @@ def test_a_killed_mixture_run_resumes_exactly(tmp_path):
 
 
 def test_sft_teaches_each_sub_envs_own_target(tmp_path):
-    config = SFTParams(steps=60, batch_size=8, lr=0.05, warmup_steps=0, save_every=100, val_every=0)
+    config = with_values(SFTParams(steps=60, batch_size=8), {
+        "optimizer.lr": 0.05, "optimizer.warmup_steps": 0, "checkpointing.every": 100, "validation.every": 0})
     mix = _mixture(weights=(1.0, 1.0))
     trainer = SFTTrainer(POLICY, mix, POLICY.init(jax.random.key(0)), config, tmp_path / "sft", progress_bar=False)
     params = trainer.run()

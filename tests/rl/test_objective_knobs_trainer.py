@@ -8,18 +8,21 @@ import numpy as np
 import pytest
 from toy import ToyEnv, ToyPolicy
 
+from vlmgym.config.spec import with_values
 from vlmgym.params import ParamsError, TrainParams
 from vlmgym.rl import grpo, grpo_trainer
 from vlmgym.rl.grpo_trainer import GRPOTrainer
 from vlmgym.rl.loop import Samples
 
 POLICY = ToyPolicy()
-BASE = TrainParams(val_every=0, select="last", steps=2, batch_prompts=4, group_size=8, lr=0.02, warmup_steps=0,
-                   save_every=100, samples_every=100, num_samples=1, max_new_tokens=POLICY.max_new_tokens)
+BASE = with_values(TrainParams(steps=2, batch_prompts=4, group_size=8, samples_every=100, num_samples=1,
+                               max_new_tokens=POLICY.max_new_tokens), {
+    "validation.every": 0, "validation.select": "last", "optimizer.lr": 0.02, "optimizer.warmup_steps": 0,
+    "checkpointing.every": 100})
 
 
 def _trainer(tmp_path, name, policy=POLICY, **overrides):
-    return GRPOTrainer(policy, ToyEnv(), policy.init(jax.random.key(0)), dataclasses.replace(BASE, **overrides),
+    return GRPOTrainer(policy, ToyEnv(), policy.init(jax.random.key(0)), with_values(BASE, overrides),
                        tmp_path / name, progress_bar=False)
 
 
@@ -125,7 +128,7 @@ def test_the_sampler_correction_reweighs_a_perturbed_sampler(tmp_path):
 
 def test_gspo_clips_by_the_sequence_ratio_in_later_iterations(tmp_path):
     runs = {level: _trainer(tmp_path, level, steps=2, num_iterations=3, old_logprobs="learner", epsilon=0.01,
-                            epsilon_high=0.01, lr=0.05, importance_sampling_level=level)
+                            epsilon_high=0.01, importance_sampling_level=level, **{"optimizer.lr": 0.05})
             for level in ("token", "sequence", "sequence_token")}
     for trainer in runs.values():
         trainer.run()

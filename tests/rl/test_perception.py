@@ -11,6 +11,7 @@ import pytest
 from PIL import Image
 
 from vlmgym.config import LoRAParams, ParamsError, PerceptionParams, SFTParams
+from vlmgym.config.spec import with_values
 from vlmgym.envs.base import Env, MissingPart
 from vlmgym.envs.digits.env import DigitsEnv
 from vlmgym.rl import perception
@@ -57,8 +58,9 @@ def colour_samples(count: int, seed: int, size: tuple[int, int] = (64, 64)) -> l
 
 
 def section(tiny_vlm, **perception_settings) -> SFTParams:
-    settings = {"steps": 40, "lr": 1e-2, "warmup_steps": 5, "batch_size": 6, "eval_every": 0, **perception_settings}
-    return SFTParams(steps=1, init_dir=tiny_vlm.folder, perception=PerceptionParams(**settings))
+    settings = {"steps": 40, "optimizer.lr": 1e-2, "optimizer.warmup_steps": 5, "batch_size": 6, "eval_every": 0,
+                **perception_settings}
+    return SFTParams(steps=1, init_dir=tiny_vlm.folder, perception=with_values(SFTParams().perception, settings))
 
 
 def policy_of(tiny_vlm) -> SimpleNamespace:

@@ -1,7 +1,6 @@
 """PPO: token rewards, GAE, whitening and the clipped value loss against hand-computed values; the trainer on the
 toy env (learning, exact resume, the detached critic never moving the policy)."""
 
-import dataclasses
 
 import jax
 import jax.numpy as jnp
@@ -9,15 +8,17 @@ import numpy as np
 import pytest
 from toy import ToyEnv, ToyPolicy
 
+from vlmgym.config.spec import with_values
 from vlmgym.params import TrainParams
 from vlmgym.rl import ppo
 from vlmgym.rl.loop import TIMING_METRICS, CompileCounter
 from vlmgym.rl.ppo_trainer import PPOSettings, PPOTrainer, ppo_gradients
 
 POLICY = ToyPolicy()
-PPO = TrainParams(algorithm="ppo", steps=12, batch_prompts=4, group_size=8, lr=0.02, warmup_steps=0, save_every=4,
-                  samples_every=5, num_samples=2, val_every=0, select="last", ppo_gamma=1.0, ppo_lambda=0.95,
-                  num_iterations=2)
+PPO = with_values(TrainParams(algorithm="ppo", steps=12, batch_prompts=4, group_size=8, samples_every=5, num_samples=2,
+                              num_iterations=2), {
+    "optimizer.lr": 0.02, "optimizer.warmup_steps": 0, "checkpointing.every": 4, "validation.every": 0,
+    "validation.select": "last", "ppo.gamma": 1.0, "ppo.lam": 0.95})
 
 
 def test_token_rewards_put_the_score_on_the_last_counted_token_and_the_kl_on_every_one():
@@ -80,7 +81,7 @@ def test_value_loss_matches_a_hand_computation():
 
 
 def _trainer(folder, **overrides):
-    return PPOTrainer(POLICY, ToyEnv(), POLICY.init(jax.random.key(0)), dataclasses.replace(PPO, **overrides), folder,
+    return PPOTrainer(POLICY, ToyEnv(), POLICY.init(jax.random.key(0)), with_values(PPO, overrides), folder,
                       progress_bar=False)
 
 
@@ -161,7 +162,7 @@ def test_ppo_rejects_grpo_kl_and_unknown_critics(tmp_path):
 
 
 def test_ppo_with_kl_in_the_reward_holds_a_reference_and_logs_the_kl(tmp_path):
-    trainer = _trainer(tmp_path / "kl", steps=3, ppo_kl_coef=0.05)
+    trainer = _trainer(tmp_path / "kl", steps=3, **{"ppo.kl_coef": 0.05})
     trainer.run()
     assert trainer.reference_params is not None
     assert trainer.history[0]["kl_to_reference"] == pytest.approx(0.0, abs=1e-5)  # the start policy is the reference

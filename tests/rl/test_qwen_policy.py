@@ -4,6 +4,7 @@ import jax
 import numpy as np
 import pytest
 
+from vlmgym.config.spec import with_values
 from vlmgym.envs.geospot import GeospotEnv
 from vlmgym.params import SFTParams, TrainParams
 from vlmgym.rl.dpo_trainer import DPOTrainer
@@ -52,8 +53,9 @@ def test_learner_recomputes_the_sampler_logprobs(tiny_vlm, temperature):
 
 
 def test_grpo_steps_with_a_frozen_vision_tower(tiny_vlm, tmp_path):
-    config = TrainParams(steps=2, batch_prompts=2, group_size=2, max_new_tokens=8, freeze="vision", lr=1e-2,
-                         val_every=0, select="last", warmup_steps=0, save_every=1)
+    config = with_values(TrainParams(steps=2, batch_prompts=2, group_size=2, max_new_tokens=8, freeze="vision"), {
+        "optimizer.lr": 1e-2, "validation.every": 0, "validation.select": "last", "optimizer.warmup_steps": 0,
+        "checkpointing.every": 1})
     env = AnswerLengthEnv(tiny_vlm.samples, tokenizer=tiny_vlm.processor.tokenizer)
     trainer = GRPOTrainer(_policy(tiny_vlm, config.max_new_tokens), env, _copy(tiny_vlm.params), config,
                           tmp_path / "grpo", progress_bar=False)
@@ -74,7 +76,8 @@ def test_grpo_steps_with_a_frozen_vision_tower(tiny_vlm, tmp_path):
 
 
 def test_sft_lowers_the_loss_on_ideal_answers(tiny_vlm, tmp_path):
-    config = SFTParams(val_every=0, steps=4, batch_size=2, lr=3e-3, warmup_steps=0, save_every=4, max_target_tokens=56)
+    config = with_values(SFTParams(steps=4, batch_size=2, max_target_tokens=56), {
+        "validation.every": 0, "optimizer.lr": 3e-3, "optimizer.warmup_steps": 0, "checkpointing.every": 4})
     policy = _policy(tiny_vlm, config.max_target_tokens)
     tokens, mask = policy.encode_targets(["Country: France"])
     assert tokens[0, int(mask.sum()) - 1] == policy.end_of_turn
@@ -117,8 +120,9 @@ def test_one_update_moves_a_rollouts_logprob_in_its_advantages_direction(tiny_vl
 
 
 def test_online_dpo_steps_on_the_real_policy(tiny_vlm, tmp_path):
-    config = TrainParams(algorithm="dpo", steps=2, batch_prompts=2, group_size=4, max_new_tokens=8, lr=1e-2,
-                         val_every=0, select="last", warmup_steps=0, save_every=1, dpo_beta=0.5)
+    config = with_values(TrainParams(algorithm="dpo", steps=2, batch_prompts=2, group_size=4, max_new_tokens=8), {
+        "optimizer.lr": 1e-2, "validation.every": 0, "validation.select": "last", "optimizer.warmup_steps": 0,
+        "checkpointing.every": 1, "dpo.beta": 0.5})
     env = AnswerLengthEnv(tiny_vlm.samples, tokenizer=tiny_vlm.processor.tokenizer)
     trainer = DPOTrainer(_policy(tiny_vlm, config.max_new_tokens), env, _copy(tiny_vlm.params), config,
                          tmp_path / "dpo", progress_bar=False)
@@ -135,8 +139,9 @@ def test_online_dpo_steps_on_the_real_policy(tiny_vlm, tmp_path):
 def test_ppo_steps_on_the_real_policy(tiny_vlm, tmp_path, critic):
     from vlmgym.rl.ppo_trainer import PPOTrainer
 
-    config = TrainParams(algorithm="ppo", steps=2, batch_prompts=2, group_size=2, max_new_tokens=8, lr=1e-2,
-                         val_every=0, select="last", warmup_steps=0, save_every=1, ppo_critic=critic)
+    config = with_values(TrainParams(algorithm="ppo", steps=2, batch_prompts=2, group_size=2, max_new_tokens=8), {
+        "optimizer.lr": 1e-2, "validation.every": 0, "validation.select": "last", "optimizer.warmup_steps": 0,
+        "checkpointing.every": 1, "ppo.critic": critic})
     env = AnswerLengthEnv(tiny_vlm.samples, tokenizer=tiny_vlm.processor.tokenizer)
     trainer = PPOTrainer(_policy(tiny_vlm, config.max_new_tokens), env, _copy(tiny_vlm.params), config,
                          tmp_path / "ppo", progress_bar=False)

@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from vlmgym.config.spec import with_values
 from vlmgym.data.shard_writer import shard_raw
 from vlmgym.models.qwen3_vl.base_model import build_base_model
 from vlmgym.models.qwen3_vl.convert import convert_hf_to_jax
@@ -38,9 +39,10 @@ from colour_env import COLOURS, ColourEnv  # noqa: E402
 
 STEPS, MIDDLE = 120, 50
 ENV = EnvParams(name="colour_env:ColourEnv")
-TRAIN = TrainParams(steps=STEPS, batch_prompts=16, group_size=16, lr=1e-3, warmup_steps=0, end_lr_ratio=1.0,
-                    max_new_tokens=1, temperature=1.0, val_every=0, select="last", save_every=STEPS,
-                    samples_every=STEPS, seed=0)
+TRAIN = with_values(TrainParams(steps=STEPS, batch_prompts=16, group_size=16, max_new_tokens=1, samples_every=STEPS,
+                                seed=0), {
+    "optimizer.lr": 1e-3, "optimizer.warmup_steps": 0, "optimizer.end_lr_ratio": 1.0, "sampling.temperature": 1.0,
+    "validation.every": 0, "validation.select": "last", "checkpointing.every": STEPS})
 
 
 class ContraryColourEnv(ColourEnv):

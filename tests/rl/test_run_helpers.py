@@ -1,8 +1,8 @@
 """Stage helpers: resume folders change with the config and the start model, metrics files are atomic."""
 
-import dataclasses
 import json
 
+from vlmgym.config.spec import with_values
 from vlmgym.params import EnvParams, ModelParams, TrainParams
 from vlmgym.rl.stage_setup import folder_identity, resume_dir, write_json_atomically
 
@@ -15,7 +15,7 @@ def test_resume_dir_depends_on_every_setting_and_the_start_model(tmp_path):
     first = resume_dir(tmp_path / "ckpt", train, model, env, init_dir=init)
     assert first == resume_dir(tmp_path / "ckpt", train, model, env, init_dir=init)
     assert first.parent == tmp_path / "ckpt"
-    assert first != resume_dir(tmp_path / "ckpt", dataclasses.replace(train, lr=2e-4), model, env, init_dir=init)
+    assert first != resume_dir(tmp_path / "ckpt", with_values(train, {"optimizer.lr": 2e-4}), model, env, init_dir=init)
     before = folder_identity(init)
     (init / "config.json").write_text('{"hidden": 1}')
     assert folder_identity(init) != before

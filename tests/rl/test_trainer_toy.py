@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 from toy import ToyEnv, ToyPolicy
 
+from vlmgym.config.spec import with_values
 from vlmgym.eval.curve import component_metric
 from vlmgym.params import SFTParams, TrainParams
 from vlmgym.rl.grpo_trainer import GRPOTrainer
@@ -14,8 +15,9 @@ from vlmgym.rl.loop import TIMING_METRICS
 from vlmgym.rl.sft_trainer import SFTTrainer
 
 POLICY = ToyPolicy()
-BASE = TrainParams(val_every=0, select="last", steps=10, batch_prompts=4, group_size=8, lr=0.02, warmup_steps=0,
-                   save_every=3, samples_every=5, num_samples=3)
+BASE = with_values(TrainParams(steps=10, batch_prompts=4, group_size=8, samples_every=5, num_samples=3), {
+    "validation.every": 0, "validation.select": "last", "optimizer.lr": 0.02, "optimizer.warmup_steps": 0,
+    "checkpointing.every": 3})
 # Wall-clock figures differ between runs; everything else must match exactly.
 
 
@@ -25,7 +27,7 @@ def _params(dtype=None):
 
 
 def _run(tmp_path, name, stop_after=None, **overrides):
-    trainer = GRPOTrainer(POLICY, ToyEnv(), _params(), dataclasses.replace(BASE, **overrides), tmp_path / name,
+    trainer = GRPOTrainer(POLICY, ToyEnv(), _params(), with_values(BASE, overrides), tmp_path / name,
                           progress_bar=False)
     trainer.run(stop_after=stop_after)
     return trainer
@@ -95,7 +97,7 @@ def test_killed_run_resumes_exactly(uninterrupted, tmp_path):
 
 def test_learner_logprobs_and_extra_iterations_clip(tmp_path):
     trainer = _run(tmp_path, "iterations", steps=2, num_iterations=3, old_logprobs="learner", epsilon=0.01,
-                   epsilon_high=0.01, lr=0.05, micro_batches=2)
+                   epsilon_high=0.01, micro_batches=2, **{"optimizer.lr": 0.05})
     # Later iterations are off-policy: the tiny clip range is hit.
     assert max(m["clip_fraction_low"] + m["clip_fraction_high"] for m in trainer.history) > 0
     assert all(m["approx_kl_behaviour"] > 0 for m in trainer.history)
@@ -117,7 +119,7 @@ def test_frozen_vision_subset_stays_bit_identical(tmp_path):
 
 
 def test_group_filtering_resamples_and_counts(tmp_path):
-    trainer = _run(tmp_path, "filtered", steps=4, filter_groups=True, lr=0.2, max_sample_rounds=3)
+    trainer = _run(tmp_path, "filtered", steps=4, filter_groups=True, max_sample_rounds=3, **{"optimizer.lr": 0.2})
     history = trainer.history
     # The policy sharpens fast at this lr, so all-equal groups appear and are dropped and replaced.
     assert sum(m["groups_dropped"] for m in history) > 0
@@ -134,7 +136,8 @@ def test_kl_to_reference_when_beta_is_on(tmp_path):
 
 
 def test_sft_learns_the_ideal_answers(tmp_path):
-    config = SFTParams(val_every=0, steps=25, batch_size=8, lr=0.03, warmup_steps=0, save_every=25)
+    config = with_values(SFTParams(steps=25, batch_size=8), {
+        "validation.every": 0, "optimizer.lr": 0.03, "optimizer.warmup_steps": 0, "checkpointing.every": 25})
     trainer = SFTTrainer(POLICY, ToyEnv(), _params(), config, tmp_path / "sft", progress_bar=False)
     trainer.run()
     losses = [m["loss"] for m in trainer.history]
@@ -156,7 +159,8 @@ class LongFirstPrompt(ToyEnv):
 
 
 def test_sft_skips_and_counts_targets_over_the_token_budget(tmp_path):
-    config = SFTParams(val_every=0, steps=2, batch_size=8, lr=0.03, warmup_steps=0, save_every=2)
+    config = with_values(SFTParams(steps=2, batch_size=8), {
+        "validation.every": 0, "optimizer.lr": 0.03, "optimizer.warmup_steps": 0, "checkpointing.every": 2})
     trainer = SFTTrainer(POLICY, LongFirstPrompt(), _params(), config, tmp_path / "sft", progress_bar=False)
     trainer.run()
     # 8 prompts per epoch, one of them too long: every step still trains on a full batch.
@@ -169,7 +173,8 @@ def test_sft_skips_and_counts_targets_over_the_token_budget(tmp_path):
 
 def test_the_lr_schedule_spans_every_update_of_every_iteration(tmp_path):
     # A GRPO step makes num_iterations updates; the cosine must end at the last step, not a third of the way in.
-    trainer = _run(tmp_path, "schedule", steps=4, num_iterations=3, warmup_steps=1, end_lr_ratio=0.1, lr=0.02)
+    trainer = _run(tmp_path, "schedule", steps=4, num_iterations=3,
+                   **{"optimizer.warmup_steps": 1, "optimizer.end_lr_ratio": 0.1, "optimizer.lr": 0.02})
     assert (trainer.optimizer.config.total_steps, trainer.optimizer.config.warmup_steps) == (12, 3)
     rates = [m["learning_rate"] for m in trainer.history]  # each step's mean over its three updates
     schedule = trainer.optimizer.schedule

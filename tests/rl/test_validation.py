@@ -1,21 +1,22 @@
 """Validation during training on the toy env and MLP policy: figures, best-checkpoint selection, early stopping,
 exact resume, and the SFT validation loss."""
 
-import dataclasses
 
 import jax
 import numpy as np
 import pytest
 from toy import ToyEnv, ToyPolicy
 
+from vlmgym.config.spec import with_values
 from vlmgym.params import SFTParams, TrainParams
 from vlmgym.rl.grpo_trainer import GRPOTrainer
 from vlmgym.rl.sft_trainer import SFTTrainer
 from vlmgym.rl.validation import ValidationSettings, Validator
 
 POLICY = ToyPolicy()
-BASE = TrainParams(steps=6, batch_prompts=4, group_size=8, lr=0.02, warmup_steps=0, save_every=4, samples_every=5,
-                   num_samples=2, val_every=2, val_batch_size=3, select="best_val")
+BASE = with_values(TrainParams(steps=6, batch_prompts=4, group_size=8, samples_every=5, num_samples=2), {
+    "optimizer.lr": 0.02, "optimizer.warmup_steps": 0, "checkpointing.every": 4, "validation.every": 2,
+    "validation.batch_size": 3, "validation.select": "best_val"})
 
 
 def _params():
@@ -24,7 +25,7 @@ def _params():
 
 def _trainer(folder, logged=None, **overrides):
     callback = None if logged is None else (lambda step, metrics: logged.append((step, metrics)))
-    return GRPOTrainer(POLICY, ToyEnv(), _params(), dataclasses.replace(BASE, **overrides), folder,
+    return GRPOTrainer(POLICY, ToyEnv(), _params(), with_values(BASE, overrides), folder,
                        progress_bar=False, val_env=ToyEnv(num_prompts=5), metrics_callback=callback)
 
 
@@ -51,12 +52,13 @@ def test_grpo_validates_at_step_zero_every_n_steps_and_at_the_end(tmp_path):
 
 
 def test_best_val_ends_on_the_best_validated_params(tmp_path):
-    trainer = _trainer(tmp_path / "run", lr=0.2)  # a large lr: the greedy reward moves a lot between validations
+    # a large lr: the greedy reward moves a lot between validations
+    trainer = _trainer(tmp_path / "run", **{"optimizer.lr": 0.2})
     params = trainer.run()
     best_step = trainer.validator.best_step
     assert trainer.final_step == best_step
     assert _greedy_reward(params, ToyEnv(num_prompts=5)) == pytest.approx(trainer.validator.best_score)
-    last = _trainer(tmp_path / "last", lr=0.2, select="last")
+    last = _trainer(tmp_path / "last", **{"optimizer.lr": 0.2, "validation.select": "last"})
     last_params = last.run()
     assert last.final_step == 6
     same = all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(last_params)))
@@ -92,12 +94,13 @@ def test_early_stop_ends_the_run_and_a_restart_does_not_continue_it(tmp_path):
         trainer.validator.evaluate = lambda params: {"val/reward_greedy": next(scores)}
         return trainer
 
-    trainer = scripted(_trainer(tmp_path / "run", steps=10, val_every=1, early_stop_patience=2))
+    patient = {"validation.every": 1, "validation.early_stop_patience": 2}
+    trainer = scripted(_trainer(tmp_path / "run", steps=10, **patient))
     params = trainer.run()
     assert len(trainer.history) == 2 and trainer.validator.stopped_at == 2 and trainer.final_step == 0
     for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(_params())):
         np.testing.assert_array_equal(a, b)  # step 0 (the start) was best
-    restarted = scripted(_trainer(tmp_path / "run", steps=10, val_every=1, early_stop_patience=2))
+    restarted = scripted(_trainer(tmp_path / "run", steps=10, **patient))
     again = restarted.run()
     assert restarted.history == [] and restarted.resumed_from == 2 and restarted.final_step == 0
     for a, b in zip(jax.tree.leaves(again), jax.tree.leaves(params)):
@@ -106,11 +109,11 @@ def test_early_stop_ends_the_run_and_a_restart_does_not_continue_it(tmp_path):
 
 def test_a_resumed_run_validates_and_selects_exactly_as_an_uninterrupted_one(tmp_path):
     full_log, resumed_log = [], []
-    full = _trainer(tmp_path / "full", full_log, lr=0.2)
+    full = _trainer(tmp_path / "full", full_log, **{"optimizer.lr": 0.2})
     full_params = full.run()
-    interrupted = _trainer(tmp_path / "part", resumed_log, lr=0.2)
+    interrupted = _trainer(tmp_path / "part", resumed_log, **{"optimizer.lr": 0.2})
     interrupted.run(stop_after=3)  # checkpoints at 2 (a validation step): resumes from there
-    resumed = _trainer(tmp_path / "part", resumed_log, lr=0.2)
+    resumed = _trainer(tmp_path / "part", resumed_log, **{"optimizer.lr": 0.2})
     resumed_params = resumed.run()
     assert resumed.resumed_from == 2
     for a, b in zip(jax.tree.leaves(full_params), jax.tree.leaves(resumed_params)):
@@ -124,7 +127,8 @@ def test_a_resumed_run_validates_and_selects_exactly_as_an_uninterrupted_one(tmp
 
 
 def test_sft_validation_loss_is_the_mean_token_nll_of_the_ideal_answers(tmp_path):
-    config = SFTParams(steps=4, batch_size=3, lr=0.03, warmup_steps=0, save_every=4, val_every=2)
+    config = with_values(SFTParams(steps=4, batch_size=3), {
+        "optimizer.lr": 0.03, "optimizer.warmup_steps": 0, "checkpointing.every": 4, "validation.every": 2})
     val_env = ToyEnv(num_prompts=5)
     trainer = SFTTrainer(POLICY, ToyEnv(), _params(), config, tmp_path / "sft", progress_bar=False, val_env=val_env)
     loss = trainer.validation_loss(_params())["val/loss"]
@@ -144,7 +148,8 @@ class ReversedTargetEnv(ToyEnv):
 
 
 def test_sft_trains_and_validates_on_the_envs_sft_target(tmp_path):
-    config = SFTParams(steps=1, batch_size=3, lr=0.03, warmup_steps=0, save_every=4, val_every=2)
+    config = with_values(SFTParams(steps=1, batch_size=3), {
+        "optimizer.lr": 0.03, "optimizer.warmup_steps": 0, "checkpointing.every": 4, "validation.every": 2})
     val_env = ReversedTargetEnv(num_prompts=5)
     trainer = SFTTrainer(POLICY, ReversedTargetEnv(), _params(), config, tmp_path / "sft", progress_bar=False,
                          val_env=val_env)

@@ -18,17 +18,6 @@ from vlmgym import params as params_mod
 from vlmgym.runtime.atomic import atomic_file
 
 
-def merge(base: Mapping[str, Any], overlay: Mapping[str, Any]) -> dict[str, Any]:
-    """`base` with `overlay` merged in: nested mappings recursively, everything else replaced."""
-    out = dict(base)
-    for key, value in overlay.items():
-        if isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
-            out[key] = merge(out[key], value)
-        else:
-            out[key] = value
-    return out
-
-
 def apply_preset(preset: str | Path, params_file: str | Path = params_mod.DEFAULT_PARAMS_FILE) -> dict[str, Any]:
     """Merge `preset` into `params_file` in place (validated first); returns the validated sections."""
     return apply_overlay(params_mod.read_yaml(preset), params_file, what=str(preset))
@@ -37,7 +26,7 @@ def apply_preset(preset: str | Path, params_file: str | Path = params_mod.DEFAUL
 def apply_overlay(overlay: Mapping[str, Any], params_file: str | Path = params_mod.DEFAULT_PARAMS_FILE,
                   what: str = "the overlay") -> dict[str, Any]:
     """Merge a partial params mapping into `params_file` in place (validated first); returns the sections."""
-    merged = merge(params_mod.read_yaml(params_file), overlay)
+    merged = params_mod.merged(params_mod.read_yaml(params_file), overlay)
     params_file = Path(params_file)
     lines = params_file.read_text().splitlines()
     header = "".join(f"{line}\n" for line in lines[: next((i for i, x in enumerate(lines) if not x.startswith("#")),

@@ -4,10 +4,10 @@
     dvc exp run $(vlmgym recipe <env> --overrides)   # the same as an experiment; params.yaml untouched
 
 An env's recipe is its class attribute `Env.recipe`: a partial params mapping over the other sections (e.g.
-{"sft": {"lr": 0.001}}). Applying env X sets env.name and env.recipe to X and every key that any registered env's
-recipe sets to X's value, or to the key's default where X's recipe leaves it out, so moving from one env to
-another never keeps the first one's settings. The defaults are the default env's recipe. A stage
-whose env.recipe names another env than env.name stops (vlmgym.params.EnvParams), so `-S env.name=...` alone is
+{"sft": {"optimizer": {"lr": 0.001}}}). Applying env X sets env.name and env.recipe to X and every key that any
+registered env's recipe sets to X's value, or to the key's default where X's recipe leaves it out, so moving from
+one env to another never keeps the first one's settings. The defaults are the default env's recipe. A stage whose
+env.recipe names another env than env.name stops (vlmgym.params.EnvParams), so `-S env.name=...` alone is
 an error, not a run with another task's settings.
 """
 

@@ -12,8 +12,9 @@ Arms (each against `sft`, the start policy itself: `train.init_dir`, the pipelin
   RL arm samples (ceil(train.steps x batch_prompts x group_size / sft.batch_size) steps of the sft section's
   settings: lr, schedule, validation): what supervised data alone buys with the same number of sequences.
 - a variant (`--variant NAME=KEY=VALUE[,KEY=VALUE...]`, repeatable): the train section with those keys changed
-  (TRL's names accepted), e.g. `--variant gspo=importance_sampling_level=sequence`: a knob on against the same
-  seeds' `grpo` arm off, at the same budget. Values are read as YAML and validated as params.yaml's would be.
+  (TRL's names accepted; a sub-section's key dotted, optimizer.lr=3e-5), e.g. `--variant
+  gspo=importance_sampling_level=sequence`: a knob on against the same seeds' `grpo` arm off, at the same budget.
+  Values are read as YAML and validated as params.yaml's would be.
 Beside the arms, two image-blind baselines answer the same splits (vlmgym.eval.blind): `constant`, the best constant
 answer chosen on val, and `sft_blind`, the start policy with its images blanked; the report adds sft minus each.
 Each arm answers every split (`test`, plus the env's out-of-distribution `test_ood` when the shard stage wrote
@@ -45,6 +46,7 @@ from typing import Any
 import numpy as np
 
 from vlmgym.compare.seeds import CONTROL, HEADLINE, per_seed_table, seed_plan, seed_results
+from vlmgym.config.spec import with_values
 from vlmgym.eval.blind import CONSTANT, blind_name
 
 ARMS = ("sft_longer", "grpo", "ppo", "dpo", "rloo")
@@ -62,12 +64,12 @@ def sft_longer_steps(train: Any, sft: Any) -> int:
 
 
 def parse_variants(specs: list[str], params_file: str) -> dict[str, dict[str, Any]]:
-    """{name: {train key: validated value}} from `NAME=KEY=VALUE[,KEY=VALUE...]` strings; a ParamsError or
-    ValueError names the spec that is wrong."""
+    """{name: {train key: validated value}} from `NAME=KEY=VALUE[,KEY=VALUE...]` strings (a KEY of a sub-section
+    dotted: optimizer.lr=3e-5); a ParamsError or ValueError names the spec that is wrong."""
     import yaml
 
     from vlmgym.config.sections import TrainParams, load_section
-    from vlmgym.config.spec import ParamsError, canonical_keys
+    from vlmgym.config.spec import ParamsError, canonical_paths, nested_keys, value_at
 
     variants: dict[str, dict[str, Any]] = {}
     for spec in specs:
@@ -84,16 +86,16 @@ def parse_variants(specs: list[str], params_file: str) -> dict[str, dict[str, An
             if not equals or not key.strip():
                 raise ValueError(f"--variant {spec!r}: {setting!r} is not KEY=VALUE")
             raw[key.strip()] = yaml.safe_load(value)
-        keys = canonical_keys(TrainParams, raw, f"--variant {name}")
-        for key in ("init_dir", "out_dir", "checkpoint_dir", "seed"):
+        keys = canonical_paths(TrainParams, raw, f"--variant {name}")
+        for key in ("init_dir", "out_dir", "checkpointing.dir", "seed"):
             if key in keys:
                 raise ValueError(f"--variant {spec!r}: {key} is set by compare (every arm starts from its seed's "
                                  "sft model, trains with that seed and writes under --out)")
-        try:
-            train = load_section("train", params_file, overrides=keys)  # validated as params.yaml's train section
+        try:  # validated as params.yaml's train section with these keys changed
+            train = load_section("train", params_file, overrides=nested_keys(keys))
         except ParamsError as err:
             raise ParamsError(f"--variant {spec!r}: {err}") from err
-        variants[name] = {key: getattr(train, key) for key in keys}
+        variants[name] = {key: value_at(train, key) for key in keys}
     return variants
 
 
@@ -104,14 +106,16 @@ def arm_config(arm: str, sections: dict[str, Any], out: Path, checkpoints: Path 
     train, sft = sections["train"], sections["sft"]
     checkpoints = str(checkpoints / arm)
     if variants and arm in variants:
-        return replace(train, **variants[arm], out_dir=str(out / arm / "model"), checkpoint_dir=checkpoints)
+        return with_values(train, {**variants[arm], "out_dir": str(out / arm / "model"),
+                                   "checkpointing.dir": checkpoints})
     if arm == "sft_longer":  # continues the SFT model, whose tower any perception warm-up has already warmed
         return replace(sft, steps=sft_longer_steps(train, sft), init_dir=train.init_dir,
-                       out_dir=str(out / arm / "model"), checkpoint_dir=checkpoints, shards_dir=train.shards_dir,
-                       perception=replace(sft.perception, steps=0))
+                       out_dir=str(out / arm / "model"), checkpointing=replace(sft.checkpointing, dir=checkpoints),
+                       shards_dir=train.shards_dir, perception=replace(sft.perception, steps=0))
     if arm not in ARMS:
         raise ValueError(f"unknown arm {arm!r}: expected some of {ARMS}")
-    return replace(train, algorithm=arm, out_dir=str(out / arm / "model"), checkpoint_dir=checkpoints)
+    return replace(train, algorithm=arm, out_dir=str(out / arm / "model"),
+                   checkpointing=replace(train.checkpointing, dir=checkpoints))
 
 
 def train_arm(arm: str, config: Any, sections: dict[str, Any], log_metrics: Any) -> Path:
@@ -121,7 +125,7 @@ def train_arm(arm: str, config: Any, sections: dict[str, Any], log_metrics: Any)
     model, env_params = sections["model"], sections["env"]
     stage = "sft" if arm in ("sft_longer", CONTROL) else "train"  # the control trains only as a seed's SFT start
     policy, params = stage_policy(stage, config, model)
-    checkpoints = resume_dir(config.checkpoint_dir, config, model, env_params, init_dir=config.init_dir)
+    checkpoints = resume_dir(config.checkpointing.dir, config, model, env_params, init_dir=config.init_dir)
     if stage == "sft" and config.perception.steps:  # a seed's SFT start, warmed up as the sft stage warms its own
         params, _ = warm_perception(config, policy, params, env_params, checkpoints, log=log_metrics)
     trainer = stage_trainer(stage, config, policy, params, env_params, checkpoints, metrics_callback=log_metrics)

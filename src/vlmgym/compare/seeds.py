@@ -42,7 +42,7 @@ def seed_plan(sections: dict[str, Any], seed: int, folder: Path, checkpoints: Pa
         start = sft.init_dir  # a pass-through SFT is the base model, whatever the seed
     else:
         start_config = replace(sft_seed, out_dir=str(folder / CONTROL / "model"),
-                               checkpoint_dir=str(checkpoints / CONTROL))
+                               checkpointing=replace(sft_seed.checkpointing, dir=str(checkpoints / CONTROL)))
         start = start_config.out_dir
     return {**sections, "train": replace(seeded(train, seed), init_dir=start), "sft": sft_seed}, start_config
 

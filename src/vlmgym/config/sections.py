@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import yaml
 
@@ -19,8 +19,17 @@ from vlmgym.config.spec import (
     env_catalogue,
     env_sections_field,
     from_dict,
+    merged,
     spec,
     use_canonical_values,
+)
+from vlmgym.config.subsections import (
+    CheckpointParams,
+    DPOParams,
+    OptimizerParams,
+    PPOParams,
+    SamplingParams,
+    ValidationParams,
 )
 
 DEFAULT_PARAMS_FILE = Path("params.yaml")
@@ -126,6 +135,15 @@ class EnvParams:
         return section
 
 
+# Keys of params files from before the sub-sections, and where each lives now (a clear error names the new key).
+OPTIMIZER_KEYS = {k: f"optimizer.{k}" for k in ("lr", "warmup_steps", "end_lr_ratio", "weight_decay", "max_grad_norm",
+                                                "min_lr_rate")}
+VALIDATION_KEYS = {"val_every": "validation.every", "val_batch_size": "validation.batch_size",
+                   "select": "validation.select", "early_stop_patience": "validation.early_stop_patience"}
+CHECKPOINT_KEYS = {"save_every": "checkpointing.every", "keep_checkpoints": "checkpointing.keep",
+                   "checkpoint_dir": "checkpointing.dir"}
+SAMPLING_KEYS = {k: f"sampling.{k}" for k in ("temperature", "top_k", "top_p")}
+
 LORA_TEXT_TARGETS = ("q", "k", "v", "o", "gate", "up", "down")
 # PEFT's names for the same projections of Qwen3-VL's decoder (target_modules), and its every-linear shorthand.
 PEFT_TARGETS = {**{f"{name}_proj": name for name in LORA_TEXT_TARGETS}, "all-linear": list(LORA_TEXT_TARGETS)}
@@ -157,11 +175,13 @@ class PerceptionParams:
     """A perception warm-up before SFT: the vision tower and a temporary linear head trained on the env's image
     labels (Env.perception_labels), so that SFT starts from a tower that already tells the images apart."""
 
+    MOVED_KEYS: ClassVar[dict[str, str]] = {k: OPTIMIZER_KEYS[k] for k in ("lr", "warmup_steps", "end_lr_ratio")}
+
     steps: int = spec(0, ge=0, doc="warm-up steps (0: none, SFT starts from init_dir's vision tower as it is)")
     batch_size: int = spec(32, ge=1, doc="train images per step")
-    lr: float = spec(3e-3, gt=0, doc="peak Adam learning rate of the tower and the head")
-    warmup_steps: int = spec(100, ge=0, doc="linear warmup steps")
-    end_lr_ratio: float = spec(0.1, ge=0, le=1, doc="final lr of the cosine decay, as a fraction of the peak")
+    optimizer: OptimizerParams = spec(default_factory=lambda: OptimizerParams(lr=3e-3, warmup_steps=100,
+                                                                             max_grad_norm=0.0),
+                                      doc="of the tower and the head")
     eval_every: int = spec(500, ge=0, doc="label accuracy on the val split every this many steps and at the end "
                                           "(0: at the end only)")
     seed: int = spec(0, ge=0, doc="seed of the head's initial weights and the image order")
@@ -176,15 +196,13 @@ REMAT_DOC = ("activation checkpointing of the learner's forward: layer recompute
 class SFTParams:
     """sft stage: supervised warm start on the env's ideal answers (0 steps: pass-through)."""
 
+    MOVED_KEYS: ClassVar[dict[str, str]] = {**OPTIMIZER_KEYS, **VALIDATION_KEYS, **CHECKPOINT_KEYS}
+
     steps: int = spec(600, ge=0, doc="optimizer steps (0: copy the base model through unchanged)")
     batch_size: int = spec(16, ge=1, doc="samples per step")
     micro_batches: int = spec(1, ge=1, doc="gradient accumulation: micro-batches per step (divides batch_size)")
-    lr: float = spec(3e-3, gt=0, doc="peak learning rate")
-    warmup_steps: int = spec(20, ge=0, doc="linear warmup steps")
-    end_lr_ratio: float = spec(0.1, ge=0, le=1, aliases=("min_lr_rate",),
-                               doc="final lr of the cosine decay, as a fraction of the peak")
-    weight_decay: float = spec(0.0, ge=0, doc="AdamW weight decay (matrices only)")
-    max_grad_norm: float = spec(1.0, ge=0, doc="global-norm gradient clipping (0: off)")
+    optimizer: OptimizerParams = spec(default_factory=lambda: OptimizerParams(lr=3e-3, warmup_steps=20),
+                                      doc="AdamW and its schedule")
     freeze: str = spec("none", choices=("none", "vision"), doc="parameters kept frozen")
     remat: str = spec("none", choices=("none", "layer"), doc=REMAT_DOC)
     lora: LoRAParams = spec(default_factory=LoRAParams, doc="low-rank adapters")
@@ -192,16 +210,11 @@ class SFTParams:
                                         doc="perception warm-up of the vision tower before the first SFT step")
     max_target_tokens: int = spec(64, ge=1, doc="answer tokens trained on (longer targets are an error)")
     seed: int = spec(0, ge=0, doc="seed of the data order")
-    save_every: int = spec(100, ge=1, doc="checkpoint every this many steps (resume point)")
-    val_every: int = spec(100, ge=0, doc="validate on the val split every this many steps and at step 0 (0: never)")
-    val_batch_size: int = spec(16, ge=1, doc="val prompts per sampling call")
-    select: str = spec("last", choices=("last", "best_val"),
-                       doc="params the stage ends with: the last step's, or the best by greedy val reward")
-    early_stop_patience: int = spec(0, ge=0, doc="stop after this many validations without a new best (0: never)")
-    keep_checkpoints: int = spec(2, ge=1, doc="checkpoints kept on disk")
+    validation: ValidationParams = spec(default_factory=ValidationParams, doc="on the val split during training")
+    checkpointing: CheckpointParams = spec(default_factory=lambda: CheckpointParams(dir="checkpoints/sft"),
+                                           doc="resume points")
     init_dir: str = spec("models/jax/base", doc="model checkpoint to start from")
     out_dir: str = spec("models/jax/sft", doc="where the fine-tuned model is written")
-    checkpoint_dir: str = spec("checkpoints/sft", doc="resumable training checkpoints (one folder per config)")
     shards_dir: str = spec("data/shards", doc="webdataset shards of the env")
     mesh: list[int] = spec(default_factory=list, ge=1,
                            doc="(data, fsdp, tensor) device counts of the mesh; empty: a single device")
@@ -220,6 +233,12 @@ TRL_LOSS_TYPES = {"dapo": "token_mean", "grpo": "sequence_mean"}
 class TrainParams:
     """train stage: GRPO (or RLOO, PPO, online DPO: `algorithm`) from the sft model."""
 
+    MOVED_KEYS: ClassVar[dict[str, str]] = {**OPTIMIZER_KEYS, **VALIDATION_KEYS, **CHECKPOINT_KEYS, **SAMPLING_KEYS,
+                                            "dpo_beta": "dpo.beta", "ppo_critic": "ppo.critic",
+                                            "ppo_gamma": "ppo.gamma", "ppo_lambda": "ppo.lam",
+                                            "ppo_vf_coef": "ppo.vf_coef", "ppo_cliprange_value": "ppo.cliprange_value",
+                                            "ppo_kl_coef": "ppo.kl_coef"}
+
     algorithm: str = spec("grpo", choices=("grpo", "rloo", "ppo", "online_dpo"), value_aliases={"dpo": "online_dpo"},
                           doc="grpo; rloo (GRPO's loss with a leave-one-out baseline: each answer against the mean "
                               "of the others in its group); ppo (value head, GAE; the same sampled groups, each "
@@ -231,27 +250,16 @@ class TrainParams:
     num_iterations: int = spec(1, ge=1, doc="optimizer updates per sampled batch (>1: off-policy, clipped)")
     micro_batches: int = spec(1, ge=1, doc="gradient accumulation: micro-batches per update (divides the batch)")
     share_prefix: bool = spec(True, doc="learner runs each prompt once per group (false: one copy per completion)")
-    lr: float = spec(1e-4, gt=0, doc="peak learning rate")
-    warmup_steps: int = spec(5, ge=0, doc="linear warmup steps (the schedule spans steps x num_iterations updates)")
-    end_lr_ratio: float = spec(0.1, ge=0, le=1, aliases=("min_lr_rate",),
-                               doc="final lr of the cosine decay, as a fraction of the peak")
-    weight_decay: float = spec(0.0, ge=0, doc="AdamW weight decay (matrices only)")
-    max_grad_norm: float = spec(1.0, ge=0, doc="global-norm gradient clipping (0: off)")
+    optimizer: OptimizerParams = spec(default_factory=lambda: OptimizerParams(lr=1e-4, warmup_steps=5),
+                                      doc="AdamW and its schedule (which spans steps x num_iterations updates)")
     freeze: str = spec("none", choices=("none", "vision"), doc="parameters kept frozen")
     remat: str = spec("none", choices=("none", "layer"), doc=REMAT_DOC)
     lora: LoRAParams = spec(default_factory=LoRAParams, doc="low-rank adapters")
     epsilon: float = spec(0.2, gt=0, lt=1, doc="lower clip range of the importance ratio")
     epsilon_high: float = spec(0.28, gt=0, doc="upper clip range (clip-higher)")
     beta: float = spec(0.0, ge=0, doc="k3 KL penalty to the initial policy (0: no reference model held)")
-    dpo_beta: float = spec(0.1, gt=0, doc="dpo: strength of the implicit KL to the start policy (TRL's beta)")
-    ppo_critic: str = spec("head", choices=("head", "detached"),
-                           doc="ppo: linear value head on the policy's last hidden states; detached: its gradient "
-                               "never reaches the policy")
-    ppo_gamma: float = spec(1.0, ge=0, le=1, doc="ppo: discount over the answer's tokens")
-    ppo_lambda: float = spec(0.95, ge=0, le=1, doc="ppo: GAE lambda")
-    ppo_vf_coef: float = spec(0.1, ge=0, doc="ppo: weight of the value loss in the total loss")
-    ppo_cliprange_value: float = spec(0.2, gt=0, doc="ppo: values move at most this far from the sampled-time value")
-    ppo_kl_coef: float = spec(0.0, ge=0, doc="ppo: per-token KL-to-start penalty in the reward (0: no reference)")
+    ppo: PPOParams = spec(default_factory=PPOParams, doc="algorithm ppo's value head and GAE")
+    dpo: DPOParams = spec(default_factory=DPOParams, doc="algorithm online_dpo's preference loss")
     loss_aggregation: str = spec("token_mean", choices=("token_mean", "sequence_mean", "dr_grpo"),
                                  aliases=("loss_type",), value_aliases=TRL_LOSS_TYPES,
                                  doc="how per-token losses are reduced: token_mean (TRL's dapo) over the batch's "
@@ -283,23 +291,17 @@ class TrainParams:
     top_entropy_quantile: float = spec(1.0, ge=0, le=1,
                                        doc="only this top share of answer tokens by entropy carry the policy loss "
                                            "(1: all; 0: the highest only)")
-    temperature: float = spec(1.0, ge=0, doc="sampling temperature")
-    top_k: int = spec(0, ge=0, doc="sampling top-k (0: off)")
-    top_p: float = spec(1.0, gt=0, le=1, doc="sampling nucleus (1: off)")
+    sampling: SamplingParams = spec(default_factory=SamplingParams, doc="the group's answers")
     max_new_tokens: int = spec(64, ge=1, aliases=("max_completion_length",), doc="completion length budget")
     seed: int = spec(0, ge=0, doc="seed of sampling and data order")
-    save_every: int = spec(20, ge=1, doc="checkpoint every this many steps (resume point)")
-    val_every: int = spec(25, ge=0, doc="validate on the val split every this many steps and at step 0 (0: never)")
-    val_batch_size: int = spec(16, ge=1, doc="val prompts per sampling call")
-    select: str = spec("best_val", choices=("last", "best_val"),
-                       doc="params the stage ends with: the last step's, or the best by greedy val reward")
-    early_stop_patience: int = spec(0, ge=0, doc="stop after this many validations without a new best (0: never)")
-    keep_checkpoints: int = spec(2, ge=1, doc="checkpoints kept on disk")
+    validation: ValidationParams = spec(default_factory=lambda: ValidationParams(every=25, select="best_val"),
+                                        doc="on the val split during training")
+    checkpointing: CheckpointParams = spec(default_factory=lambda: CheckpointParams(every=20, dir="checkpoints/train"),
+                                           doc="resume points")
     samples_every: int = spec(20, ge=1, doc="log a table of sample rollouts every this many steps")
     num_samples: int = spec(8, ge=1, doc="rows of the sample-rollouts table")
     init_dir: str = spec("models/jax/sft", doc="model checkpoint to start from")
     out_dir: str = spec("models/jax/grpo", doc="where the trained model is written")
-    checkpoint_dir: str = spec("checkpoints/train", doc="resumable training checkpoints (one folder per config)")
     shards_dir: str = spec("data/shards", doc="webdataset shards of the env")
     mesh: list[int] = spec(default_factory=list, ge=1,
                            doc="(data, fsdp, tensor) device counts of the mesh; empty: a single device")
@@ -329,6 +331,8 @@ GRPO_LOSS_DEFAULTS = {"importance_sampling_level": "token", "sampler_correction"
 class RolloutParams:
     """rollout stage: each policy answers the test split (greedy; optionally sampled too) -> outputs/rollouts/."""
 
+    MOVED_KEYS: ClassVar[dict[str, str]] = {"temperature": "sampling.temperature"}
+
     policies: list[str] = spec(default_factory=lambda: ["base", "sft", "grpo"],
                                doc="policies to roll out, each the JAX model folder models_dir/<policy>")
     models_dir: str = spec("models/jax", doc="folder holding one JAX model folder per policy")
@@ -341,7 +345,7 @@ class RolloutParams:
     max_new_tokens: int = spec(64, ge=1, doc="answer length budget (tokens)")
     sampled_answers: int = spec(4, ge=0, doc="sampled answers per prompt written beside the greedy one, reported as "
                                 "their mean reward and pass@k (0: none)")
-    temperature: float = spec(1.0, gt=0, doc="sampling temperature of the sampled answers")
+    sampling: SamplingParams = spec(default_factory=SamplingParams, doc="the sampled answers")
     seed: int = spec(0, ge=0, doc="seed of the sampled answers")
     progress: float = spec(1.0, ge=0, le=1, doc="curriculum progress at which answers are scored (1: final reward)")
     constant_baseline: bool = spec(True, doc="also score the image-blind baseline `constant`: the one answer (of the "
@@ -429,7 +433,7 @@ def load_section(name: str, path: str | Path = DEFAULT_PARAMS_FILE, overrides: d
     raw = file.get(name) or {}
     if not isinstance(raw, dict):
         raise ParamsError(f"{path}: section {name!r} must be a mapping, got {raw!r}")
-    raw = {**raw, **(overrides or {})}
+    raw = merged(raw, overrides or {})  # an override of one sub-section key keeps the file's others
     if name != "env" and env_sections_field(SECTIONS[name]) is not None:
         _resolve_active_env(file, path)  # so a 'package.module:Class' env's own section here is known
     return from_dict(SECTIONS[name], raw, where=f"{path}: {name}")

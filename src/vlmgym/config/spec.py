@@ -76,6 +76,12 @@ def from_dict(cls: type[T], raw: dict[str, Any], where: str = "params") -> T:
     plugin = env_sections_field(cls)
     plain = {k: v for k, v in raw.items() if k in fields and (plugin is None or k != plugin.name)}
     extra = [k for k in raw if k not in plain]
+    moved = getattr(cls, "MOVED_KEYS", {})
+    for key in extra:
+        if key in moved:
+            section = where.rsplit(": ", 1)[-1]
+            raise ParamsError(f"{where}.{key} is now {section}.{moved[key]} (e.g. `dvc exp run -S "
+                              f"{section}.{moved[key]}={raw[key]}`)")
     if extra and plugin is None:
         raise ParamsError(f"{where}.{extra[0]}: unknown key (value {raw[extra[0]]!r}); "
                           f"known keys: {', '.join(fields)}")
@@ -83,6 +89,8 @@ def from_dict(cls: type[T], raw: dict[str, Any], where: str = "params") -> T:
     for key, value in plain.items():
         f = fields[key]
         key_where = f"{where}.{key}"
+        if isinstance(value, dict) and dataclasses.is_dataclass(hints[key]):
+            value = _with_section_defaults(f, hints[key], value, key_where)
         value = _coerce(canonical_value(value, f.metadata.get("value_aliases")), hints[key], key_where)
         _check_range(value, f.metadata, key_where)
         if f.metadata.get("env_name"):
@@ -97,6 +105,15 @@ def from_dict(cls: type[T], raw: dict[str, Any], where: str = "params") -> T:
     except ParamsError as err:  # a check across keys (__post_init__): name the file too
         prefix = where.rsplit(": ", 1)[0] if ": " in where else where
         raise ParamsError(f"{prefix}: {err}") from err
+
+
+def _with_section_defaults(f: dataclasses.Field, hint: type, value: dict[str, Any], where: str) -> dict[str, Any]:
+    """A sub-section's keys over the holding section's defaults for it (sft's optimizer lr is not train's): a key
+    the file leaves out keeps the default that the holding section gives, not the sub-section class's own."""
+    if f.default_factory is dataclasses.MISSING:  # type: ignore[misc]
+        return value
+    default = f.default_factory()  # type: ignore[misc]
+    return {**to_dict(default), **canonical_keys(hint, value, where)}
 
 
 def canonical_keys(cls: type, raw: dict[str, Any], where: str) -> dict[str, Any]:
@@ -129,6 +146,88 @@ def use_canonical_values(section: Any) -> None:
         aliases = f.metadata.get("value_aliases")
         if aliases:
             object.__setattr__(section, f.name, canonical_value(getattr(section, f.name), aliases))
+
+
+def with_values(section: T, values: dict[str, Any]) -> T:
+    """`section` with the values of dotted keys replaced (`{"optimizer.lr": 3e-5, "steps": 10}`), sub-sections
+    copied with their other values kept."""
+    top: dict[str, Any] = {}
+    nested: dict[str, dict[str, Any]] = {}
+    for key, value in values.items():
+        head, dot, rest = key.partition(".")
+        if dot:
+            nested.setdefault(head, {})[rest] = value
+        else:
+            top[key] = value
+    for head, inner in nested.items():
+        top[head] = with_values(top.get(head, getattr(section, head)), inner)
+    return dataclasses.replace(section, **top)  # type: ignore[type-var]
+
+
+def canonical_paths(cls: type, values: dict[str, Any], where: str) -> dict[str, Any]:
+    """Dotted keys of section `cls` with every alias, at any depth, renamed to its field (values unchanged)."""
+    hints = typing.get_type_hints(cls)
+    canonical_keys(cls, {key.partition(".")[0]: None for key in values}, where)  # both spellings: an error
+    out: dict[str, Any] = {}
+    for key, value in values.items():
+        head, dot, rest = key.partition(".")
+        (name,) = canonical_keys(cls, {head: None}, where)
+        if dot and dataclasses.is_dataclass(hints.get(name)):
+            out.update({f"{name}.{k}": v for k, v in canonical_paths(hints[name], {rest: value},
+                                                                       f"{where}.{name}").items()})
+        else:
+            out[f"{name}{dot}{rest}"] = value
+    return out
+
+
+def value_at(section: Any, key: str) -> Any:
+    """The value of a dotted key of a section."""
+    for part in key.split("."):
+        section = getattr(section, part)
+    return section
+
+
+def nested_keys(values: dict[str, Any]) -> dict[str, Any]:
+    """Dotted keys as nested mappings: {"optimizer.lr": 1} -> {"optimizer": {"lr": 1}}."""
+    out: dict[str, Any] = {}
+    for key, value in values.items():
+        *heads, last = key.split(".")
+        node = out
+        for head in heads:
+            node = node.setdefault(head, {})
+        node[last] = value
+    return out
+
+
+def merged(base: typing.Mapping[str, Any], over: typing.Mapping[str, Any]) -> dict[str, Any]:
+    """`base` with `over` merged in: nested mappings recursively, everything else replaced."""
+    out = dict(base)
+    for key, value in over.items():
+        both = isinstance(value, typing.Mapping) and isinstance(out.get(key), typing.Mapping)
+        out[key] = merged(out[key], value) if both else value
+    return out
+
+
+def moved_to_their_places(cls: type, raw: dict[str, Any], where: str) -> tuple[dict[str, Any], list[str]]:
+    """A section's mapping with every key of an older layout (the class's MOVED_KEYS, at any depth) moved to where
+    it lives now, and what moved ("train.lr -> train.optimizer.lr")."""
+    out, moves = dict(raw), []
+    for old, new in getattr(cls, "MOVED_KEYS", {}).items():
+        if old not in out:
+            continue
+        *heads, last = new.split(".")
+        node = out
+        for head in heads:
+            node[head] = dict(node.get(head) or {})
+            node = node[head]
+        node[last] = out.pop(old)
+        moves.append(f"{where}.{old} -> {where}.{new}")
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        if isinstance(out.get(f.name), dict) and dataclasses.is_dataclass(hints[f.name]):
+            out[f.name], inner = moved_to_their_places(hints[f.name], out[f.name], f"{where}.{f.name}")
+            moves += inner
+    return out, moves
 
 
 def to_dict(section: Any) -> dict[str, Any]:

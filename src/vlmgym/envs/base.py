@@ -99,8 +99,9 @@ class Env(abc.ABC):
     # task under a shift that train never shows, so a policy's ID-to-OOD drop measures how far what it learned
     # carries over.
     ood_note: ClassVar[str] = ""
-    # The settings of the other sections this task trains with, as a partial params mapping (e.g. {"sft": {"lr":
-    # 0.001}}); `vlmgym recipe <env>` applies it (vlmgym.cli.recipes). Empty: the defaults, the default env's recipe.
+    # The settings of the other sections this task trains with, as a partial params mapping (e.g. {"sft":
+    # {"optimizer": {"lr": 0.001}}}); `vlmgym recipe <env>` applies it (vlmgym.cli.recipes). Empty: the defaults,
+    # the default env's recipe.
     recipe: ClassVar[Mapping[str, Any]] = {}
     # The task statistic (task_statistics) that is 1 for a correct answer and 0 otherwise, e.g. an exact-match
     # accuracy: what pass@k counts over sampled answers ("": the reward is graded and there is no such bit).

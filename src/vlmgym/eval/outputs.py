@@ -205,5 +205,5 @@ def reward_curve_note(curves: RewardCurves) -> str:
     if best is not None:
         note += (" Dots: the mean reward on the val split (held out of train, not the test split), greedy and "
                  f"sampled, at the final weights; the best greedy one was at step {best[0]} ({best[1]:.4f}), the "
-                 "model a run with train.select: best_val keeps.")
+                 "model a run with train.validation.select: best_val keeps.")
     return note

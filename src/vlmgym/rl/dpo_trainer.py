@@ -71,7 +71,7 @@ class DPOTrainer(GRPOTrainer):
                                   "reference": policy_logprobs(self.reference(), batch, policy=self.policy,
                                                                compiles=self.compiles)})
         gradient_fn = partial(dpo_gradients, normalizer=normalizer, policy=self.policy, optimizer=self.optimizer,
-                              beta=c.dpo_beta, compiles=self.compiles)
+                              beta=c.dpo.beta, compiles=self.compiles)
         iteration_metrics = []
         for iteration in range(c.num_iterations):
             grads, auxes = accumulate(lambda micro: gradient_fn(self.params, micro),

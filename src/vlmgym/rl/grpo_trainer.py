@@ -64,8 +64,8 @@ class GRPOTrainer(TrainingLoop):
     def __init__(self, policy: Policy, env: Any, params: Any, config: Any, checkpoint_dir: str | Path, *,
                  metrics_callback: MetricsCallback | None = None, samples_callback: SamplesCallback | None = None,
                  progress_bar: bool = True, val_env: Any = None):
-        super().__init__(total_steps=config.steps, checkpoint_dir=checkpoint_dir, save_every=config.save_every,
-                         keep=config.keep_checkpoints, metrics_callback=metrics_callback, progress_bar=progress_bar)
+        super().__init__(total_steps=config.steps, checkpoint_dir=checkpoint_dir, save_every=config.checkpointing.every,
+                         keep=config.checkpointing.keep, metrics_callback=metrics_callback, progress_bar=progress_bar)
         self.validator = make_validator(policy, val_env, config, checkpoint_dir)
         if (config.batch_prompts * config.group_size) % config.micro_batches:
             raise ValueError(f"train: {config.batch_prompts} x {config.group_size} sequences do not split into "

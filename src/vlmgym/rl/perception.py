@@ -91,10 +91,12 @@ class PerceptionWarmup:
         self.head = {"w": jnp.asarray(rng.normal(0, 0.02, (tokens * width, sum(self.heads))), jnp.float32),
                      "b": jnp.zeros(sum(self.heads), jnp.float32)}
         self.order = np.random.default_rng(section.seed + 1)
-        schedule = optax.warmup_cosine_decay_schedule(0.0, section.lr, section.warmup_steps,
-                                                      max(section.steps, section.warmup_steps + 1),
-                                                      section.lr * section.end_lr_ratio)
-        self.optimizer = optax.adam(schedule)
+        opt = section.optimizer
+        schedule = optax.warmup_cosine_decay_schedule(0.0, opt.lr, opt.warmup_steps,
+                                                      max(section.steps, opt.warmup_steps + 1),
+                                                      opt.lr * opt.end_lr_ratio)
+        adam = optax.adamw(schedule, weight_decay=opt.weight_decay) if opt.weight_decay else optax.adam(schedule)
+        self.optimizer = optax.chain(optax.clip_by_global_norm(opt.max_grad_norm), adam) if opt.max_grad_norm else adam
         self._step = jax.jit(self._update)
         self._predict = jax.jit(jax.vmap(self._logits, in_axes=(None, 0)))
 

@@ -111,5 +111,5 @@ def explained_variance(values: np.ndarray, returns: np.ndarray, mask: np.ndarray
 def check_critic(critic: Any) -> str:
     """A known critic name."""
     if critic not in CRITICS:
-        raise ValueError(f"ppo_critic={critic!r}: expected one of {CRITICS}")
+        raise ValueError(f"ppo.critic={critic!r}: expected one of {CRITICS}")
     return critic

@@ -4,10 +4,10 @@ Each step samples `batch_prompts x group_size` completions exactly as GRPO does 
 number of sampled completions), but each completion is its own episode: a forward pass gives the value of every
 token's state, the task reward arrives at the last token (plus an optional KL-to-start penalty per token), GAE
 turns rewards and values into per-token advantages (whitened over the batch) and returns, and `num_iterations`
-updates minimise the clipped surrogate plus `ppo_vf_coef` x the clipped value loss (vlmgym.rl.ppo).
+updates minimise the clipped surrogate plus `ppo.vf_coef` x the clipped value loss (vlmgym.rl.ppo).
 
 The critic is a linear value head on the policy's final hidden states, trained with the policy by one optimizer
-(trainer params = {"policy": ..., "value": ...}; checkpoints hold both). `ppo_critic: head` lets the value loss
+(trainer params = {"policy": ..., "value": ...}; checkpoints hold both). `ppo.critic: head` lets the value loss
 shape the shared trunk (TRL's AutoModelForCausalLMWithValueHead); `detached` stops that gradient, so the critic
 learns on the policy's representation without ever moving the policy.
 """
@@ -83,26 +83,26 @@ class PPOTrainer(GRPOTrainer):
 
     name = "ppo"
     algorithms = ("ppo",)
-    reports_kl_to_reference = False  # PPO's KL to the start policy is in the reward (ppo_kl_coef), not the loss
+    reports_kl_to_reference = False  # PPO's KL to the start policy is in the reward (ppo.kl_coef), not the loss
 
     def __init__(self, policy: Policy, env: Any, params: Any, config: Any, checkpoint_dir: str | Path, *,
                  metrics_callback: MetricsCallback | None = None, samples_callback: SamplesCallback | None = None,
                  progress_bar: bool = True, val_env: Any = None):
         if config.beta > 0:
             raise ValueError("train.beta is GRPO's KL term in the loss; PPO's KL to the start policy is in the "
-                             "reward: set train.ppo_kl_coef instead")
-        ppo.check_critic(config.ppo_critic)
+                             "reward: set train.ppo.kl_coef instead")
+        ppo.check_critic(config.ppo.critic)
         adapted = lora.has_adapters(params)  # LoRA: the reference is the base inside the trained tree, no copy
-        reference = jax.tree.map(jnp.copy, params) if config.ppo_kl_coef > 0 and not adapted else None
+        reference = jax.tree.map(jnp.copy, params) if config.ppo.kl_coef > 0 and not adapted else None
         combined = {"policy": params, "value": ppo.init_value_head(policy.feature_size)}
         super().__init__(policy, env, combined, config, checkpoint_dir, metrics_callback=metrics_callback,
                          samples_callback=samples_callback, progress_bar=progress_bar, val_env=val_env)
         self.reference_params = reference
-        self.reference_is_base = config.ppo_kl_coef > 0 and adapted
+        self.reference_is_base = config.ppo.kl_coef > 0 and adapted
         self.settings = PPOSettings(epsilon=config.epsilon, epsilon_high=config.epsilon_high,
-                                    aggregation=config.loss_aggregation, vf_coef=config.ppo_vf_coef,
-                                    cliprange_value=config.ppo_cliprange_value,
-                                    detached=config.ppo_critic == "detached")
+                                    aggregation=config.loss_aggregation, vf_coef=config.ppo.vf_coef,
+                                    cliprange_value=config.ppo.cliprange_value,
+                                    detached=config.ppo.critic == "detached")
 
     def model_params(self) -> Any:
         return self.params["policy"]
@@ -129,9 +129,9 @@ class PPOTrainer(GRPOTrainer):
         old_values = np.concatenate(values) * mask
         behaviour = learner_logprobs if c.old_logprobs == "learner" else sampler_logprobs
         reference_logprobs = np.concatenate(reference) if reference else None
-        token_rewards = ppo.token_rewards(rewards, mask, kl_coef=c.ppo_kl_coef, logprobs=behaviour,
+        token_rewards = ppo.token_rewards(rewards, mask, kl_coef=c.ppo.kl_coef, logprobs=behaviour,
                                           reference_logprobs=reference_logprobs)
-        advantages, returns = ppo.gae(token_rewards, old_values, mask, gamma=c.ppo_gamma, lam=c.ppo_lambda)
+        advantages, returns = ppo.gae(token_rewards, old_values, mask, gamma=c.ppo.gamma, lam=c.ppo.lam)
         whitened = ppo.whiten(advantages, mask)
         for micro, rows in zip(micro_batches, slices):
             micro.update(behaviour=behaviour[rows], advantages=whitened[rows].astype(np.float32),

@@ -42,8 +42,8 @@ class SFTTrainer(TrainingLoop):
 
     def __init__(self, policy: Policy, env: Any, params: Any, config: Any, checkpoint_dir: str | Path, *,
                  metrics_callback: MetricsCallback | None = None, progress_bar: bool = True, val_env: Any = None):
-        super().__init__(total_steps=config.steps, checkpoint_dir=checkpoint_dir, save_every=config.save_every,
-                         keep=config.keep_checkpoints, metrics_callback=metrics_callback, progress_bar=progress_bar)
+        super().__init__(total_steps=config.steps, checkpoint_dir=checkpoint_dir, save_every=config.checkpointing.every,
+                         keep=config.checkpointing.keep, metrics_callback=metrics_callback, progress_bar=progress_bar)
         self.validator = make_validator(policy, val_env, config, checkpoint_dir, extra=self.validation_loss)
         if config.batch_size % config.micro_batches:
             raise ValueError(f"sft: batch_size={config.batch_size} does not split into "

@@ -52,13 +52,14 @@ def load_policy(model_dir: str | Path, model_params: Any, max_new_tokens: int, *
 
 
 def validation_env(stage: str, section: Any, env_params: Any, tokenizer: Any) -> Any:
-    """The env over the val split that `<stage>.val_every` validates on, or None when it is 0."""
-    if section.val_every == 0:
+    """The env over the val split that `<stage>.validation.every` validates on, or None when it is 0."""
+    every = section.validation.every
+    if every == 0:
         return None
     for folder in envs.split_dirs(env_params, section.shards_dir, "val"):
         if not folder.is_dir():
-            raise FileNotFoundError(f"{stage}.val_every={section.val_every} validates on {folder}, which the shard "
-                                    f"stage did not write: set shard.val_samples > 0 (or {stage}.val_every: 0)")
+            raise FileNotFoundError(f"{stage}.validation.every={every} validates on {folder}, which the shard "
+                                    f"stage did not write: set shard.val_samples > 0 (or {stage}.validation.every: 0)")
     return envs.from_params(env_params, shards_dir=section.shards_dir, split="val", tokenizer=tokenizer)
 
 
@@ -78,10 +79,11 @@ def stage_policy(stage: str, section: Any, model_params: Any) -> tuple[Qwen3VLPo
                                      mesh_shape=stage_mesh(section), remat=section.remat)
     else:
         policy, params = load_policy(section.init_dir, model_params, section.max_new_tokens,
-                                     temperature=section.temperature, top_k=section.top_k, top_p=section.top_p,
+                                     temperature=section.sampling.temperature, top_k=section.sampling.top_k,
+                                     top_p=section.sampling.top_p,
                                      mesh_shape=stage_mesh(section), share_prefix=section.share_prefix,
                                      remat=section.remat)
-    adapters = LoRAConfig.from_section(getattr(section, "lora", None))
+    adapters = LoRAConfig.from_section(section.lora)
     if adapters is not None:
         params = init_adapters(params, policy.cfg, adapters)
     return policy, params
@@ -113,7 +115,7 @@ def trainer_class(stage: str, algorithm: str | None) -> type:
 def stage_trainer(stage: str, section: Any, policy: Any, params: Any, env_params: Any, checkpoints: Path,
                   **callbacks: Any) -> Any:
     """The trainer of stage `stage` (trainer_class) over the train split, validating on the val split when
-    `section.val_every` says so."""
+    `section.validation.every` says so."""
     tokenizer = policy.processor.tokenizer
     env = envs.from_params(env_params, shards_dir=section.shards_dir, split="train", tokenizer=tokenizer)
     val_env = validation_env(stage, section, env_params, tokenizer)

@@ -87,12 +87,13 @@ def part_figures(infos: list[dict], rewards: np.ndarray, final: np.ndarray) -> d
 def make_validator(policy: Policy, val_env: Any, config: Any, checkpoint_dir: str | Path, *,
                    extra: Callable | None = None) -> Validator | None:
     """The loop's validator from an sft/train section's val_* settings (None when val_every is 0)."""
-    settings = ValidationSettings(every=config.val_every, batch_size=config.val_batch_size, select=config.select,
-                                  early_stop_patience=config.early_stop_patience, seed=config.seed)
+    v = config.validation
+    settings = ValidationSettings(every=v.every, batch_size=v.batch_size, select=v.select,
+                                  early_stop_patience=v.early_stop_patience, seed=config.seed)
     if settings.every == 0:
         return None
     if val_env is None:
-        raise ValueError(f"val_every={config.val_every} needs a validation env (the val split)")
+        raise ValueError(f"validation.every={v.every} needs a validation env (the val split)")
     return Validator(policy, val_env, settings, Path(checkpoint_dir) / BEST_DIR, extra=extra)
 
 
@@ -103,9 +104,10 @@ def optimizer_config(section: Any) -> OptimizerConfig:
     length are the section's step counts times that: the cosine ends at the last step, not after 1/num_iterations
     of the run."""
     updates_per_step = getattr(section, "num_iterations", 1)
-    return OptimizerConfig(learning_rate=section.lr, warmup_steps=section.warmup_steps * updates_per_step,
-                           total_steps=section.steps * updates_per_step, end_lr_ratio=section.end_lr_ratio,
-                           weight_decay=section.weight_decay, max_grad_norm=section.max_grad_norm)
+    opt = section.optimizer
+    return OptimizerConfig(learning_rate=opt.lr, warmup_steps=opt.warmup_steps * updates_per_step,
+                           total_steps=section.steps * updates_per_step, end_lr_ratio=opt.end_lr_ratio,
+                           weight_decay=opt.weight_decay, max_grad_norm=opt.max_grad_norm)
 
 
 def make_optimizer(section: Any, params: Any) -> Optimizer | SubsetOptimizer:
@@ -124,4 +126,4 @@ def make_optimizer(section: Any, params: Any) -> Optimizer | SubsetOptimizer:
 
 def adapter_settings(section: Any, params: Any) -> LoRAConfig | None:
     """The section's LoRA settings when `params` hold adapters (their dropout applies to training forwards)."""
-    return LoRAConfig.from_section(getattr(section, "lora", None)) if lora.has_adapters(params) else None
+    return LoRAConfig.from_section(section.lora) if lora.has_adapters(params) else None

@@ -77,7 +77,7 @@ class GeospotEnv(Env):
     # Chosen on the val split (docs/results.md, "How the geospot recipe was chosen"): 450 SFT steps leave the policy
     # partly competent (greedy val 0.317; 0.477 after 600), and sampling at 0.6 keeps GRPO's samples near the greedy
     # answer, so what it learns moves the greedy answer too (val +0.050 by step 125; +0.018 at temperature 1).
-    recipe = {"sft": {"steps": 450}, "train": {"temperature": 0.6}}
+    recipe = {"sft": {"steps": 450}, "train": {"sampling": {"temperature": 0.6}}}
 
     def __init__(self, samples: Sequence[SampleLike] | None = None, *, shards_dir: str = "data/shards",
                  split: str = "train", limit: int | None = None, tokenizer: Any = None,
