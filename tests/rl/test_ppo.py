@@ -155,9 +155,9 @@ def test_the_detached_critic_never_moves_the_policy():
 
 
 def test_ppo_rejects_grpo_kl_and_unknown_critics(tmp_path):
-    with pytest.raises(ValueError, match="ppo_kl_coef"):
+    with pytest.raises(ValueError, match=r"train.ppo.kl_coef"):
         _trainer(tmp_path / "a", beta=0.1)
-    with pytest.raises(ValueError, match="ppo_critic"):
+    with pytest.raises(ValueError, match=r"ppo.critic"):
         ppo.check_critic("separate")
 
 
