@@ -77,6 +77,19 @@ def sections(sft=None, train=None):
     return {"sft": sft or SFTParams(), "train": train or TrainParams()}
 
 
+def test_seeds_from_a_first_seed_and_the_options_checked_before_any_work(tmp_path, capsys):
+    from vlmgym.compare.command import main
+    from vlmgym.compare.seeds import seed_numbers
+
+    assert seed_numbers(1) == [] and seed_numbers(3) == [0, 1, 2] and seed_numbers(3, 5) == [5, 6, 7]
+    for argv, message in ((["--first-seed", "3"], "--first-seed 3: needs --seeds N > 1"),
+                          (["--seeds", "3", "--first-seed", "5", "--only-seed", "2"], "a seed in 5..7"),
+                          (["--seeds", "3", "--only-seed", "3"], "a seed in 0..2")):
+        with pytest.raises(SystemExit):
+            main([*argv, "--params", str(tmp_path / "none.yaml")])
+        assert message in capsys.readouterr().err
+
+
 def test_the_configured_seed_reuses_the_pipelines_sft_model_and_others_train_their_own(tmp_path):
     base = sections()
     same, config = seed_plan(base, 0, tmp_path / "seed0", Path("checkpoints/compare/seed0"))

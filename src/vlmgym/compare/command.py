@@ -1,7 +1,7 @@
 """vlmgym compare: training algorithms from one start policy at a matched budget, compared on the held-out splits.
 
     vlmgym compare [--params params.yaml] [--arms sft_longer grpo ppo dpo [rloo]] [--variant NAME=KEY=VALUE[,...]]
-                   [--seeds N [--only-seed S]] [--out outputs/compare]
+                   [--seeds N [--first-seed F] [--only-seed S]] [--out outputs/compare]
 
 Arms (each against `sft`, the start policy itself: `train.init_dir`, the pipeline's SFT model):
 - grpo, ppo, dpo (and rloo, on request): the train section with `train.algorithm` set to the arm, everything
@@ -25,12 +25,12 @@ vlmgym.role=compare) holding those figures, with each arm's training in a nested
 answers exist for the same settings is not trained again; a killed arm resumes from its checkpoints
 (checkpoints/compare/<arm>/<config hash>/).
 
---seeds N (N > 1) repeats all of it for seeds 0..N-1 (vlmgym.compare.seeds): seed s trains its own SFT start from
-the base model with sft.seed = s (the pipeline's SFT model is reused when it is that one), then every arm from it
-with train.seed = s, under <out>/seed<s>/ and checkpoints/compare/seed<s>/; the report gives means over seeds with
-two-level bootstrap intervals (seeds, then samples) and each seed's mean reward. `--only-seed s` trains and
-answers seed s alone and writes no report, so seeds can run as processes side by side; the same command without it
-then reuses every seed's arms and reports.
+--seeds N (N > 1) repeats all of it for seeds 0..N-1 (`--first-seed F`: F..F+N-1; vlmgym.compare.seeds): seed s
+trains its own SFT start from the base model with sft.seed = s (the pipeline's SFT model is reused when it is that
+one), then every arm from it with train.seed = s, under <out>/seed<s>/ and checkpoints/compare/seed<s>/; the report
+gives means over seeds with two-level bootstrap intervals (seeds, then samples) and each seed's mean reward.
+`--only-seed s` trains and answers seed s alone and writes no report, so seeds can run as processes side by side; the
+same command without it then reuses every seed's arms and reports.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ from typing import Any
 
 import numpy as np
 
-from vlmgym.compare.seeds import CONTROL, HEADLINE, per_seed_table, seed_plan, seed_results
+from vlmgym.compare.seeds import CONTROL, HEADLINE, per_seed_table, seed_numbers, seed_plan, seed_results
 from vlmgym.config.spec import with_values
 from vlmgym.eval.blind import CONSTANT, blind_name
 
@@ -348,6 +348,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", type=int, default=1,
                         help="training seeds 0..N-1, each with its own SFT start (default 1: the configured seeds "
                              "and the pipeline's SFT model, intervals over test samples only)")
+    parser.add_argument("--first-seed", type=int, default=0, metavar="F",
+                        help="with --seeds N: seeds F..F+N-1 instead of 0..N-1, e.g. a replication on seeds that "
+                             "no earlier comparison used")
     parser.add_argument("--only-seed", type=int, default=None, metavar="S",
                         help="train and answer seed S of --seeds N only and write no report: run one process per "
                              "seed side by side, then the same command without --only-seed reuses them and reports")
@@ -355,8 +358,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.seeds < 1:
         parser.error("--seeds must be at least 1")
-    if args.only_seed is not None and not (args.seeds > 1 and 0 <= args.only_seed < args.seeds):
-        parser.error(f"--only-seed {args.only_seed}: needs --seeds N > 1 and a seed in 0..N-1")
+    if args.first_seed < 0 or (args.first_seed and args.seeds < 2):
+        parser.error(f"--first-seed {args.first_seed}: needs --seeds N > 1 and a seed >= 0")
+    last = args.first_seed + args.seeds - 1
+    if args.only_seed is not None and not (args.seeds > 1 and args.first_seed <= args.only_seed <= last):
+        parser.error(f"--only-seed {args.only_seed}: needs --seeds N > 1 and a seed in {args.first_seed}..{last}")
     import mlflow
 
     from vlmgym.config.spec import ParamsError
@@ -371,7 +377,7 @@ def main(argv: list[str] | None = None) -> int:
     sections = {name: load_section(name, args.params)
                 for name in ("train", "sft", "model", "env", "rollout", "eval", "tracking", "data")}
     # One seed keeps the configured seeds, the pipeline's SFT start and the folders of a run without --seeds.
-    seeds = list(range(args.seeds)) if args.seeds > 1 else []
+    seeds = seed_numbers(args.seeds, args.first_seed)
     trained_seeds = seeds if args.only_seed is None else [args.only_seed]
     # the pipeline's SFT model is the start of the configured seed; the other seeds train their own
     if (not seeds or sections["sft"].seed in trained_seeds) and not Path(sections["train"].init_dir).is_dir():
@@ -390,8 +396,8 @@ def main(argv: list[str] | None = None) -> int:
     with mlflow.start_run(run_name=run_name, tags={"vlmgym.role": "compare", "env.name": env_name}):
         train = sections["train"]
         mlflow.log_params({"arms": ",".join(arms), "splits": ",".join(splits), "start": train.init_dir,
-                           "seeds": args.seeds, "train.steps": train.steps, "train.batch_prompts": train.batch_prompts,
-                           "train.group_size": train.group_size,
+                           "seeds": args.seeds, "first_seed": args.first_seed, "train.steps": train.steps,
+                           "train.batch_prompts": train.batch_prompts, "train.group_size": train.group_size,
                            "sft_longer.steps": sft_longer_steps(train, sections["sft"]),
                            **{f"variant.{name}": ",".join(f"{k}={v}" for k, v in values.items())
                               for name, values in variants.items()}})
@@ -415,7 +421,8 @@ def main(argv: list[str] | None = None) -> int:
             if constant is not None:
                 answers[-1][CONSTANT] = constant
         if args.only_seed is not None:
-            print(f"compare: seed {args.only_seed} done; `vlmgym compare --seeds {args.seeds}` reports every seed")
+            again = f"--seeds {args.seeds}" + (f" --first-seed {args.first_seed}" if args.first_seed else "")
+            print(f"compare: seed {args.only_seed} done; `vlmgym compare {again}` reports every seed")
             return 0
         baselines = [b for b in BASELINES if b in answers[0]]
         # each variant against the arm it varies (train.algorithm), when that arm ran too: what the knob changes

@@ -19,6 +19,12 @@ CONTROL = "sft"  # the arm every other is compared with: each seed's SFT start
 HEADLINE = "mean_reward"  # the figure the tables lead with
 
 
+def seed_numbers(count: int, first: int = 0) -> list[int]:
+    """The seeds of `--seeds count --first-seed first`: first..first+count-1; none for one seed (the configured
+    seeds and the pipeline's own SFT model)."""
+    return list(range(first, first + count)) if count > 1 else []
+
+
 def seeded(section: SFTParams | TrainParams, seed: int) -> SFTParams | TrainParams:
     """`section` with `seed`, and its adapters' seed too when it trains adapters (their init is random), and its
     perception warm-up's when SFT warms the vision tower up (its head's init and image order are random)."""
