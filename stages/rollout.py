@@ -28,6 +28,7 @@ import jax
 import numpy as np
 
 from vlmgym import envs
+from vlmgym.config import EnvParams, RolloutParams
 from vlmgym.eval import blind
 from vlmgym.eval.records import write_jsonl
 from vlmgym.eval.rollouts import answer_split, load_engine
@@ -37,7 +38,7 @@ from vlmgym.runtime.atomic import atomic_dir
 from vlmgym.tracking import stage_runs as tracking
 
 
-def part_envs(rollout: Any, env_params: Any, shards_dir: str, tokenizer: Any) -> tuple[Any, Any]:
+def part_envs(rollout: RolloutParams, env_params: EnvParams, shards_dir: str, tokenizer: Any) -> tuple[Any, Any]:
     """The env over the answered split and, when the shards hold it, over the out-of-distribution split (else None)."""
     env = envs.from_params(env_params, shards_dir=shards_dir, split=rollout.split, tokenizer=tokenizer,
                            limit=rollout.limit, progress=rollout.progress)
@@ -51,7 +52,7 @@ def part_envs(rollout: Any, env_params: Any, shards_dir: str, tokenizer: Any) ->
                                  limit=rollout.limit, progress=rollout.progress)
 
 
-def answer_greedy(rollout: Any, engine: Any, params: Any, env: Any, ood_env: Any, name: str, out: Path,
+def answer_greedy(rollout: RolloutParams, engine: Any, params: Any, env: Any, ood_env: Any, name: str, out: Path,
                   blank_images: bool = False) -> tuple[dict[str, float], dict[str, float]]:
     """Greedy answers to the split (and the out-of-distribution split) as the policy `name` under `out`."""
     records, timing = answer_split(engine, params, env, policy=name, batch_size=rollout.batch_size,
@@ -75,7 +76,7 @@ def reward_figures(records: list[dict]) -> dict[str, float]:
             "format_ok_rate": float(np.mean([r["format_ok"] for r in records]))}
 
 
-def answer_policy(rollout: Any, engine: Any, params: Any, env: Any, ood_env: Any, policy: str, number: int,
+def answer_policy(rollout: RolloutParams, engine: Any, params: Any, env: Any, ood_env: Any, policy: str, number: int,
                   out: Path) -> tuple[dict[str, float], dict[str, float]]:
     """One policy's answers to one env's splits written under `out`: (figures for summary.json, speeds)."""
     figures, speed = answer_greedy(rollout, engine, params, env, ood_env, policy, out)
@@ -92,7 +93,7 @@ def answer_policy(rollout: Any, engine: Any, params: Any, env: Any, ood_env: Any
     return figures, speed
 
 
-def answer_constant(rollout: Any, env_params: Any, shards_dir: str, env: Any, ood_env: Any,
+def answer_constant(rollout: RolloutParams, env_params: EnvParams, shards_dir: str, env: Any, ood_env: Any,
                     out: Path) -> dict[str, Any] | None:
     """The constant baseline (vlmgym.eval.blind): chosen on the val split (train's first samples without one),
     written as the policy `constant`; None (with a note) when the env has no ideal answer to propose."""

@@ -46,6 +46,7 @@ from typing import Any
 import numpy as np
 
 from vlmgym.compare.seeds import CONTROL, HEADLINE, per_seed_table, seed_numbers, seed_plan, seed_results
+from vlmgym.config import SFTParams, TrainParams
 from vlmgym.config.spec import with_values
 from vlmgym.eval.blind import CONSTANT, blind_name
 
@@ -58,7 +59,7 @@ BLIND = blind_name(CONTROL)
 BASELINES = (CONSTANT, BLIND)
 
 
-def sft_longer_steps(train: Any, sft: Any) -> int:
+def sft_longer_steps(train: TrainParams, sft: SFTParams) -> int:
     """SFT steps that train on as many sequences as an RL arm samples."""
     return math.ceil(train.steps * train.batch_prompts * train.group_size / sft.batch_size)
 
@@ -118,7 +119,7 @@ def arm_config(arm: str, sections: dict[str, Any], out: Path, checkpoints: Path 
                    checkpointing=replace(train.checkpointing, dir=checkpoints))
 
 
-def train_arm(arm: str, config: Any, sections: dict[str, Any], log_metrics: Any) -> Path:
+def train_arm(arm: str, config: SFTParams | TrainParams, sections: dict[str, Any], log_metrics: Any) -> Path:
     """Train one arm as the sft / train stage would and save its model folder; returns it."""
     from vlmgym.rl.stage_setup import resume_dir, save_model, stage_policy, stage_trainer, warm_perception
 
@@ -148,7 +149,7 @@ def answer(model_dir: Path, split: str, arm: str, sections: dict[str, Any], blan
                         blank_images=blank_images)[0]
 
 
-def fingerprint(arm: str, config: Any, sections: dict[str, Any]) -> str:
+def fingerprint(arm: str, config: SFTParams | TrainParams, sections: dict[str, Any]) -> str:
     """What an arm's results depend on: its training section, the model and env settings, the start model (the
     model that answers for an untrained control)."""
     from vlmgym.params import to_dict
@@ -162,7 +163,7 @@ def fingerprint(arm: str, config: Any, sections: dict[str, Any]) -> str:
                                "code": source_identity()})
 
 
-def run_arm(arm: str, config: Any, sections: dict[str, Any], folder: Path, splits: list[str],
+def run_arm(arm: str, config: SFTParams | TrainParams, sections: dict[str, Any], folder: Path, splits: list[str],
             log_metrics: Any) -> dict[str, list]:
     """Train with `config` (None: the start train.init_dir answers) and answer every split into `folder`; reuses a
     finished arm with the same settings. The arm `sft_blind` is the start model answering with blanked images."""

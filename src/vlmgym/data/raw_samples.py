@@ -33,7 +33,8 @@ def read_raw_split(raw_dir: Path, split: str, schema: Any) -> list[Sample]:
     return samples
 
 
-def generate_samples(env_cls: Any, n: int, *, seed: int = 0, split: str = "train", data: Any = None) -> list[Sample]:
+def generate_samples(env_cls: Any, n: int, *, seed: int = 0, split: str = "train",
+                     data: DataParams | None = None) -> list[Sample]:
     """`n` samples of split `split` from the env's embedded generator (data: a DataParams; None: the defaults)."""
     if n < 1:
         raise ValueError(f"{env_cls.name}.generate: n must be >= 1, got {n}")

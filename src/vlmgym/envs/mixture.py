@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from vlmgym.config import ParamsError, spec
+from vlmgym.config import EnvParams, ParamsError, spec
 from vlmgym.envs.base import PART_KEY, Env, SampleLike, State
 
 NAME = "mixture"
@@ -126,7 +126,7 @@ class MixtureEnv(Env):
         self.progress = 0.0
 
     @classmethod
-    def build(cls, env_params: Any, *, shards_dir: str, split: str, tokenizer: Any = None,
+    def build(cls, env_params: EnvParams, *, shards_dir: str, split: str, tokenizer: Any = None,
               limit: int | None = None) -> MixtureEnv:
         """The mixture of env.mixture.envs, each sub-env over `<shards_dir>/<name>/<split>` with its own settings;
         the weighted index space on the train split."""

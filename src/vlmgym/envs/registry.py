@@ -20,7 +20,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from vlmgym.config import use_env_catalogue
+from vlmgym.config import EnvParams, use_env_catalogue
 from vlmgym.envs.base import Env
 
 ENTRY_POINT_GROUP = "vlmgym.envs"
@@ -151,7 +151,7 @@ def corpus(active: str | Sequence[str] | None = None) -> list[str]:
     return texts
 
 
-def parts(env_params: Any) -> list[str]:
+def parts(env_params: EnvParams) -> list[str]:
     """The envs whose data, tokenizer texts and reports the configured env uses: its own name, or a mixture's
     sub-envs in name order (env.mixture.envs)."""
     if env_class(env_params.name).name != "mixture":
@@ -159,14 +159,14 @@ def parts(env_params: Any) -> list[str]:
     return sorted(env_params.settings().envs)
 
 
-def part_params(env_params: Any, name: str) -> Any:
+def part_params(env_params: EnvParams, name: str) -> Any:
     """The `env` section for one sub-env `name` of a mixture on its own: its name, the same sections."""
     import dataclasses
 
     return dataclasses.replace(env_params, name=name)
 
 
-def split_dirs(env_params: Any, shards_dir: str | Path, split: str) -> list[Path]:
+def split_dirs(env_params: EnvParams, shards_dir: str | Path, split: str) -> list[Path]:
     """The shard folders a split of the configured env is read from: shards_dir/<split>, or each sub-env's
     shards_dir/<name>/<split> for a mixture."""
     if not has_parts(env_params):
@@ -174,12 +174,12 @@ def split_dirs(env_params: Any, shards_dir: str | Path, split: str) -> list[Path
     return [Path(shards_dir) / name / split for name in parts(env_params)]
 
 
-def has_parts(env_params: Any) -> bool:
+def has_parts(env_params: EnvParams) -> bool:
     """Whether the configured env is a mixture of several (vlmgym.envs.mixture)."""
     return env_class(env_params.name).name == "mixture"
 
 
-def from_params(env_params: Any, *, shards_dir: str, split: str, tokenizer: Any = None, limit: int = 0,
+def from_params(env_params: EnvParams, *, shards_dir: str, split: str, tokenizer: Any = None, limit: int = 0,
                 progress: float | None = None) -> Env:
     """The configured env (params section `env`: its name and its own settings) over the first `limit` samples
     (0: all) of a split of the shards, decoding answers with `tokenizer`; scoring at a fixed curriculum

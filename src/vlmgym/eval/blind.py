@@ -18,6 +18,7 @@ from typing import Any
 
 from PIL import Image
 
+from vlmgym.config import RolloutParams
 from vlmgym.envs.base import MissingPart
 from vlmgym.eval.records import rollout_record
 
@@ -34,7 +35,7 @@ def blind_name(policy: str) -> str:
     return f"{policy}{BLIND_SUFFIX}"
 
 
-def baseline_policies(rollout: Any) -> list[str]:
+def baseline_policies(rollout: RolloutParams) -> list[str]:
     """The baseline policies the rollout stage writes for these rollout settings, in report order."""
     return ([CONSTANT] if rollout.constant_baseline else []) + [blind_name(p) for p in rollout.blind_policies]
 

@@ -9,6 +9,7 @@ from typing import Any
 
 from PIL import Image
 
+from vlmgym.config import EnvParams
 from vlmgym.eval.blind import blind_check, blind_comparisons
 from vlmgym.eval.metrics import COLLAPSE_TOP_SHARE, answer_spread, collapsed, env_class, evaluate_policies
 from vlmgym.eval.records import write_metrics_json
@@ -62,7 +63,7 @@ def write_evaluation(env: Any, records_by_policy: Mapping[str, Sequence[Mapping[
                      reward_curve: RewardCurves | Sequence[tuple[int, float]] | None = None,
                      comparisons: Sequence[tuple[str, str]] = (("grpo", "sft"),), n_resamples: int = 1000,
                      seed: int = 0, confidence: float = 0.95, max_samples: int | None = 200,
-                     env_params: Any = None, metric_options: Mapping[str, Any] | None = None,
+                     env_params: EnvParams | None = None, metric_options: Mapping[str, Any] | None = None,
                      title: str = "vlmgym evaluation",
                      extra_metrics: Mapping[str, Mapping[str, float]] | None = None,
                      start_policies: Sequence[str] = (),

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from vlmgym import envs
+from vlmgym.config import DataParams, EnvParams, EvalParams, ModelParams, RolloutParams
 from vlmgym.envs.base import part_metric
 from vlmgym.eval.outputs import EvaluationOutputs
 from vlmgym.eval.records import write_metrics_json
@@ -52,9 +53,9 @@ def html_body(page: str) -> str:
     return body
 
 
-def evaluate_parts(eval_params: Any, rollout: Any, model: Any, env_params: Any, train_curve: str | Path,
-                   evaluate_env: Callable[..., Any], out_root: str | Path = ".",
-                   data: Any = None) -> tuple[EvaluationOutputs, dict[str, float]]:
+def evaluate_parts(eval_params: EvalParams, rollout: RolloutParams, model: ModelParams, env_params: EnvParams,
+                   train_curve: str | Path, evaluate_env: Callable[..., Any], out_root: str | Path = ".",
+                   data: DataParams | None = None) -> tuple[EvaluationOutputs, dict[str, float]]:
     """Evaluate each sub-env (module docstring) with `evaluate_env` (vlmgym.eval.evaluate's, passed in so that this
     module needs nothing above it); returns what vlmgym.eval.evaluate.evaluate_pipeline returns, with results keyed
     `<name>/<policy>` (MLflow names `<name>/<policy>/<metric>`) and timing of the HF baseline."""

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
+from vlmgym.config import EnvParams
 from vlmgym.eval.metrics import env_class, format_valid
 from vlmgym.runtime.atomic import atomic_file
 
@@ -208,7 +209,7 @@ def _gallery(env: type, records_by_policy: Mapping[str, Sequence[Mapping[str, An
 
 def render_html(env: Any, results: Mapping[str, Mapping[str, float]],
                 records_by_policy: Mapping[str, Sequence[Mapping[str, Any]]],
-                images: Mapping[str, Sequence[Image.Image]], *, env_params: Any = None,
+                images: Mapping[str, Sequence[Image.Image]], *, env_params: EnvParams | None = None,
                 title: str = "vlmgym evaluation", confidence: float = 0.95, max_samples: int | None = None,
                 sections: Sections | None = None, figures: Mapping[str, str | Path] | None = None,
                 figure_notes: Mapping[str, str] | None = None, tables: Tables | None = None) -> str:
@@ -256,7 +257,7 @@ def _html_table(env: Any, results: Mapping[str, Mapping[str, float]]) -> str:
 
 def write_html(path: str | Path, env: Any, results: Mapping[str, Mapping[str, float]],
                records_by_policy: Mapping[str, Sequence[Mapping[str, Any]]],
-               images: Mapping[str, Sequence[Image.Image]], *, env_params: Any = None,
+               images: Mapping[str, Sequence[Image.Image]], *, env_params: EnvParams | None = None,
                title: str = "vlmgym evaluation", confidence: float = 0.95, max_samples: int | None = None,
                sections: Sections | None = None, figures: Mapping[str, str | Path] | None = None,
                figure_notes: Mapping[str, str] | None = None, tables: Tables | None = None) -> None:

@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from vlmgym.config import TrainParams
 from vlmgym.rl import dpo
 from vlmgym.rl.grpo_trainer import GRPOTrainer
 from vlmgym.rl.losses import (
@@ -36,7 +37,8 @@ class DPOTrainer(GRPOTrainer):
     needs_reference = True
     reports_kl_to_reference = False
 
-    def __init__(self, policy: Any, env: Any, params: Any, config: Any, checkpoint_dir: str | Path, **options: Any):
+    def __init__(self, policy: Any, env: Any, params: Any, config: TrainParams, checkpoint_dir: str | Path,
+                 **options: Any):
         if config.batch_prompts % config.micro_batches:
             raise ValueError(f"train: dpo splits its {config.batch_prompts} pairs into micro_batches="
                              f"{config.micro_batches}, which must divide them")

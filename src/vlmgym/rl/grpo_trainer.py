@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from vlmgym.config import TrainParams
 from vlmgym.eval.metrics import answer_spread
 from vlmgym.models.qwen3_vl import lora
 from vlmgym.rl import grpo
@@ -61,7 +62,7 @@ class GRPOTrainer(TrainingLoop):
     needs_reference = False  # whether the loss itself needs the start policy (GRPO only with beta > 0)
     reports_kl_to_reference = True  # the loss's k3 KL term is GRPO's: other losses leave the figure out
 
-    def __init__(self, policy: Policy, env: Any, params: Any, config: Any, checkpoint_dir: str | Path, *,
+    def __init__(self, policy: Policy, env: Any, params: Any, config: TrainParams, checkpoint_dir: str | Path, *,
                  metrics_callback: MetricsCallback | None = None, samples_callback: SamplesCallback | None = None,
                  progress_bar: bool = True, val_env: Any = None):
         super().__init__(total_steps=config.steps, checkpoint_dir=checkpoint_dir, save_every=config.checkpointing.every,
@@ -313,7 +314,7 @@ class GRPOTrainer(TrainingLoop):
         return rows
 
 
-def overlong_penalties(config: Any, mask: np.ndarray) -> np.ndarray:
+def overlong_penalties(config: TrainParams, mask: np.ndarray) -> np.ndarray:
     """Each answer's soft overlong penalty (train.overlong_buffer), by its length in tokens."""
     return grpo.soft_overlong_penalty(np.asarray(mask).sum(axis=1), config.max_new_tokens, config.overlong_buffer,
                                       config.overlong_penalty)

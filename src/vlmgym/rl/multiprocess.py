@@ -7,12 +7,13 @@ from typing import Any
 
 import numpy as np
 
+from vlmgym.config import TrainParams
 from vlmgym.runtime import distributed
 
 MULTIPROCESS_ALGORITHMS = ("grpo", "rloo")
 
 
-def check_multiprocess(config: Any, policy: Any) -> None:
+def check_multiprocess(config: TrainParams, policy: Any) -> None:
     """What a run over several processes supports (JAX's multi-controller runtime: vlmgym.runtime.distributed)."""
     processes = distributed.count()
     if config.algorithm not in MULTIPROCESS_ALGORITHMS:

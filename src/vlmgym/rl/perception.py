@@ -23,6 +23,7 @@ import numpy as np
 import optax
 from tqdm import tqdm
 
+from vlmgym.config import SFTParams
 from vlmgym.envs.base import MissingPart
 from vlmgym.models.qwen3_vl.convert import load_checkpoint, save_checkpoint
 from vlmgym.models.qwen3_vl.processor import ImageSettings, preprocess_images
@@ -32,7 +33,7 @@ Log = Callable[[int, dict[str, float]], None]
 SUMMARY_FILE = "perception.json"  # the warm-up's last figures, beside its checkpoint: a resumed SFT reports them
 
 
-def check_supported(section: Any, env: Any, processes: int) -> None:
+def check_supported(section: SFTParams, env: Any, processes: int) -> None:
     """Raise MissingPart for an env without labels, a ValueError naming the setting the warm-up cannot run with."""
     if not env.perception_heads:
         raise MissingPart(f"env {env.name!r} has no perception labels (perception_heads is empty), so "
@@ -74,7 +75,7 @@ def split_arrays(env: Any, settings: ImageSettings, what: str) -> tuple[np.ndarr
 class PerceptionWarmup:
     """Trains params["visual"] and a linear head on (images, labels); `run` returns the params with the new tower."""
 
-    def __init__(self, cfg: Any, params: Any, settings: ImageSettings, env: Any, val_env: Any, section: Any,
+    def __init__(self, cfg: Any, params: Any, settings: ImageSettings, env: Any, val_env: Any, section: SFTParams,
                  log: Log | None = None, progress_bar: bool = True):
         self.cfg, self.section, self.log, self.progress_bar = cfg, section, log, progress_bar
         self.params = params
@@ -167,7 +168,7 @@ class PerceptionWarmup:
         return params, summary
 
 
-def warm_up(policy: Any, params: Any, env: Any, val_env: Any, section: Any, folder: Path, processes: int = 1,
+def warm_up(policy: Any, params: Any, env: Any, val_env: Any, section: SFTParams, folder: Path, processes: int = 1,
             log: Log | None = None) -> tuple[Any, dict[str, float]]:
     """params with the tower warmed by `section.perception`, kept in `folder` so a resumed SFT run skips it."""
     settings = section.perception

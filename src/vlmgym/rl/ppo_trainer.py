@@ -23,6 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from vlmgym.config import TrainParams
 from vlmgym.models.qwen3_vl import lora
 from vlmgym.rl import grpo, ppo
 from vlmgym.rl.grpo_trainer import GRPOTrainer
@@ -85,7 +86,7 @@ class PPOTrainer(GRPOTrainer):
     algorithms = ("ppo",)
     reports_kl_to_reference = False  # PPO's KL to the start policy is in the reward (ppo.kl_coef), not the loss
 
-    def __init__(self, policy: Policy, env: Any, params: Any, config: Any, checkpoint_dir: str | Path, *,
+    def __init__(self, policy: Policy, env: Any, params: Any, config: TrainParams, checkpoint_dir: str | Path, *,
                  metrics_callback: MetricsCallback | None = None, samples_callback: SamplesCallback | None = None,
                  progress_bar: bool = True, val_env: Any = None):
         if config.beta > 0:

@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from vlmgym.config import SFTParams
 from vlmgym.rl.loop import (
     DataOrder,
     MetricsCallback,
@@ -40,7 +41,7 @@ class SFTTrainer(TrainingLoop):
 
     name = "sft"
 
-    def __init__(self, policy: Policy, env: Any, params: Any, config: Any, checkpoint_dir: str | Path, *,
+    def __init__(self, policy: Policy, env: Any, params: Any, config: SFTParams, checkpoint_dir: str | Path, *,
                  metrics_callback: MetricsCallback | None = None, progress_bar: bool = True, val_env: Any = None):
         super().__init__(total_steps=config.steps, checkpoint_dir=checkpoint_dir, save_every=config.checkpointing.every,
                          keep=config.checkpointing.keep, metrics_callback=metrics_callback, progress_bar=progress_bar)

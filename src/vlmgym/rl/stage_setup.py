@@ -11,6 +11,7 @@ import jax
 import numpy as np
 
 from vlmgym import envs
+from vlmgym.config import EnvParams, ModelParams, SFTParams, TrainParams
 from vlmgym.models.qwen3_vl import lora
 from vlmgym.models.qwen3_vl.config import load_hf_config
 from vlmgym.models.qwen3_vl.convert import load_checkpoint, save_checkpoint
@@ -30,7 +31,7 @@ from vlmgym.runtime import distributed
 from vlmgym.runtime.atomic import write_text_atomically
 
 
-def load_policy(model_dir: str | Path, model_params: Any, max_new_tokens: int, *, temperature: float = 1.0,
+def load_policy(model_dir: str | Path, model_params: ModelParams, max_new_tokens: int, *, temperature: float = 1.0,
                 top_k: int = 0, top_p: float = 1.0, mesh_shape: tuple[int, ...] = (),
                 share_prefix: bool = True, remat: str = "none") -> tuple[Qwen3VLPolicy, Any]:
     """(policy, params) from a vlmgym JAX checkpoint folder, in the `model` section's dtypes.
@@ -51,7 +52,7 @@ def load_policy(model_dir: str | Path, model_params: Any, max_new_tokens: int, *
     return Qwen3VLPolicy(cfg, processor, settings, mesh=mesh, share_prefix=share_prefix, remat=remat), params
 
 
-def validation_env(stage: str, section: Any, env_params: Any, tokenizer: Any) -> Any:
+def validation_env(stage: str, section: SFTParams | TrainParams, env_params: EnvParams, tokenizer: Any) -> Any:
     """The env over the val split that `<stage>.validation.every` validates on, or None when it is 0."""
     every = section.validation.every
     if every == 0:
@@ -63,7 +64,7 @@ def validation_env(stage: str, section: Any, env_params: Any, tokenizer: Any) ->
     return envs.from_params(env_params, shards_dir=section.shards_dir, split="val", tokenizer=tokenizer)
 
 
-def stage_mesh(section: Any) -> tuple[int, ...]:
+def stage_mesh(section: SFTParams | TrainParams) -> tuple[int, ...]:
     """The (data, fsdp, tensor) mesh of a stage section; over several processes an empty `mesh` means data
     parallelism over every process's devices."""
     if not section.mesh and distributed.count() > 1:
@@ -71,7 +72,7 @@ def stage_mesh(section: Any) -> tuple[int, ...]:
     return tuple(section.mesh)
 
 
-def stage_policy(stage: str, section: Any, model_params: Any) -> tuple[Qwen3VLPolicy, Any]:
+def stage_policy(stage: str, section: SFTParams | TrainParams, model_params: ModelParams) -> tuple[Qwen3VLPolicy, Any]:
     """(policy, params) of `section.init_dir` as stage `stage` (sft: teacher-forced targets; train: sampling)
     needs it; with `section.lora.rank` > 0 the params carry fresh adapters (B = 0: the start model's outputs)."""
     if stage == "sft":
@@ -89,7 +90,7 @@ def stage_policy(stage: str, section: Any, model_params: Any) -> tuple[Qwen3VLPo
     return policy, params
 
 
-def warm_perception(section: Any, policy: Any, params: Any, env_params: Any, checkpoints: Path,
+def warm_perception(section: SFTParams, policy: Any, params: Any, env_params: EnvParams, checkpoints: Path,
                     log: perception.Log | None = None) -> tuple[Any, dict[str, float]]:
     """params with the vision tower warmed up on the env's image labels (`section.perception`, vlmgym.rl.perception)
     over the train split, measured on the val split where the shard stage wrote one."""
@@ -112,8 +113,8 @@ def trainer_class(stage: str, algorithm: str | None) -> type:
     raise ValueError(f"train.algorithm {algorithm!r} has no trainer")
 
 
-def stage_trainer(stage: str, section: Any, policy: Any, params: Any, env_params: Any, checkpoints: Path,
-                  **callbacks: Any) -> Any:
+def stage_trainer(stage: str, section: SFTParams | TrainParams, policy: Any, params: Any, env_params: EnvParams,
+                  checkpoints: Path, **callbacks: Any) -> Any:
     """The trainer of stage `stage` (trainer_class) over the train split, validating on the val split when
     `section.validation.every` says so."""
     tokenizer = policy.processor.tokenizer

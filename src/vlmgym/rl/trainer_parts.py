@@ -10,6 +10,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from vlmgym.config import SFTParams, TrainParams
 from vlmgym.envs.base import PART_KEY, part_metric
 from vlmgym.models.qwen3_vl import lora
 from vlmgym.models.qwen3_vl.lora import LoRAConfig
@@ -84,7 +85,7 @@ def part_figures(infos: list[dict], rewards: np.ndarray, final: np.ndarray) -> d
     return out
 
 
-def make_validator(policy: Policy, val_env: Any, config: Any, checkpoint_dir: str | Path, *,
+def make_validator(policy: Policy, val_env: Any, config: SFTParams | TrainParams, checkpoint_dir: str | Path, *,
                    extra: Callable | None = None) -> Validator | None:
     """The loop's validator from an sft/train section's val_* settings (None when val_every is 0)."""
     v = config.validation
@@ -97,7 +98,7 @@ def make_validator(policy: Policy, val_env: Any, config: Any, checkpoint_dir: st
     return Validator(policy, val_env, settings, Path(checkpoint_dir) / BEST_DIR, extra=extra)
 
 
-def optimizer_config(section: Any) -> OptimizerConfig:
+def optimizer_config(section: SFTParams | TrainParams) -> OptimizerConfig:
     """The optimizer settings of an sft or train params section.
 
     The schedule counts optimizer updates, and a GRPO step makes `num_iterations` of them, so its warmup and
@@ -110,7 +111,7 @@ def optimizer_config(section: Any) -> OptimizerConfig:
                            weight_decay=opt.weight_decay, max_grad_norm=opt.max_grad_norm)
 
 
-def make_optimizer(section: Any, params: Any) -> Optimizer | SubsetOptimizer:
+def make_optimizer(section: SFTParams | TrainParams, params: Any) -> Optimizer | SubsetOptimizer:
     """The optimizer of an sft or train section: over the LoRA adapters alone when `params` holds adapters (plus a
     PPO value head), else over every leaf `section.freeze` leaves trainable."""
     if not lora.has_adapters(params):
@@ -124,6 +125,6 @@ def make_optimizer(section: Any, params: Any) -> Optimizer | SubsetOptimizer:
     return SubsetOptimizer(optimizer_config(section), mask)
 
 
-def adapter_settings(section: Any, params: Any) -> LoRAConfig | None:
+def adapter_settings(section: SFTParams | TrainParams, params: Any) -> LoRAConfig | None:
     """The section's LoRA settings when `params` hold adapters (their dropout applies to training forwards)."""
     return LoRAConfig.from_section(section.lora) if lora.has_adapters(params) else None

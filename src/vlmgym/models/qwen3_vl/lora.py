@@ -25,6 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from vlmgym.config import LoRAParams
 from vlmgym.models.qwen3_vl.config import Qwen3VLConfig
 from vlmgym.models.qwen3_vl.weights import Params
 
@@ -56,7 +57,7 @@ class LoRAConfig:
         return self.alpha / self.rank
 
     @classmethod
-    def from_section(cls, section: Any) -> LoRAConfig | None:
+    def from_section(cls, section: LoRAParams | None) -> LoRAConfig | None:
         """The adapters a params `lora` section asks for; None when rank is 0 (LoRA off)."""
         if section is None or section.rank == 0:
             return None
