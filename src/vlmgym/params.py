@@ -41,6 +41,7 @@ from vlmgym.config import (  # noqa: F401  (re-exported: the names every stage a
 from vlmgym.config.spec import merged, moved_to_their_places  # noqa: F401  (re-exported)
 from vlmgym.envs import registry
 from vlmgym.envs.registry import DEFAULT_ENV
+from vlmgym.runtime.atomic import atomic_file
 
 
 def default_sections() -> dict[str, Any]:
@@ -85,13 +86,30 @@ def render_yaml(sections: dict[str, Any] | None = None) -> str:
     return "\n".join(lines)
 
 
-def upgraded(raw: dict[str, Any], where: str = "") -> tuple[dict[str, Any], list[str]]:
+def write_params(raw: dict[str, Any], params_file: str | Path, what: str) -> dict[str, Any]:
+    """Replace `params_file` with the sections of `raw`, validated first (from the temp file itself: the file is
+    replaced only when it loads), each key with its doc, the file's leading comment kept; returns the sections."""
+    params_file = Path(params_file)
+    lines = params_file.read_text().splitlines()
+    header = "".join(f"{line}\n" for line in lines[: next((i for i, x in enumerate(lines) if not x.startswith("#")),
+                                                           len(lines))])
+    with atomic_file(params_file) as tmp:
+        tmp.write_text(yaml.safe_dump(raw, sort_keys=False))
+        try:
+            sections = load_all(tmp)
+        except ParamsError as err:
+            raise ParamsError(f"{what} merged into {params_file}: {err}") from err
+        tmp.write_text(header + ("\n" if header else "") + render_yaml(sections))
+    return sections
+
+
+def upgraded(raw: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
     """A params file's mapping with the keys of the older, flat layout (`train.lr`, `sft.val_every`, ...) moved to
     their sub-sections (`train.optimizer.lr`, `sft.validation.every`), and the list of what moved."""
     out, moves = dict(raw), []
     for name, cls in SECTIONS.items():
         if isinstance(out.get(name), dict):
-            out[name], moved = moved_to_their_places(cls, out[name], f"{where}{name}")
+            out[name], moved = moved_to_their_places(cls, out[name], name)
             moves += moved
     return out, moves
 
@@ -99,15 +117,8 @@ def upgraded(raw: dict[str, Any], where: str = "") -> tuple[dict[str, Any], list
 def upgrade_file(path: str | Path) -> list[str]:
     """Rewrite a params file in the current layout (validated, atomically, each key with its doc); returns what
     moved. A file already in it is rewritten only in form."""
-    from vlmgym.runtime.atomic import atomic_file
-
     raw, moves = upgraded(read_yaml(path))
-    with atomic_file(path) as tmp:
-        tmp.write_text(yaml.safe_dump(raw, sort_keys=False))
-        sections = load_all(tmp)
-        lines = Path(path).read_text().splitlines()
-        header = [line for line in lines[: next((i for i, x in enumerate(lines) if not x.startswith("#")), 0)]]
-        tmp.write_text("".join(f"{line}\n" for line in header) + ("\n" if header else "") + render_yaml(sections))
+    write_params(raw, path, "the upgraded keys")
     return moves
 
 

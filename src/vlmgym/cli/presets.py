@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 from vlmgym import params as params_mod
-from vlmgym.runtime.atomic import atomic_file
 
 
 def apply_preset(preset: str | Path, params_file: str | Path = params_mod.DEFAULT_PARAMS_FILE) -> dict[str, Any]:
@@ -26,22 +25,7 @@ def apply_preset(preset: str | Path, params_file: str | Path = params_mod.DEFAUL
 def apply_overlay(overlay: Mapping[str, Any], params_file: str | Path = params_mod.DEFAULT_PARAMS_FILE,
                   what: str = "the overlay") -> dict[str, Any]:
     """Merge a partial params mapping into `params_file` in place (validated first); returns the sections."""
-    merged = params_mod.merged(params_mod.read_yaml(params_file), overlay)
-    params_file = Path(params_file)
-    lines = params_file.read_text().splitlines()
-    header = "".join(f"{line}\n" for line in lines[: next((i for i, x in enumerate(lines) if not x.startswith("#")),
-                                                           len(lines))])
-    import yaml
-
-    # Validated from the temp file itself (load_all reads a path); params_file is replaced only when it loads.
-    with atomic_file(params_file) as tmp:
-        tmp.write_text(yaml.safe_dump(merged, sort_keys=False))
-        try:
-            sections = params_mod.load_all(tmp)
-        except params_mod.ParamsError as err:
-            raise params_mod.ParamsError(f"{what} merged into {params_file}: {err}") from err
-        tmp.write_text(header + ("\n" if header else "") + params_mod.render_yaml(sections))
-    return sections
+    return params_mod.write_params(params_mod.merged(params_mod.read_yaml(params_file), overlay), params_file, what)
 
 
 def main(argv: list[str]) -> int:
