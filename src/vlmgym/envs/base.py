@@ -124,18 +124,27 @@ class Env(abc.ABC):
         if not samples:
             raise ValueError(f"{self.name}: no samples in {where}")
         for sample in samples:
+            self._check_images(sample)
             self.check_sample(sample)
         self.samples = samples
         self.tokenizer = tokenizer
         self.params = params if params is not None else (self.Params() if self.Params is not None else None)
         self.progress = 0.0
 
+    def _check_images(self, sample: SampleLike) -> None:
+        """The check every env with a schema shares: a sample has the images its prompt shows, no more."""
+        if self.schema is None or len(sample.images) == self.schema.image_count:
+            return
+        roles = self.schema.image_roles
+        raise ValueError(f"{self.name}: sample {sample.key!r} has {len(sample.images)} images, expected "
+                         f"{self.schema.image_count}" + (f" ({', '.join(roles)})" if roles else ""))
+
     def __len__(self) -> int:
         return len(self.samples)
 
     def check_sample(self, sample: SampleLike) -> None:
-        """Raise a ValueError naming `sample` when this env cannot serve it (its images, its meta); every sample
-        is checked once, when the env is built. Default: every sample is served."""
+        """Raise a ValueError naming `sample` when this env cannot serve its meta; every sample is checked once,
+        when the env is built, after the image count its schema declares. Default: every sample is served."""
         return None
 
     def set_progress(self, progress: float) -> None:
