@@ -79,8 +79,8 @@ class MissingPart(RuntimeError):
 
 class Env(EvaluationParts, abc.ABC):
     """Base class of a task: the core below is what a subclass writes (`prompt` and `score` are abstract; a stage
-    that needs one of the others stops with MissingPart without it), then the optional parts with their defaults,
-    then the episode machinery every env shares, which a subclass does not override."""
+    that needs one of the others stops with MissingPart without it), then the optional parts with their defaults
+    (the evaluate stage's come from EvaluationParts), then what the pipeline calls, the same for every env."""
 
     # --- the core: what a task writes ------------------------------------------
 
@@ -163,7 +163,7 @@ class Env(EvaluationParts, abc.ABC):
         "", the general ood_note stands)."""
         return ""
 
-    # --- the episode machinery every env shares --------------------------------
+    # --- what the pipeline calls: episodes, data, report headings ---------------
 
     def __init__(self, samples: Sequence[SampleLike] | None = None, *, shards_dir: str = "data/shards",
                  split: str = "train", limit: int | None = None, tokenizer: Any = None, params: Any = None):
