@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import html
 import io
+from collections import Counter
 from dataclasses import dataclass
 
 import numpy as np
@@ -50,9 +51,9 @@ class ColourEnv(Env):
     """Name the colour of a plain image."""
 
     name = "colour"
-    Params = ColourParams
-    DataParams = ColourData
     schema = RowSchema("colour", ("id", "colour"), ("jpg",), parse_row)
+    Params = ColourParams  # optional, like everything below but prompt, score, ideal_answer and write_synthetic
+    DataParams = ColourData
     metric_rows = {"accuracy": ("accuracy", "rate")}
 
     # --- interaction ---
@@ -65,7 +66,7 @@ class ColourEnv(Env):
         one_word = said in COLOURS
         weight = self.params.format_weight
         reward = (1 - weight) * correct + weight * one_word
-        return reward, {"said": said, "correct": correct, "format_ok": one_word,
+        return reward, {"parsed": {"said": said}, "correct": correct, "format_ok": one_word,
                         "reward_components": {"correct": float(correct), "format": float(one_word)}}
 
     def ideal_answer(self, meta):
@@ -100,11 +101,7 @@ class ColourEnv(Env):
             layout.write_zip(layout.zip_dir(out_dir, split) / layout.zip_name(0), members)
         return {"colours": sorted(COLOURS)}
 
-    # --- evaluation: record fields, metrics, report ---
-    @classmethod
-    def record_fields(cls, info, meta):
-        return {"parsed": {"said": info.get("said")}, "truth": {"colour": meta.get("colour")}}
-
+    # --- evaluation: a rollout record holds info["parsed"] and the sample's meta as "truth" ---
     @classmethod
     def task_statistics(cls, records, **options):
         correct = [r["parsed"]["said"] == r["truth"]["colour"] for r in records]
@@ -120,16 +117,10 @@ class ColourEnv(Env):
 
     @classmethod
     def report_html(cls, records_by_policy, params):
-        rows = "".join(f"<tr><td>{html.escape(policy)}</td><td>{colour}</td><td>{html.escape(said)}</td>"
-                       f"<td>{n}</td></tr>" for policy, records in records_by_policy.items()
-                       for (colour, said), n in sorted(_confusions(records).items()))
+        rows = ""
+        for policy, records in records_by_policy.items():
+            confusions = Counter((r["truth"]["colour"], r["parsed"]["said"] or "(nothing)") for r in records)
+            rows += "".join(f"<tr><td>{html.escape(policy)}</td><td>{colour}</td><td>{html.escape(said)}</td>"
+                            f"<td>{n}</td></tr>" for (colour, said), n in sorted(confusions.items()))
         return ("<h2>Colour confusions</h2><table><tr><th>policy</th><th>truth</th><th>said</th><th>answers</th>"
                 f"</tr>{rows}</table>")
-
-
-def _confusions(records):
-    counts = {}
-    for record in records:
-        key = (record["truth"]["colour"], record["parsed"]["said"] or "(nothing)")
-        counts[key] = counts.get(key, 0) + 1
-    return counts

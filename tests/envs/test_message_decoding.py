@@ -192,7 +192,7 @@ def test_schema_parses_a_good_row():
 ])
 def test_schema_skips_bad_rows_with_a_reason(change, reason):
     with pytest.raises(RowSkip) as err:
-        parse_row({**GOOD, **change})
+        MessageDecodingEnv.schema.row({**GOOD, **change})
     assert err.value.reason == reason
 
 

@@ -2,7 +2,9 @@
 
 A schema lists the CSV columns a row needs, the tar extension of each image the row refers to (in the order
 the env's prompt shows them), and a `parse` function that validates one row (a dict of strings) into a Row or
-raises RowSkip with a reason. The shard stage counts skips by reason in its manifest; they never stop it.
+raises RowSkip with a reason. `RowSchema.row` adds the checks every env shares (an image name per image), so
+`parse` checks only the env's own columns. The shard stage counts skips by reason in its manifest; they never
+stop it.
 """
 
 from __future__ import annotations
@@ -39,3 +41,21 @@ class RowSchema:
     required: tuple[str, ...]  # CSV columns every row needs
     image_exts: tuple[str, ...]  # tar extension of each image, in row order (e.g. "jpg" or "left.jpg")
     parse: Callable[[dict[str, str]], Row]  # validates one row; raises RowSkip for a bad one
+
+    @property
+    def image_count(self) -> int:
+        """How many images every sample has: one per extension."""
+        return len(self.image_exts)
+
+    @property
+    def image_roles(self) -> tuple[str, ...]:
+        """What tells a sample's images apart, for messages: "left" of "left.jpg"; none for one plain "jpg"."""
+        return tuple(ext.rpartition(".")[0] for ext in self.image_exts if "." in ext)
+
+    def row(self, record: dict[str, str]) -> Row:
+        """One CSV row (a dict of strings) as a Row: the env's `parse`, then a name for each of its images."""
+        row = self.parse(record)
+        if not all(row.images):
+            roles = "/".join(self.image_roles)
+            raise RowSkip("image_missing", f"empty {roles + ' ' if roles else ''}image name")
+        return row

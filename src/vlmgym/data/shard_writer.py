@@ -111,7 +111,7 @@ def read_rows(raw_dir: Path, split: str, schema: RowSchema, index: layout.ZipInd
             skip("malformed_row", f"{where}: {len(fields)} fields, header has {len(header)}")
             continue
         try:
-            row = schema.parse(dict(zip(header, fields)))
+            row = schema.row(dict(zip(header, fields)))
         except RowSkip as err:
             skip(err.reason, f"{where}: {err}")
             continue

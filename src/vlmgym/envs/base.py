@@ -6,25 +6,23 @@ Episodes are single-step, over samples from the webdataset shards:
 `step(state, action_tokens) -> (state, [], reward, done, info)` decodes the answer and scores it; `info` carries
 every named reward component. `step` does not mutate `state`, so GRPO scores a group of answers against one reset.
 
-What a task provides, by pipeline stage (class attributes and classmethods, so the stages that never load
-samples need no instance):
-- params: `Params` (its section `env.<name>`) and `DataParams` (`data.<name>`, the generator's settings),
-  validated by vlmgym.params like every other section.
-- download: `write_synthetic` (the embedded offline generator, the default) and `download_hub` (a public
-  dataset, where one exists), both writing the raw layout (vlmgym.data.layout); `generate(n)` makes samples in
-  memory from the same generator.
-- shard: `schema` (vlmgym.data.rows.RowSchema: CSV columns, images, row validation).
-- sft / train / rollout: `prompt`, `score`, `ideal_answer`, `corpus` (the tokenizer's texts). A `Params` with
-  the fields of vlmgym.envs.think.ThinkParams (every built-in env's) adds the R1 think/answer option on top.
-  Optionally `perception_heads` / `perception_labels`: class labels of what an image shows, for sft.perception's
-  warm-up of the vision tower.
-- download, rollout, evaluate: `ood_note`, when the generator also writes an out-of-distribution test split
-  (test_ood; `describe_ood` names the configured shift where there are several); the rollout stage answers it
-  too and the evaluate stage reports it beside test.
-- evaluate: `record_fields` / `finish_record` (the per-sample record), `task_statistics` (metrics as
-  bootstrap-able arrays), `metric_rows` (their table labels), `truth_text` / `outcome_text` / `gallery_images`
-  (gallery rows and images), `report_html` and `write_report_files` (task plots and page sections),
-  `reward_levels` (the training reward's per-level curves).
+The core every task writes (class attributes and classmethods where a stage never loads samples, so it needs no
+instance):
+- `name`, and `schema` (vlmgym.data.rows.RowSchema: the CSV columns, the images of a row, row validation) for the
+  shard stage;
+- `prompt(sample)` and `score(state, text)` for train and rollout, `ideal_answer(meta)` (the SFT target);
+- `write_synthetic(data, out_dir)`: the embedded offline generator, writing the raw layout (vlmgym.data.layout).
+
+Everything else is optional, with a default that works:
+- settings: `Params` (section `env.<name>`; one with the fields of vlmgym.envs.think.ThinkParams adds the R1
+  think/answer option), `DataParams` (`data.<name>`, the generator's), `recipe`;
+- samples and episodes: `check_sample` (meta checks; the schema's image count is checked for every env),
+  `prepare_truth`, `corpus` (the tokenizer's texts), `perception_heads` / `perception_labels` (sft.perception's
+  warm-up of the vision tower);
+- data: `download_hub` (a public dataset); `ood_note` / `describe_ood`, what the out-of-distribution test split
+  (test_ood) shifts, when the generator writes one;
+- evaluate: rollout record fields, task metrics and report sections (vlmgym.envs.evaluation.EvaluationParts).
+A stage that needs a part the env lacks stops with MissingPart, saying which.
 """
 
 from __future__ import annotations
@@ -37,11 +35,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from vlmgym.envs import think as r1
+from vlmgym.envs.evaluation import EvaluationParts
 
 if TYPE_CHECKING:
     from vlmgym.config import DataParams
     from vlmgym.data.rows import RowSchema
-    from vlmgym.stats.bootstrap import Statistic
 
 
 # The key of a state's meta and of a scored answer's info that names the sub-env it belongs to, in an env made of
@@ -79,33 +77,93 @@ class MissingPart(RuntimeError):
     """A stage needs a part of the interface this env does not provide (e.g. SFT without an ideal answer)."""
 
 
-class Env(abc.ABC):
-    """Base class: subclasses set `name` and implement `prompt` and `score`; the pipeline needs the rest of the
-    interface below (see the module docstring), each part with a default where one makes sense."""
+class Env(EvaluationParts, abc.ABC):
+    """Base class of a task: the core below is what a subclass writes (`prompt` and `score` are abstract; a stage
+    that needs one of the others stops with MissingPart without it), then the optional parts with their defaults
+    (the evaluate stage's come from EvaluationParts), then what the pipeline calls, the same for every env."""
+
+    # --- the core: what a task writes ------------------------------------------
 
     name: ClassVar[str] = "env"
+    schema: ClassVar[RowSchema | None] = None  # how the raw layout's CSV rows become shard samples
+
+    @abc.abstractmethod
+    def prompt(self, sample: SampleLike) -> str:
+        """The question shown with the sample's images."""
+
+    @abc.abstractmethod
+    def score(self, state: State, text: str) -> tuple[float, dict]:
+        """(reward, info with the named reward components) of answer `text` in episode `state`.
+
+        Never raises on a model's answer: garbage scores 0 with `format_ok` False in `info`."""
+
+    def ideal_answer(self, meta: dict) -> str:
+        """The perfect answer for a sample's meta: the SFT target (default: none, so SFT cannot run)."""
+        raise MissingPart(f"env {self.name!r} has no ideal_answer, so it cannot be the SFT target; "
+                          "set sft.steps: 0 or implement ideal_answer(meta)")
+
+    @classmethod
+    def write_synthetic(cls, data: DataParams, out_dir: Path) -> dict:
+        """Write the embedded offline dataset in the raw layout (CSV + image zips per split); returns details."""
+        raise MissingPart(f"env {cls.name!r} has no embedded generator (data.source: synthetic)")
+
+    # --- optional: settings ----------------------------------------------------
+
     Params: ClassVar[type | None] = None  # dataclass of the section env.<name> (None: the env takes no settings)
     DataParams: ClassVar[type | None] = None  # dataclass of data.<name>: the generator's settings
-    schema: ClassVar[RowSchema | None] = None  # how the raw layout's CSV rows become shard samples
-    # metric -> (table label, kind: rate | km | score | reward | count), in table order; kinds pick the format
-    metric_rows: ClassVar[dict[str, tuple[str, str]]] = {}
-    # Reward levels, coarse to fine: label -> (the reward component holding the level's unweighted score, the one
-    # holding its weight in the total, or None). The report draws each level's training curve beside the weighted
-    # total, because a curriculum that shifts weight to harder levels makes the total fall while every level
-    # holds or improves. Empty: the env's reward has no levels and the report shows the total alone.
-    reward_levels: ClassVar[dict[str, tuple[str, str | None]]] = {}
-    # What the out-of-distribution split test_ood shifts, for report headings ("" : the env's generator writes
-    # none). A generator that defines one writes test_ood beside train and test when data.ood_images > 0: test's
-    # task under a shift that train never shows, so a policy's ID-to-OOD drop measures how far what it learned
-    # carries over.
-    ood_note: ClassVar[str] = ""
     # The settings of the other sections this task trains with, as a partial params mapping (e.g. {"sft":
     # {"optimizer": {"lr": 0.001}}}); `vlmgym recipe <env>` applies it (vlmgym.cli.recipes). Empty: the defaults,
     # the default env's recipe.
     recipe: ClassVar[Mapping[str, Any]] = {}
-    # The task statistic (task_statistics) that is 1 for a correct answer and 0 otherwise, e.g. an exact-match
-    # accuracy: what pass@k counts over sampled answers ("": the reward is graded and there is no such bit).
-    solved_metric: ClassVar[str] = ""
+
+    # --- optional: samples and episodes ----------------------------------------
+
+    def check_sample(self, sample: SampleLike) -> None:
+        """Raise a ValueError naming `sample` when this env cannot serve its meta; every sample is checked once,
+        when the env is built, after the image count its schema declares. Default: every sample is served."""
+        return None
+
+    def prepare_truth(self, sample: SampleLike) -> Any:
+        """Anything worth computing once per reset rather than once per answer (default: nothing)."""
+        return None
+
+    @classmethod
+    def corpus(cls) -> list[str]:
+        """Texts the tokenizer should cover for this env: prompts, answer templates, names (default: none)."""
+        return []
+
+    # Class counts of the labels perception_labels gives each image (e.g. ten heads of 0-4 for how many of each
+    # digit an image holds): sft.perception trains the vision tower to predict them before SFT. Empty: none.
+    perception_heads: ClassVar[tuple[int, ...]] = ()
+
+    def perception_labels(self, meta: dict) -> list[int]:
+        """One class per head of `perception_heads` for the sample's image (default: none, so the warm-up cannot
+        run)."""
+        raise MissingPart(f"env {self.name!r} has no perception labels, so sft.perception cannot warm its vision "
+                          "tower up; set sft.perception.steps: 0 or implement perception_heads and "
+                          "perception_labels(meta)")
+
+    # --- optional: data --------------------------------------------------------
+
+    @classmethod
+    def download_hub(cls, data: DataParams, out_dir: Path) -> dict:
+        """Download the env's public dataset into the raw layout; returns details."""
+        raise MissingPart(f"env {cls.name!r} has no public dataset loader (data.source: hub); "
+                          "use data.source: synthetic")
+
+    # What the out-of-distribution split test_ood shifts, for report headings ("" : the env's generator writes
+    # none). A generator that defines one writes test_ood beside train and test when data.ood_images > 0: test's
+    # task under a shift that train never shows, so a policy's ID-to-OOD drop measures how far what it learned
+    # carries over. The rollout stage answers it too and the evaluate stage reports it beside test.
+    ood_note: ClassVar[str] = ""
+
+    @classmethod
+    def describe_ood(cls, settings: Any) -> str:
+        """The configured shift, for an env whose generator offers several (its DataParams `settings`; default:
+        "", the general ood_note stands)."""
+        return ""
+
+    # --- what the pipeline calls: episodes, data, report headings ---------------
 
     def __init__(self, samples: Sequence[SampleLike] | None = None, *, shards_dir: str = "data/shards",
                  split: str = "train", limit: int | None = None, tokenizer: Any = None, params: Any = None):
@@ -124,19 +182,23 @@ class Env(abc.ABC):
         if not samples:
             raise ValueError(f"{self.name}: no samples in {where}")
         for sample in samples:
+            self._check_images(sample)
             self.check_sample(sample)
         self.samples = samples
         self.tokenizer = tokenizer
         self.params = params if params is not None else (self.Params() if self.Params is not None else None)
         self.progress = 0.0
 
+    def _check_images(self, sample: SampleLike) -> None:
+        """The check every env with a schema shares: a sample has the images its prompt shows, no more."""
+        if self.schema is None or len(sample.images) == self.schema.image_count:
+            return
+        roles = self.schema.image_roles
+        raise ValueError(f"{self.name}: sample {sample.key!r} has {len(sample.images)} images, expected "
+                         f"{self.schema.image_count}" + (f" ({', '.join(roles)})" if roles else ""))
+
     def __len__(self) -> int:
         return len(self.samples)
-
-    def check_sample(self, sample: SampleLike) -> None:
-        """Raise a ValueError naming `sample` when this env cannot serve it (its images, its meta); every sample
-        is checked once, when the env is built. Default: every sample is served."""
-        return None
 
     def set_progress(self, progress: float) -> None:
         """Training progress in [0, 1] (step / total steps), for rewards with a curriculum."""
@@ -173,8 +235,6 @@ class Env(abc.ABC):
         if not self.think:
             reward, info = self.score(state, text)
         else:
-            from vlmgym.envs import think as r1
-
             text = text if isinstance(text, str) else ""
             reward, info = self.score(state, r1.answer(text))
             reward, info = r1.combine(reward, info, r1.structure_ok(text), self.params.think_format_weight)
@@ -190,45 +250,6 @@ class Env(abc.ABC):
         ideal = self.ideal_answer(meta)
         return r1.target(ideal) if self.think else ideal
 
-    # --- interaction: what a subclass provides -------------------------------
-
-    @abc.abstractmethod
-    def prompt(self, sample: SampleLike) -> str:
-        """The question shown with the sample's images."""
-
-    @abc.abstractmethod
-    def score(self, state: State, text: str) -> tuple[float, dict]:
-        """(reward, info with the named reward components) of answer `text` in episode `state`.
-
-        Never raises on a model's answer: garbage scores 0 with `format_ok` False in `info`."""
-
-    def prepare_truth(self, sample: SampleLike) -> Any:
-        """Anything worth computing once per reset rather than once per answer (default: nothing)."""
-        return None
-
-    def ideal_answer(self, meta: dict) -> str:
-        """The perfect answer for a sample's meta: the SFT target (default: none, so SFT cannot run)."""
-        raise MissingPart(f"env {self.name!r} has no ideal_answer, so it cannot be the SFT target; "
-                                  "set sft.steps: 0 or implement ideal_answer(meta)")
-
-    # Class counts of the labels perception_labels gives each image (e.g. ten heads of 0-4 for how many of each
-    # digit an image holds): sft.perception trains the vision tower to predict them before SFT. Empty: none.
-    perception_heads: ClassVar[tuple[int, ...]] = ()
-
-    def perception_labels(self, meta: dict) -> list[int]:
-        """One class per head of `perception_heads` for the sample's image (default: none, so the warm-up cannot
-        run)."""
-        raise MissingPart(f"env {self.name!r} has no perception labels, so sft.perception cannot warm its vision "
-                          "tower up; set sft.perception.steps: 0 or implement perception_heads and "
-                          "perception_labels(meta)")
-
-    @classmethod
-    def corpus(cls) -> list[str]:
-        """Texts the tokenizer should cover for this env: prompts, answer templates, names (default: none)."""
-        return []
-
-    # --- data ------------------------------------------------------------------
-
     @classmethod
     def data_settings(cls, data: DataParams) -> Any:
         """This env's section of `data` (data.<name>), or its defaults; None when the env has no DataParams."""
@@ -236,31 +257,6 @@ class Env(abc.ABC):
         if section is None and cls.DataParams is not None:
             section = cls.DataParams()
         return section
-
-    @classmethod
-    def write_synthetic(cls, data: DataParams, out_dir: Path) -> dict:
-        """Write the embedded offline dataset in the raw layout (CSV + image zips per split); returns details."""
-        raise MissingPart(f"env {cls.name!r} has no embedded generator (data.source: synthetic)")
-
-    @classmethod
-    def download_hub(cls, data: DataParams, out_dir: Path) -> dict:
-        """Download the env's public dataset into the raw layout; returns details."""
-        raise MissingPart(f"env {cls.name!r} has no public dataset loader (data.source: hub); "
-                                  "use data.source: synthetic")
-
-    @classmethod
-    def ood_description(cls, data: DataParams | None = None) -> str:
-        """What test_ood shifts when generated with the `data` settings, for report headings: describe_ood of the
-        env's generator settings, or ood_note (no settings given, or nothing more specific to say)."""
-        if data is None or cls.DataParams is None:
-            return cls.ood_note
-        return cls.describe_ood(cls.data_settings(data)) or cls.ood_note
-
-    @classmethod
-    def describe_ood(cls, settings: Any) -> str:
-        """The configured shift, for an env whose generator offers several (its DataParams `settings`; default:
-        "", the general ood_note stands)."""
-        return ""
 
     @classmethod
     def build_raw(cls, data: DataParams, out_dir: Path) -> dict:
@@ -276,64 +272,10 @@ class Env(abc.ABC):
 
         return generate_samples(cls, n, seed=seed, split=split, data=data)
 
-    # --- evaluation ------------------------------------------------------------
-
     @classmethod
-    def record_fields(cls, info: Mapping[str, Any], meta: Mapping[str, Any]) -> dict[str, Any]:
-        """The env's fields of a rollout record (after id, policy, env, answer): what the answer parsed to and
-        the truth (default: info["parsed"] and the whole meta)."""
-        return {"parsed": info.get("parsed"), "truth": dict(meta)}
-
-    @classmethod
-    def finish_record(cls, record: dict[str, Any]) -> dict[str, Any]:
-        """Fields derived from a complete, JSON-safe record, appended last (default: none)."""
-        return record
-
-    @classmethod
-    def usable_prediction(cls, record: Mapping[str, Any]) -> bool:
-        """Whether the record holds a prediction the metrics can use (with format_ok: the format-valid rate)."""
-        return True
-
-    @classmethod
-    def solved(cls, record: Mapping[str, Any]) -> bool | None:
-        """Whether a record's answer is correct, the bit pass@k counts over sampled answers: the env's
-        `solved_metric` on that record alone (None without one: the reward is graded)."""
-        if not cls.solved_metric:
-            return None
-        return bool(cls.task_statistics([record])[cls.solved_metric].point() > 0.5)
-
-    @classmethod
-    def task_statistics(cls, records: Sequence[Mapping[str, Any]], **options: Any) -> dict[str, Statistic]:
-        """Per-sample arrays of the env's own metrics (vlmgym.stats.bootstrap.Statistic), before the shared
-        format-valid rate and mean reward; `options` are the env's (e.g. a test's reverse geocoder)."""
-        return {}
-
-    @classmethod
-    def truth_text(cls, truth: Mapping[str, Any]) -> str:
-        """One line describing a record's truth in the report's gallery."""
-        return ", ".join(f"{k}: {v}" for k, v in truth.items())
-
-    @classmethod
-    def outcome_text(cls, record: Mapping[str, Any]) -> str:
-        """How one answer did, in a gallery row (default: its reward components)."""
-        components = record.get("reward_components") or {}
-        return ", ".join(f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}" for k, v in components.items())
-
-    @classmethod
-    def gallery_images(cls, images: Sequence[Any], records: Mapping[str, Mapping[str, Any] | None]) -> list:
-        """The images a gallery card of reports/eval.html shows for one sample, given its record under each policy
-        (None where a policy has none; in the page's policy order); an env may draw its truth and predictions on
-        them (default: the images as they are)."""
-        return list(images)
-
-    @classmethod
-    def report_html(cls, records_by_policy: Mapping[str, Sequence[Mapping[str, Any]]], params: Any) -> str:
-        """The env's own part of reports/eval.html (placed before the gallery; default: none)."""
-        return ""
-
-    @classmethod
-    def write_report_files(cls, out_root: Path, records_by_policy: Mapping[str, Sequence[Mapping[str, Any]]],
-                           params: Any) -> tuple[dict[str, Path], dict[str, Path]]:
-        """Write the env's plots and data files under out_root; returns ({role: path}, {caption: PNG embedded in
-        the page}) (default: none)."""
-        return {}, {}
+    def ood_description(cls, data: DataParams | None = None) -> str:
+        """What test_ood shifts when generated with the `data` settings, for report headings: describe_ood of the
+        env's generator settings, or ood_note (no settings given, or nothing more specific to say)."""
+        if data is None or cls.DataParams is None:
+            return cls.ood_note
+        return cls.describe_ood(cls.data_settings(data)) or cls.ood_note

@@ -102,8 +102,6 @@ def parse_row(rec: dict[str, str]) -> Row:
     expected = digits_data.answer_text(task, digits)
     if rec["answer"].strip() != expected:
         raise RowSkip("bad_answer", f"answer {rec['answer']!r} does not match {task} of {digits} ({expected!r})")
-    if not rec["image"].strip():
-        raise RowSkip("image_missing", "empty image name")
     return Row(sample_id, (rec["image"].strip(),), {"id": sample_id, "task": task, "digits": digits,
                                                     "answer": expected})
 
@@ -131,8 +129,6 @@ class DigitsEnv(Env):
                 "turned 20-40 degrees), on test-pool handwriting, which train never shows")
 
     def check_sample(self, sample: SampleLike) -> None:
-        if len(sample.images) != 1:
-            raise ValueError(f"digits: sample {sample.key} has {len(sample.images)} images, expected 1")
         task, digits = sample.meta.get("task"), sample.meta.get("digits")
         if task not in digits_data.TASKS:
             raise ValueError(f"digits: sample {sample.key} has task {task!r}, expected one of {digits_data.TASKS}")

@@ -96,8 +96,6 @@ def parse_row(rec: dict[str, str]) -> Row:
     answer = md_data.decode(coded, decoder)
     if rec["answer"].strip() != answer:
         raise RowSkip("bad_answer", f"answer {rec['answer']!r} is not {coded!r} decoded ({answer!r})")
-    if not rec["image"].strip():
-        raise RowSkip("image_missing", "empty image name")
     return Row(sample_id, (rec["image"].strip(),), {"id": sample_id, "coded": coded, "decoder": decoder,
                                                     "answer": answer})
 
@@ -119,8 +117,6 @@ class MessageDecodingEnv(Env):
                 "order), from the test word pool")
 
     def check_sample(self, sample: SampleLike) -> None:
-        if len(sample.images) != 1:
-            raise ValueError(f"message_decoding: sample {sample.key} has {len(sample.images)} images, expected 1")
         coded, decoder, answer = (sample.meta.get(k) for k in ("coded", "decoder", "answer"))
         if not (isinstance(decoder, str) and md_data.is_permutation(decoder) and isinstance(coded, str)
                 and ANSWER.fullmatch(coded) and answer == md_data.decode(coded, decoder)):

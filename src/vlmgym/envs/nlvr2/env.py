@@ -88,8 +88,6 @@ def parse_row(rec: dict[str, str]) -> Row:
         raise RowSkip("missing_sentence", "empty sentence")
     if rec["label"] not in ("True", "False"):
         raise RowSkip("bad_label", f"label {rec['label']!r} is not True/False")
-    if not rec["left"] or not rec["right"]:
-        raise RowSkip("image_missing", "empty left/right image name")
     meta = {"id": pair_id, "sentence": sentence, "label": rec["label"] == "True"}
     trace = " ".join((rec.get("trace") or "").split())
     if trace:  # only the synthetic generator writes one
@@ -117,8 +115,6 @@ class NLVR2Env(Env):
               "train": {"optimizer": {"lr": 3e-5}, "sampling": {"temperature": 0.6}}}
 
     def check_sample(self, sample: SampleLike) -> None:
-        if len(sample.images) != 2:
-            raise ValueError(f"nlvr2: sample {sample.key} has {len(sample.images)} images, expected 2 (left, right)")
         sentence, label = sample.meta.get("sentence"), sample.meta.get("label")
         if not isinstance(sentence, str) or not sentence.strip():
             raise ValueError(f"nlvr2: sample {sample.key} has no sentence (meta {sample.meta!r})")

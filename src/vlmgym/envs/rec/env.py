@@ -80,8 +80,6 @@ def parse_row(rec: dict[str, str]) -> Row:
     bbox = pixels_to_qwen(box, width, height)
     if bbox[0] >= bbox[2] or bbox[1] >= bbox[3]:
         raise RowSkip("degenerate_box", f"box {rec['box']!r} is under a thousandth of the {width}x{height} image")
-    if not rec["image"].strip():
-        raise RowSkip("image_missing", "empty image name")
     return Row(sample_id, (rec["image"].strip(),), {"id": sample_id, "expression": expression, "label": label,
                                                     "bbox_2d": list(bbox)})
 
@@ -109,8 +107,6 @@ class RecEnv(Env):
                 "2-5 of any train scene")
 
     def check_sample(self, sample: SampleLike) -> None:
-        if len(sample.images) != 1:
-            raise ValueError(f"rec: sample {sample.key} has {len(sample.images)} images, expected 1")
         expression, box = sample.meta.get("expression"), sample.meta.get("bbox_2d")
         if not isinstance(expression, str) or not expression.strip():
             raise ValueError(f"rec: sample {sample.key} has no expression (meta {sample.meta!r})")
