@@ -66,9 +66,11 @@ def _sft_setup(tiny_vlm):
     adapted = lora.init_adapters(tiny_vlm.params, tiny_vlm.cfg, DROPOUT)
     optimizer = SubsetOptimizer(OptimizerConfig(learning_rate=1e-3), lora.trainable_mask(adapted))
 
+    compiles = CompileCounter()  # one counter: a static argument, so a new one per call would compile each call
+
     def gradients(params, micro):
         loss, grads, _ = sft_gradients(params, micro, jnp.float32(mask.sum()), policy=policy, optimizer=optimizer,
-                                       compiles=CompileCounter())
+                                       compiles=compiles)
         return float(loss), [np.asarray(g) for g in grads]
 
     return {"batch": batch, "mask": mask}, adapted, gradients

@@ -89,10 +89,10 @@ def test_sft_lowers_the_loss_on_ideal_answers(tiny_vlm, tmp_path):
         _policy(tiny_vlm, 4).encode_targets(["Country: France\nRegion: Ile-de-France"])
 
 
-@pytest.mark.parametrize("sign", [1.0, -1.0], ids=["positive", "negative"])
-def test_one_update_moves_a_rollouts_logprob_in_its_advantages_direction(tiny_vlm, sign):
+def test_one_update_moves_a_rollouts_logprob_in_its_advantages_direction(tiny_vlm):
     # The real Qwen policy, a fixed sampled rollout, one GRPO update: a positive advantage must raise the rollout's
     # log-prob and a negative one lower it (a sign, masking or alignment bug anywhere would break one of the two).
+    # Both signs in one test: they share the rollout and every compiled program.
     from vlmgym.rl.loop import CompileCounter
     from vlmgym.rl.losses import LossSettings, apply_update, grpo_gradients
     from vlmgym.rl.optim import Optimizer, OptimizerConfig, trainable_mask
@@ -101,22 +101,24 @@ def test_one_update_moves_a_rollouts_logprob_in_its_advantages_direction(tiny_vl
     env = _env(tiny_vlm)
     observations = [env.reset(0)[1]]
     samples = policy.sample(tiny_vlm.params, observations, 1, jax.random.key(1))
+    assert samples.mask.sum() > 1
     batch = policy.build_batch(observations, samples.tokens, samples.mask)
-    before = float(np.asarray(jax.jit(policy.logprobs)(tiny_vlm.params, batch)).sum())
+    logprobs = jax.jit(policy.logprobs)
+    before = float(np.asarray(logprobs(tiny_vlm.params, batch)).sum())
     optimizer = Optimizer(OptimizerConfig(learning_rate=1e-3, warmup_steps=0, total_steps=10, end_lr_ratio=1.0),
                           trainable_mask(tiny_vlm.params))
-    params = _copy(tiny_vlm.params)
-    micro = {"batch": batch, "behaviour": samples.logprobs, "advantages": np.array([sign], np.float32),
-             "mask": samples.mask}
     settings = LossSettings(epsilon=0.2, epsilon_high=0.28, aggregation="token_mean", beta=0.0, current_as_old=False)
     compiles = CompileCounter()
-    _, grads, _ = grpo_gradients(params, micro, jax.numpy.float32(samples.mask.sum()), policy=policy,
-                                 optimizer=optimizer, settings=settings, compiles=compiles)
-    params, _, _ = apply_update(params, jax.jit(optimizer.init)(params), grads, optimizer=optimizer,
-                                compiles=compiles)
-    after = float(np.asarray(jax.jit(policy.logprobs)(params, batch)).sum())
-    assert samples.mask.sum() > 1
-    assert (after - before) * sign > 1e-3, (before, after)
+    for sign in (1.0, -1.0):
+        params = _copy(tiny_vlm.params)
+        micro = {"batch": batch, "behaviour": samples.logprobs, "advantages": np.array([sign], np.float32),
+                 "mask": samples.mask}
+        _, grads, _ = grpo_gradients(params, micro, jax.numpy.float32(samples.mask.sum()), policy=policy,
+                                     optimizer=optimizer, settings=settings, compiles=compiles)
+        params, _, _ = apply_update(params, jax.jit(optimizer.init)(params), grads, optimizer=optimizer,
+                                    compiles=compiles)
+        after = float(np.asarray(logprobs(params, batch)).sum())
+        assert (after - before) * sign > 1e-3, (sign, before, after)
 
 
 def test_online_dpo_steps_on_the_real_policy(tiny_vlm, tmp_path):
