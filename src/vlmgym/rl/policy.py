@@ -15,6 +15,7 @@ from vlmgym.models.qwen3_vl import lora
 from vlmgym.models.qwen3_vl.config import Qwen3VLConfig
 from vlmgym.models.qwen3_vl.mesh import batch_sharding
 from vlmgym.models.qwen3_vl.model import token_logprobs
+from vlmgym.models.qwen3_vl.processor import END_OF_TURN
 from vlmgym.models.qwen3_vl.shared_prefix import shared_prefix_logprobs
 from vlmgym.models.qwen3_vl.vision import patch_layout
 from vlmgym.rl.loop import Samples
@@ -23,7 +24,6 @@ from vlmgym.rollout.sampling import SamplingSettings
 from vlmgym.runtime import distributed
 
 LEARNER_KEYS = ("input_ids", "attention_mask", "position_ids", "pixel_values", "patch_layout")
-END_OF_TURN = "<|im_end|>"
 REMAT_CHOICES = ("none", "layer")  # train.remat / sft.remat
 
 

@@ -291,11 +291,43 @@ _TEMPLATE_CACHE: dict[str, Any] = {}
 
 
 def render_chat(messages: Sequence[dict], add_generation_prompt: bool = True,
-                chat_template: str = QWEN3_VL_CHAT_TEMPLATE) -> str:
-    """Render chat messages to text with one `<|image_pad|>` per image (not yet expanded)."""
+                chat_template: str = QWEN3_VL_CHAT_TEMPLATE, tools: Sequence[dict] | None = None) -> str:
+    """Render chat messages to text with one `<|image_pad|>` per image (not yet expanded); `tools`: function
+    schemas the template lists in its system turn (transformers' apply_chat_template(tools=...))."""
     if chat_template not in _TEMPLATE_CACHE:
         _TEMPLATE_CACHE[chat_template] = _compile_template(chat_template)
-    return _TEMPLATE_CACHE[chat_template].render(messages=list(messages), add_generation_prompt=add_generation_prompt)
+    return _TEMPLATE_CACHE[chat_template].render(messages=list(messages), add_generation_prompt=add_generation_prompt,
+                                                 tools=list(tools) if tools else None)
+
+
+# An assistant message may carry the token ids the policy sampled for it (ending with <|im_end|>): the conversation
+# is then encoded with those ids where its text stands, so a later turn sees exactly the tokens that were generated
+# (re-encoding the decoded text can split it differently) and the learner scores the context the sampler saw.
+TOKEN_IDS = "token_ids"
+END_OF_TURN = "<|im_end|>"
+
+
+def chat_pieces(messages: Sequence[dict], add_generation_prompt: bool, chat_template: str,
+                tools: Sequence[dict] | None = None) -> list[str | list[int]]:
+    """The rendered conversation as text pieces and, in place of each assistant message that carries TOKEN_IDS,
+    those ids (its text and the <|im_end|> after it): tokenizing the texts and joining in order gives the row."""
+    text = render_chat(messages, add_generation_prompt, chat_template, tools)
+    pieces: list[str | list[int]] = []
+    cursor = 0
+    for index, message in enumerate(messages):
+        ids = message.get(TOKEN_IDS) if isinstance(message, dict) else None
+        if ids is None:
+            continue
+        if message.get("role") != "assistant" or not isinstance(message.get("content"), str):
+            raise ValueError(f"message {index}: {TOKEN_IDS} only go with an assistant message whose content is text")
+        start = len(render_chat(messages[:index], True, chat_template, tools))
+        span = message["content"] + END_OF_TURN
+        if start < cursor or text[start:start + len(span)] != span:
+            raise ValueError(f"message {index}: the chat template does not render the assistant text where expected")
+        pieces += [text[cursor:start], [int(i) for i in ids]]
+        cursor = start + len(span)
+    pieces.append(text[cursor:])
+    return pieces
 
 
 def count_image_parts(messages: Sequence[dict]) -> int:
@@ -391,8 +423,12 @@ def build_inputs(tokenizer: Any, batch_of_messages: Sequence[Sequence[dict]],
                  batch_of_images: Sequence[Sequence[Image.Image | np.ndarray]], *, min_pixels: int = HUB_MIN_PIXELS,
                  max_pixels: int = HUB_MAX_PIXELS, padding_side: str = "left", pad_to_multiple: int | None = None,
                  buckets: Sequence[int] | None = None, add_generation_prompt: bool = True,
-                 chat_template: str | None = None, settings: ImageSettings | None = None) -> dict[str, np.ndarray]:
+                 chat_template: str | None = None, settings: ImageSettings | None = None,
+                 batch_of_tools: Sequence[Sequence[dict] | None] | None = None) -> dict[str, np.ndarray]:
     """Chat messages + images of a batch -> padded numpy model inputs with MRoPE positions.
+
+    `batch_of_tools`: each row's tool schemas (render_chat's `tools`), or None. An assistant message carrying
+    TOKEN_IDS is encoded as those ids (chat_pieces).
 
     Returns input_ids, attention_mask, mm_token_type_ids (B, L) int32; pixel_values (N, 1536) float32
     (all images of all rows, in order); image_grid_thw (n, 3); position_ids (3, B, L); rope_deltas (B, 1);
@@ -410,20 +446,39 @@ def build_inputs(tokenizer: Any, batch_of_messages: Sequence[Sequence[dict]],
     flat_images = [image for images in batch_of_images for image in images]
     pixel_values, grid_thw = preprocess_images(flat_images, settings=s)
     tokens_per_image = (grid_thw.prod(axis=1) // (s.merge_size ** 2)).tolist()
-    texts, image_tokens, first = [], [], 0
+    if batch_of_tools is not None and len(batch_of_tools) != len(batch_of_messages):
+        raise ValueError(f"{len(batch_of_messages)} message lists but {len(batch_of_tools)} tool lists")
+    end_of_turn = _single_token_id(tokenizer, END_OF_TURN)
+    rows_pieces, image_tokens, first = [], [], 0
     for row, (messages, images) in enumerate(zip(batch_of_messages, batch_of_images)):
         parts = count_image_parts(messages)
         if parts != len(images):
             raise ValueError(f"row {row}: messages have {parts} image parts but {len(images)} images were given")
         counts = tokens_per_image[first:first + len(images)]
         first += len(images)
-        text = render_chat(messages, add_generation_prompt, template)
-        if text.count(IMAGE_PAD) != len(images):
-            raise ValueError(f"row {row}: the chat text holds {text.count(IMAGE_PAD)} {IMAGE_PAD} for {len(images)} "
+        tools = batch_of_tools[row] if batch_of_tools is not None else None
+        pieces = chat_pieces(messages, add_generation_prompt, template, tools)
+        pads = sum(piece.count(IMAGE_PAD) for piece in pieces if isinstance(piece, str))
+        if pads != len(images):
+            raise ValueError(f"row {row}: the chat text holds {pads} {IMAGE_PAD} for {len(images)} "
                              f"images (does a message contain a literal {IMAGE_PAD}?)")
-        texts.append(expand_image_tokens(text, counts))
+        expanded, used = [], 0
+        for piece in pieces:
+            if isinstance(piece, list):
+                if not piece or piece[-1] != end_of_turn:
+                    raise ValueError(f"row {row}: an assistant message's {TOKEN_IDS} must end with {END_OF_TURN}")
+                expanded.append(piece)
+            elif piece:
+                here = piece.count(IMAGE_PAD)
+                expanded.append(expand_image_tokens(piece, counts[used:used + here]))
+                used += here
+        rows_pieces.append(expanded)
         image_tokens.append(sum(counts))
-    encoded = [list(ids) for ids in tokenizer(texts)["input_ids"]]
+    # one batched call: the fast tokenizer encodes the texts of the whole batch in parallel
+    texts = [piece for pieces in rows_pieces for piece in pieces if isinstance(piece, str)]
+    text_ids = iter(tokenizer(texts)["input_ids"] if texts else [])
+    encoded = [[i for piece in pieces for i in (piece if isinstance(piece, list) else next(text_ids))]
+               for pieces in rows_pieces]
     for row, ids in enumerate(encoded):
         found = sum(1 for t in ids if t == image_token_id)
         if found != image_tokens[row]:
@@ -518,16 +573,18 @@ class Processor:
     def __call__(self, batch_of_messages: Sequence[Sequence[dict]],
                  batch_of_images: Sequence[Sequence[Image.Image | np.ndarray]], *, padding_side: str = "left",
                  pad_to_multiple: int | None = None, buckets: Sequence[int] | None = None,
-                 add_generation_prompt: bool = True) -> dict[str, np.ndarray]:
+                 add_generation_prompt: bool = True,
+                 batch_of_tools: Sequence[Sequence[dict] | None] | None = None) -> dict[str, np.ndarray]:
         """build_inputs with this checkpoint's tokenizer, pixel budget and chat template."""
         return build_inputs(self.tokenizer, batch_of_messages, batch_of_images, padding_side=padding_side,
                             pad_to_multiple=pad_to_multiple, buckets=buckets,
                             add_generation_prompt=add_generation_prompt, chat_template=self.chat_template,
-                            settings=self.settings)
+                            settings=self.settings, batch_of_tools=batch_of_tools)
 
-    def render(self, messages: Sequence[dict], add_generation_prompt: bool = True) -> str:
+    def render(self, messages: Sequence[dict], add_generation_prompt: bool = True,
+               tools: Sequence[dict] | None = None) -> str:
         """The chat text of one conversation, image pads not expanded."""
-        return render_chat(messages, add_generation_prompt, self.chat_template)
+        return render_chat(messages, add_generation_prompt, self.chat_template, tools)
 
     def num_image_tokens(self, height: int, width: int) -> int:
         """LLM tokens an image of this size becomes under this checkpoint's pixel budget."""
