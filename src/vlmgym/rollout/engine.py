@@ -277,7 +277,8 @@ def _decode_loop(params: Params, cfg: Qwen3VLConfig, settings: SamplingSettings,
 
 
 class RolloutEngine:
-    """Samples groups of completions for env observations (`{"images": [...], "messages": [...]}`).
+    """Samples groups of completions for env observations (`{"images": [...], "messages": [...]}`, optionally
+    `"tools"`: the function schemas a multi-turn env offers, vlmgym.rollout.episodes).
 
     devices: run the prompts split over these devices, each part in its own thread (XLA:CPU runs one decode loop
     on one core, so on a CPU with fake host devices, `--xla_force_host_platform_device_count`, each core decodes
@@ -319,9 +320,13 @@ class RolloutEngine:
         for index, obs in enumerate(obs_list):
             if not isinstance(obs, dict) or "messages" not in obs:
                 raise ValueError(f"observation {index}: expected a dict with 'messages' (and 'images'), got {obs!r}")
+        # an observation's "tools" (function schemas) are listed in its system turn; passed only when some row has
+        # them, so a processor that knows no tools still serves single-turn envs
+        tools = [o.get("tools") for o in obs_list]
+        extra = {"batch_of_tools": tools} if any(tools) else {}
         with self._processing:
             return self.processor([o["messages"] for o in obs_list], [list(o.get("images") or []) for o in obs_list],
-                                  padding_side="left", buckets=self.buckets.prompt_lengths)
+                                  padding_side="left", buckets=self.buckets.prompt_lengths, **extra)
 
     def generate(self, params: Params, obs_list: Sequence[dict[str, Any]], group_size: int,
                  key: jax.Array, first_row: int = 0) -> RolloutBatch:
