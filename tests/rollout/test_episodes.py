@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from vlmgym.models.qwen3_vl.model import jit_token_logprobs
-from vlmgym.models.qwen3_vl.processor import TOKEN_IDS
+from vlmgym.models.qwen3_vl.processor import TOKEN_IDS, continues_conversation
 from vlmgym.rollout.engine import RolloutEngine
-from vlmgym.rollout.episodes import can_continue, run_episodes
+from vlmgym.rollout.episodes import run_episodes
 from vlmgym.rollout.sampling import SamplingSettings
 
 NEW_TOKENS = 12
@@ -53,7 +53,7 @@ def zoom_advance(model: Any, observations: list[dict], group_size: int, max_turn
 
     def advance(episode: int, text: str, ids: list[int], finish: str) -> dict | None:
         obs, turn = seen.get(episode, (observations[episode // group_size], 0))
-        if turn + 1 >= max_turns or not can_continue(model.processor, ids, finish):
+        if turn + 1 >= max_turns or not continues_conversation(model.processor.tokenizer, ids):
             return None
         crop = obs["images"][0].crop((0, 0, 32, 32)).resize(obs["images"][0].size)
         reply = {"images": [*obs["images"], crop],

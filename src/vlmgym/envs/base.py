@@ -28,18 +28,21 @@ A stage that needs a part the env lacks stops with MissingPart, saying which.
 from __future__ import annotations
 
 import abc
+import functools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
+from vlmgym.envs import multiturn
 from vlmgym.envs import think as r1
 from vlmgym.envs.evaluation import EvaluationParts
 
 if TYPE_CHECKING:
     from vlmgym.config import DataParams
     from vlmgym.data.rows import RowSchema
+    from vlmgym.envs.tools import Tool
 
 
 # The key of a state's meta and of a scored answer's info that names the sub-env it belongs to, in an env made of
@@ -188,6 +191,7 @@ class Env(EvaluationParts, abc.ABC):
         self.tokenizer = tokenizer
         self.params = params if params is not None else (self.Params() if self.Params is not None else None)
         self.progress = 0.0
+        _ = self.tools  # a bad tools/max_turns setting stops here, before any episode
 
     def _check_images(self, sample: SampleLike) -> None:
         """The check every env with a schema shares: a sample has the images its prompt shows, no more."""
@@ -209,27 +213,41 @@ class Env(EvaluationParts, abc.ABC):
         """Start an episode on sample `idx` (wrapping around): the state and the observation."""
         sample = self.samples[int(idx) % len(self.samples)]
         state = State(idx=int(idx), key=sample.key, meta=dict(sample.meta), truth=self.prepare_truth(sample))
+        if self.max_turns > 1:
+            return multiturn.begin(state, self.observation(sample), self.tools)
         return state, self.observation(sample)
 
     def observation(self, sample: SampleLike) -> dict:
         """Images plus one HF-style user message: an image part per image, then the prompt text."""
         content = [{"type": "image"} for _ in sample.images]
         question = self.prompt(sample)
+        if self.max_turns > 1:
+            question = f"{question} {multiturn.instruction(self.tools, self.max_turns)}"
         content.append({"type": "text", "text": r1.prompt(question) if self.think else question})
         return {"images": list(sample.images), "messages": [{"role": "user", "content": content}]}
 
-    def step(self, state: State, action_tokens) -> tuple[State, list, float, bool, dict]:
-        """Decode the answer tokens with the env's tokenizer and score them."""
+    def step(self, state: State, action_tokens) -> tuple[State, Any, float, bool, dict]:
+        """Decode the answer tokens with the env's tokenizer and score them (or, in a multi-turn episode, run the
+        turn's tool call: vlmgym.envs.multiturn)."""
         if isinstance(action_tokens, str):
             return self.step_text(state, action_tokens)
         if self.tokenizer is None:
             raise ValueError(f"{self.name}: step() got token ids but the env has no tokenizer; "
                              "pass tokenizer= to make() or call step_text()")
         # plain ints: fast tokenizers reject numpy integer ids
-        text = self.tokenizer.decode([int(t) for t in action_tokens], skip_special_tokens=True)
-        return self.step_text(state, text)
+        ids = [int(t) for t in action_tokens]
+        text = self.tokenizer.decode(ids, skip_special_tokens=True)
+        if self.max_turns > 1:
+            return multiturn.take_turn(self, state, text, ids)
+        return self.score_answer(state, text)
 
-    def step_text(self, state: State, text: str) -> tuple[State, list, float, bool, dict]:
+    def step_text(self, state: State, text: str) -> tuple[State, Any, float, bool, dict]:
+        """`step` of a text turn (in a multi-turn episode, the next turn re-encodes this text)."""
+        if self.max_turns > 1:
+            return multiturn.take_turn(self, state, text, None)
+        return self.score_answer(state, text)
+
+    def score_answer(self, state: State, text: str) -> tuple[State, list, float, bool, dict]:
         """Score a text answer: (state marked done, no further observation, reward, done=True, info); with the
         think option, the env scores the answer block and the structure adds its share (vlmgym.envs.think)."""
         if not self.think:
@@ -239,6 +257,16 @@ class Env(EvaluationParts, abc.ABC):
             reward, info = self.score(state, r1.answer(text))
             reward, info = r1.combine(reward, info, r1.structure_ok(text), self.params.think_format_weight)
         return replace(state, done=True, answer=text), [], float(reward), True, info
+
+    @functools.cached_property
+    def tools(self) -> tuple[Tool, ...]:
+        """The visual tools this env's episodes offer (its settings' `tools`, vlmgym.envs.multiturn)."""
+        return multiturn.tools_of(self.name, self.params)
+
+    @property
+    def max_turns(self) -> int:
+        """Policy turns an episode may take: 1 without tools."""
+        return int(getattr(self.params, "max_turns", 1)) if self.tools else 1
 
     @property
     def think(self) -> bool:

@@ -114,6 +114,9 @@ class MixtureEnv(Env):
         if missing:
             raise ValueError(f"mixture: parts {sorted(parts)} differ from env.mixture.envs {sorted(self.params.envs)}")
         self.parts = {name: parts[name] for name in sorted(self.params.envs)}
+        if multi := [name for name, env in self.parts.items() if env.max_turns > 1]:
+            raise ValueError(f"mixture: env {multi[0]!r} has tools (max_turns {self.parts[multi[0]].max_turns}); a "
+                             "mixture runs one-turn episodes, so set its tools: [] and max_turns: 1")
         self.names = list(self.parts)
         self.weighted = weighted
         sizes = [len(env) for env in self.parts.values()]

@@ -8,7 +8,7 @@ new image), and the episodes that go on are prefilled again with their whole con
 `advance(episode, text, token_ids, finish_reason)` is called for every row of every turn with what it sampled (ids up
 to and including the first EOS) and returns the next observation, the whole conversation so far with the assistant
 turn carrying its sampled ids (processor.TOKEN_IDS) and the env's reply, or None when the episode is over; only a
-turn that `can_continue` may go on.
+turn that `processor.continues_conversation` may go on.
 
 Each turn after the first re-prefills its episodes from scratch instead of extending their KV caches: a turn's
 prompt is then exactly the learner's prompt for that turn's tokens (the same padded inputs, the same computation), so
@@ -25,7 +25,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from vlmgym.models.qwen3_vl.processor import END_OF_TURN
+from vlmgym.models.qwen3_vl.processor import continues_conversation
 from vlmgym.rollout.engine import RolloutBatch, RolloutEngine
 
 # (episode, text, token ids sampled this turn, finish reason "eos" or "length") -> next observation or None
@@ -85,16 +85,6 @@ def run_episodes(engine: RolloutEngine, params: Any, observations: Sequence[dict
     return batch
 
 
-def can_continue(processor: Any, token_ids: Sequence[int], finish_reason: str) -> bool:
-    """Whether a conversation can go on after a turn that sampled `token_ids`: the turn ended with <|im_end|> (not
-    cut at the length budget, not another EOS) and holds no vision token (a sampled <|image_pad|> would stand for an
-    image that is not there). An env ends the episode at any other turn, scoring it as the answer."""
-    if finish_reason != "eos" or not token_ids:
-        return False
-    vision = {processor.image_token_id, processor.vision_start_token_id, processor.vision_end_token_id}
-    return token_ids[-1] == processor.tokenizer.convert_tokens_to_ids(END_OF_TURN) and not vision & set(token_ids)
-
-
 def _advance_all(engine: RolloutEngine, turn: RolloutBatch, episodes: np.ndarray,
                  advance: Advance) -> tuple[list[int], list[dict]]:
     """The episodes that go on after `turn` and their next observations."""
@@ -104,9 +94,10 @@ def _advance_all(engine: RolloutEngine, turn: RolloutBatch, episodes: np.ndarray
         reply = advance(int(episode), turn.texts[row], ids, turn.finish_reasons[row])
         if reply is None:
             continue
-        if not can_continue(engine.processor, ids, turn.finish_reasons[row]):
+        if not continues_conversation(engine.processor.tokenizer, ids):
             raise RuntimeError(f"episode {episode} went on after a turn that cannot continue a conversation "
-                               f"({turn.finish_reasons[row]}, {len(ids)} tokens): the env must end it (can_continue)")
+                               f"({turn.finish_reasons[row]}, {len(ids)} tokens): the env must end it "
+                               "(processor.continues_conversation)")
         going.append(int(episode))
         replies.append(reply)
     return going, replies

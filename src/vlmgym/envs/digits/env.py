@@ -33,6 +33,7 @@ from vlmgym.config import spec
 from vlmgym.data.rows import SAFE_KEY, Row, RowSchema, RowSkip
 from vlmgym.envs.base import Env, SampleLike, State
 from vlmgym.envs.digits import data as digits_data
+from vlmgym.envs.multiturn import ToolParams
 from vlmgym.envs.think import ThinkParams
 from vlmgym.stats.bootstrap import Statistic
 from vlmgym.stats.fields import record_field, record_where
@@ -53,7 +54,7 @@ COUNTS = range(1, digits_data.MAX_DIGITS + 1)
 
 
 @dataclass(frozen=True)
-class DigitsParams(ThinkParams):
+class DigitsParams(ThinkParams, ToolParams):
     """digits reward: correctness plus a share for answering in the expected shape."""
 
     format_weight: float = spec(0.1, ge=0, le=1, doc="share of the reward for an answer of the expected shape "

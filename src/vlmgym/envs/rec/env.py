@@ -24,6 +24,7 @@ import numpy as np
 from vlmgym.config import spec
 from vlmgym.data.rows import SAFE_KEY, Row, RowSchema, RowSkip
 from vlmgym.envs.base import Env, SampleLike, State
+from vlmgym.envs.multiturn import ToolParams
 from vlmgym.envs.nlvr2.data import COLOURS, RELATIONS, SHAPES, SIZES
 from vlmgym.envs.rec import data as rec_data
 from vlmgym.envs.rec import report
@@ -44,7 +45,7 @@ MAX_IMAGE_SIDE = 100_000  # a width or height beyond this in a raw row is a brok
 
 
 @dataclass(frozen=True)
-class RecParams(ThinkParams):
+class RecParams(ThinkParams, ToolParams):
     """rec reward: IoU plus a share for Qwen3-VL's answer format."""
 
     format_weight: float = spec(0.1, ge=0, le=1, doc="share of the reward for an answer in Qwen3-VL's form: a JSON "

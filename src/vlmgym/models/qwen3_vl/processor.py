@@ -307,6 +307,15 @@ TOKEN_IDS = "token_ids"
 END_OF_TURN = "<|im_end|>"
 
 
+def continues_conversation(tokenizer: Any, token_ids: Sequence[int]) -> bool:
+    """Whether a conversation can go on after an assistant turn that sampled `token_ids` (through its first EOS):
+    the turn ended with <|im_end|> (not cut at the length budget, not another EOS) and holds no vision token (a
+    sampled <|image_pad|> would stand for an image that is not there)."""
+    ids = [int(i) for i in token_ids]
+    vision = {tokenizer.convert_tokens_to_ids(token) for token in (IMAGE_PAD, VISION_START, VISION_END)}
+    return bool(ids) and ids[-1] == tokenizer.convert_tokens_to_ids(END_OF_TURN) and not vision & set(ids)
+
+
 def chat_pieces(messages: Sequence[dict], add_generation_prompt: bool, chat_template: str,
                 tools: Sequence[dict] | None = None) -> list[str | list[int]]:
     """The rendered conversation as text pieces and, in place of each assistant message that carries TOKEN_IDS,
