@@ -3,16 +3,19 @@ an error reply, the last turn and turns that cannot go on are scored as the answ
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 from adversarial import JUNK
 
 from vlmgym.config import from_dict
+from vlmgym.envs import multiturn
 from vlmgym.envs.digits import DigitsEnv
 from vlmgym.envs.digits.env import DigitsParams
 from vlmgym.envs.message_decoding import MessageDecodingEnv
 from vlmgym.envs.mixture import MixtureEnv
-from vlmgym.envs.tools import Zoom
+from vlmgym.envs.tools import ToolCall, Zoom, parse_tool_call
 from vlmgym.models.qwen3_vl.base_model import train_tokenizer
 from vlmgym.models.qwen3_vl.processor import TOKEN_IDS
 from vlmgym.params import EnvParams, ParamsError
@@ -107,3 +110,34 @@ def test_settings_that_cannot_make_an_episode_are_refused():
         from_dict(EnvParams, {"name": "digits", "digits": {"tools": ["zoom"]}})
     with pytest.raises(ValueError, match="one-turn episodes"):
         MixtureEnv({"digits": env(), "message_decoding": MessageDecodingEnv(samples=MessageDecodingEnv.generate(2))})
+
+
+def test_sft_teaches_the_ideal_zoom_then_the_answer():
+    tools = env()
+    state, obs = tools.reset(1)
+    (first, call), (second, answer) = multiturn.sft_turns(tools, state, obs)
+    assert first is obs and answer == tools.ideal_answer(state.meta)
+    x1, y1, x2, y2 = state.meta["region"]
+    assert parse_tool_call(call) == ToolCall("zoom", {"x1": x1, "y1": y1, "x2": x2, "y2": y2})
+    assert call.startswith("<tool_call>\n{") and call.endswith("}\n</tool_call>")
+    assert second["messages"][-1]["role"] == "tool" and len(second["images"]) == 2
+    # the region holds every digit: the zoomed image is the region of the source at full size
+    expected = Zoom().run({"x1": x1, "y1": y1, "x2": x2, "y2": y2}, obs["images"][0]).image
+    np.testing.assert_array_equal(np.asarray(second["images"][1]), np.asarray(expected))
+    # one-turn envs and data without regions: the answer alone
+    single = DigitsEnv(samples=SAMPLES)
+    assert [target for _, target in multiturn.sft_turns(single, *single.reset(1))] == [answer]
+    no_region = [replace(s, meta={k: v for k, v in s.meta.items() if k != "region"}) for s in SAMPLES]
+    plain = DigitsEnv(samples=no_region, params=DigitsParams(tools=("zoom",), max_turns=2))
+    assert [target for _, target in multiturn.sft_turns(plain, *plain.reset(1))] == [answer]
+
+
+def test_the_region_covers_the_digits_with_a_margin():
+    from vlmgym.envs.digits import data as digits_data
+
+    sample = digits_data.generate_split(0, "train", 1, 256, 192)[0]
+    x1, y1, x2, y2 = sample.region(256, 192)
+    for x, y, size, _ in sample.boxes:
+        assert x1 <= x / 256 * 1000 and (x + size) / 256 * 1000 <= x2
+        assert y1 <= y / 192 * 1000 and (y + size) / 192 * 1000 <= y2
+    assert SAMPLES[1].meta["region"] == list(digits_data.generate_split(0, "train", 4, 256, 192)[1].region(256, 192))

@@ -1,7 +1,8 @@
 """The environment API and plug-in interface: one Env subclass is one task, and owns everything the pipeline
 needs of it.
 
-Episodes are single-step, over samples from the webdataset shards:
+Episodes are single-step (several turns with the visual tools option, vlmgym.envs.multiturn), over samples from
+the webdataset shards:
 `reset(idx) -> (state, obs)` shows the images and the question; the truth stays in `state`.
 `step(state, action_tokens) -> (state, [], reward, done, info)` decodes the answer and scores it; `info` carries
 every named reward component. `step` does not mutate `state`, so GRPO scores a group of answers against one reset.
@@ -15,10 +16,11 @@ instance):
 
 Everything else is optional, with a default that works:
 - settings: `Params` (section `env.<name>`; one with the fields of vlmgym.envs.think.ThinkParams adds the R1
-  think/answer option), `DataParams` (`data.<name>`, the generator's), `recipe`;
+  think/answer option, one with those of vlmgym.envs.multiturn.ToolParams the visual tools option),
+  `DataParams` (`data.<name>`, the generator's), `recipe`;
 - samples and episodes: `check_sample` (meta checks; the schema's image count is checked for every env),
-  `prepare_truth`, `corpus` (the tokenizer's texts), `perception_heads` / `perception_labels` (sft.perception's
-  warm-up of the vision tower);
+  `prepare_truth`, `ideal_tool_calls` (what SFT teaches with tools), `corpus` (the tokenizer's texts),
+  `perception_heads` / `perception_labels` (sft.perception's warm-up of the vision tower);
 - data: `download_hub` (a public dataset); `ood_note` / `describe_ood`, what the out-of-distribution test split
   (test_ood) shifts, when the generator writes one;
 - evaluate: rollout record fields, task metrics and report sections (vlmgym.envs.evaluation.EvaluationParts).
@@ -129,6 +131,11 @@ class Env(EvaluationParts, abc.ABC):
     def prepare_truth(self, sample: SampleLike) -> Any:
         """Anything worth computing once per reset rather than once per answer (default: nothing)."""
         return None
+
+    def ideal_tool_calls(self, meta: dict) -> list[dict]:
+        """With tools (vlmgym.envs.multiturn): the calls, as {"name": ..., "arguments": {...}}, an ideal episode
+        makes before its answer; SFT teaches them turn by turn. Default: none, so SFT teaches answering at once."""
+        return []
 
     @classmethod
     def corpus(cls) -> list[str]:

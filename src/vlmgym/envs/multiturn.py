@@ -21,6 +21,7 @@ step's info reports: `turns`, `tool_calls`, `tool_errors` and the zoom boxes.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
@@ -109,3 +110,26 @@ def _summary(calls: list[dict], turns: int, text: str, last: bool) -> dict:
     if last and isinstance(text, str) and "<tool_call>" in text:
         out["tool_call_after_last_turn"] = True  # scored as the answer it is not
     return out
+
+
+def call_text(name: str, arguments: dict) -> str:
+    """A tool call as Qwen3-VL writes one (its chat template's rendering of a call)."""
+    return f"<tool_call>\n{json.dumps({'name': name, 'arguments': arguments}, ensure_ascii=False)}\n</tool_call>"
+
+
+def sft_turns(env: Env, state: State, observation: dict) -> list[tuple[dict, str]]:
+    """What SFT teaches for one sample, as (observation, target) per policy turn: each of the env's ideal tool
+    calls in the conversation so far (the tool run on it, as in an episode), then the answer."""
+    calls = env.ideal_tool_calls(state.meta) if env.max_turns > 1 else []
+    if len(calls) > env.max_turns - 1:
+        raise ValueError(f"env {env.name!r}: an ideal episode makes {len(calls)} tool calls, more than "
+                         f"max_turns {env.max_turns} leaves before the answer")
+    turns = []
+    for call in calls:
+        text = call_text(call["name"], call["arguments"])
+        turns.append((observation, text))
+        state, observation, _, done, info = env.step_text(state, text)
+        if done or not info["tool_call"]["ok"]:
+            raise ValueError(f"env {env.name!r}: its ideal call {text!r} for sample {state.key} did not run: "
+                             f"{info.get('tool_call', {}).get('error')}")
+    return [*turns, (observation, env.sft_target(state.meta))]

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -20,8 +20,10 @@ import jax
 import numpy as np
 from tqdm import tqdm
 
+from vlmgym.envs.multiturn import CONVERSATION
 from vlmgym.eval.blind import blank_observation
-from vlmgym.eval.records import rollout_record
+from vlmgym.eval.records import json_safe, rollout_record
+from vlmgym.rollout.episodes import env_advance, run_episodes
 
 
 @dataclass(frozen=True)
@@ -96,30 +98,27 @@ def answer_split(engine: Any, params: Any, env: Any, *, policy: str, batch_size:
     try:
         for number, rows in enumerate(_batches(len(indices), batch_size)):
             resets = [env.reset(indices[i]) for i in rows]
-            observations = [blank_observation(obs) if blank_images else obs for _, obs in resets]
+            if blank_images:
+                resets = [blind_reset(state, obs) for state, obs in resets]
+            observations = [obs for _, obs in resets]
             observations += [observations[-1]] * (batch_size - len(observations))
             started = time.perf_counter()
-            batch = engine.generate(params, observations, group_size, jax.random.fold_in(key, number))
-            elapsed = time.perf_counter() - started
-            kept_rows = len(resets) * group_size
-            tokens_here = int(batch.lengths[:kept_rows].sum())
+            if getattr(env, "max_turns", 1) > 1:
+                episodes = answer_episodes(engine, params, env, resets, observations, group_size,
+                                           jax.random.fold_in(key, number), policy)
+                records += episodes.records
+                elapsed = time.perf_counter() - started
+                tokens_here = episodes.tokens
+            else:
+                batch = engine.generate(params, observations, group_size, jax.random.fold_in(key, number))
+                elapsed = time.perf_counter() - started
+                tokens_here = int(batch.lengths[:len(resets) * group_size].sum())
+                records += one_turn_records(batch, env, resets, group_size, policy)
             generated += tokens_here
             seconds += elapsed
             if number > 0:
                 steady_tokens += tokens_here
                 steady_seconds += elapsed
-            for prompt, (state, _) in enumerate(resets):
-                for member in range(group_size):
-                    row = prompt * group_size + member
-                    tokens = [int(t) for t in batch.completion_ids[row, : int(batch.lengths[row])]]
-                    _, _, reward, _, info = env.step(state, tokens)
-                    record = rollout_record(type(env), state.key, batch.texts[row], reward, info, state.meta,
-                                            policy=policy)
-                    record["tokens"] = tokens
-                    record["finish_reason"] = batch.finish_reasons[row]
-                    if group_size > 1:
-                        record["sample"] = member
-                    records.append(record)
             bar.update(len(resets))
             bar.set_postfix({"reward": f"{np.mean([r['reward'] for r in records]):.3f}"}, refresh=False)
     finally:
@@ -127,3 +126,65 @@ def answer_split(engine: Any, params: Any, env: Any, *, policy: str, batch_size:
     timing = RolloutTiming(samples=len(indices), answers=len(records), generated_tokens=generated, seconds=seconds,
                            steady_tokens=steady_tokens, steady_seconds=steady_seconds)
     return records, timing
+
+
+def one_turn_records(batch: Any, env: Any, resets: Sequence[tuple], group_size: int, policy: str) -> list[dict]:
+    """The records of a one-turn batch's real rows, scored by the env."""
+    records = []
+    for prompt, (state, _) in enumerate(resets):
+        for member in range(group_size):
+            row = prompt * group_size + member
+            tokens = [int(t) for t in batch.completion_ids[row, : int(batch.lengths[row])]]
+            _, _, reward, _, info = env.step(state, tokens)
+            record = rollout_record(type(env), state.key, batch.texts[row], reward, info, state.meta, policy=policy)
+            record["tokens"] = tokens
+            record["finish_reason"] = batch.finish_reasons[row]
+            if group_size > 1:
+                record["sample"] = member
+            records.append(record)
+    return records
+
+
+@dataclass(frozen=True)
+class AnsweredEpisodes:
+    records: list[dict]
+    tokens: int  # policy tokens generated over every turn of the real episodes
+
+
+def answer_episodes(engine: Any, params: Any, env: Any, resets: Sequence[tuple], observations: Sequence[dict],
+                    group_size: int, key: jax.Array, policy: str) -> AnsweredEpisodes:
+    """Multi-turn episodes (vlmgym.envs.multiturn) for the resets (observations padded to the batch size), as
+    records of their final answers with the whole trajectory: `turns` (each turn's text), `turn_tokens`, the env's
+    `tool_calls` and `episode_turns`; `tokens` and `finish_reason` are the first turn's (what transformers'
+    greedy baseline answers from the same prompt)."""
+    states = [resets[min(e // group_size, len(resets) - 1)][0] for e in range(len(observations) * group_size)]
+    advance, finals = env_advance(env, states)
+    batch = run_episodes(engine, params, observations, group_size, key, advance, env.max_turns)
+    real = len(resets) * group_size
+    turn_tokens: dict[int, list[list[int]]] = {}
+    for turn, episodes in zip(batch.turns, batch.episodes):
+        for row, episode in enumerate(episodes):
+            if episode < real:
+                turn_tokens.setdefault(int(episode), []).append(
+                    [int(t) for t in turn.completion_ids[row, : int(turn.lengths[row])]])
+    records = []
+    for episode in range(real):
+        state, final = resets[episode // group_size][0], finals[episode]
+        record = rollout_record(type(env), state.key, final.text, final.reward, final.info, state.meta, policy=policy)
+        record.update(turns=batch.texts(episode), turn_tokens=turn_tokens[episode], tokens=turn_tokens[episode][0],
+                      finish_reason=batch.turns[0].finish_reasons[episode], episode_turns=len(turn_tokens[episode]),
+                      tool_calls=json_safe(final.info.get("tool_calls", [])))
+        if group_size > 1:
+            record["sample"] = episode % group_size
+        records.append(record)
+    return AnsweredEpisodes(records, sum(len(t) for tokens in turn_tokens.values() for t in tokens))
+
+
+def blind_reset(state: Any, observation: dict) -> tuple[Any, dict]:
+    """A reset for the text-only baseline: the observation's images blanked, and in a multi-turn episode the
+    conversation its tools work on too (a zoom must not see what the prompt hides)."""
+    blank = blank_observation(observation)
+    conversation = state.extra.get(CONVERSATION) if isinstance(getattr(state, "extra", None), dict) else None
+    if conversation is None:
+        return state, blank
+    return replace(state, extra={**state.extra, CONVERSATION: blank}), blank

@@ -32,6 +32,8 @@ class DPOTrainer(GRPOTrainer):
     `params`.
     """
 
+    multi_turn = False
+
     name = "dpo"
     algorithms = ("online_dpo",)
     needs_reference = True

@@ -16,6 +16,12 @@ from vlmgym.config import TrainParams
 from vlmgym.eval.metrics import answer_spread
 from vlmgym.models.qwen3_vl import lora
 from vlmgym.rl import grpo
+from vlmgym.rl.episode_groups import (
+    final_episode_rewards,
+    later_turn_micro_batches,
+    max_turns,
+    sample_episode_groups,
+)
 from vlmgym.rl.loop import (
     DataOrder,
     MetricsCallback,
@@ -61,6 +67,7 @@ class GRPOTrainer(TrainingLoop):
     algorithms = ("grpo", "rloo")  # the train.algorithm values this class runs
     needs_reference = False  # whether the loss itself needs the start policy (GRPO only with beta > 0)
     reports_kl_to_reference = True  # the loss's k3 KL term is GRPO's: other losses leave the figure out
+    multi_turn = True  # trains the episodes of an env with tools (vlmgym.rl.episode_groups)
 
     def __init__(self, policy: Policy, env: Any, params: Any, config: TrainParams, checkpoint_dir: str | Path, *,
                  metrics_callback: MetricsCallback | None = None, samples_callback: SamplesCallback | None = None,
@@ -77,6 +84,12 @@ class GRPOTrainer(TrainingLoop):
         if config.top_entropy_quantile < 1 and not callable(getattr(policy, "logprobs_and_entropies", None)):
             raise ValueError(f"train.top_entropy_quantile={config.top_entropy_quantile} ranks tokens by entropy: "
                              f"{type(policy).__name__} has no logprobs_and_entropies(params, batch)")
+        if max_turns(env) > 1 and not self.multi_turn:
+            raise ValueError(f"train.algorithm {config.algorithm!r} trains one-turn answers; env {env.name!r} runs "
+                             f"episodes of up to {env.max_turns} turns: train them with grpo or rloo")
+        if max_turns(env) > 1 and (config.overlong_buffer or distributed.count() > 1):
+            raise ValueError(f"train: env {env.name!r} runs episodes of up to {env.max_turns} turns, which "
+                             "train.overlong_buffer and training over several processes do not support yet")
         self.policy, self.env, self.config = policy, env, config
         self.samples_callback = samples_callback
         self.optimizer = make_optimizer(config, params)
@@ -148,6 +161,7 @@ class GRPOTrainer(TrainingLoop):
         padding = spare[: stop - first - len(kept)]
         for group in padding:
             group["mask"], group["padding"] = np.zeros_like(group["mask"]), True
+            group["later"] = [{**row, "mask": np.zeros_like(row["mask"])} for row in group.get("later", ())]
         collected = {**tally, "groups": kept + padding, "num_padding": len(padding), "rounds": rounds,
                      "groups_filtered": len(spare)}
         if distributed.count() > 1:
@@ -162,33 +176,45 @@ class GRPOTrainer(TrainingLoop):
         indices = self.data.take(c.batch_prompts)[first:stop]
         resets = self.prefetch.resets(indices)
         self.prefetch.ahead(self.data.peek(c.batch_prompts)[first:stop])
-        observations = [obs for _, obs in resets]
         started = time.perf_counter()
-        where = {"first_row": first * c.group_size} if first else {}
-        samples = self.policy.sample(self.model_params(), observations, c.group_size, rng, **where)
+        if max_turns(self.env) > 1:
+            groups, tokens = sample_episode_groups(self.policy, self.env, self.model_params(), indices, resets,
+                                                   c.group_size, rng, first * c.group_size)
+        else:
+            groups, tokens = self._sample_answers(indices, resets, rng, first)
         tally["rollout_time"] += time.perf_counter() - started
-        tally["sampled_tokens"] += int(samples.mask.sum())
-        groups = []
-        for g, (state, obs) in enumerate(resets):
-            rows = slice(g * c.group_size, (g + 1) * c.group_size)
-            scored = [score(self.env, state, samples.tokens[r], samples.mask[r])
-                      for r in range(rows.start, rows.stop)]
-            group = {"index": indices[g], "obs": obs, "tokens": samples.tokens[rows], "mask": samples.mask[rows],
-                     "logprobs": samples.logprobs[rows], "texts": samples.texts[rows],
-                     "rewards": np.array([s[0] for s in scored]), "infos": [s[1] for s in scored]}
+        tally["sampled_tokens"] += tokens
+        for group, (state, _) in zip(groups, resets):
             if c.overlong_buffer:
                 penalty = overlong_penalties(c, group["mask"])
                 group["rewards"] = group["rewards"] + penalty
                 tally["overlong_penalty"].extend(penalty)
             tally["sampled_groups"] += 1
             tally["sampled_rewards"].extend(group["rewards"])
-            tally["final_rewards"].extend(final_rewards(self.env, state, group["tokens"], group["mask"],
-                                                        group["rewards"]))
+            tally["final_rewards"].extend(
+                final_episode_rewards(self.env, group["finals"], group["rewards"]) if "finals" in group
+                else final_rewards(self.env, state, group["tokens"], group["mask"], group["rewards"]))
             tally["sampled_infos"].extend(group["infos"])
             tally["sampled_texts"].extend(group["texts"])
             tally["zero_std_groups"] += grpo.filter_groups(group["rewards"], c.group_size).num_dropped == 1
-            groups.append(group)
         return groups
+
+    def _sample_answers(self, indices: list[int], resets: list[tuple], rng: jax.Array,
+                        first: int) -> tuple[list[dict], int]:
+        """One-turn groups: group_size answers per reset, scored; and the tokens sampled."""
+        c = self.config
+        where = {"first_row": first * c.group_size} if first else {}
+        samples = self.policy.sample(self.model_params(), [obs for _, obs in resets], c.group_size, rng, **where)
+        groups = []
+        for g, (state, obs) in enumerate(resets):
+            rows = slice(g * c.group_size, (g + 1) * c.group_size)
+            scored = [score(self.env, state, samples.tokens[r], samples.mask[r])
+                      for r in range(rows.start, rows.stop)]
+            groups.append({"index": indices[g], "obs": obs, "tokens": samples.tokens[rows],
+                           "mask": samples.mask[rows], "logprobs": samples.logprobs[rows],
+                           "texts": samples.texts[rows], "rewards": np.array([s[0] for s in scored]),
+                           "infos": [s[1] for s in scored]})
+        return groups, int(samples.mask.sum())
 
     def _sample_batch(self, step: int) -> tuple[dict, np.ndarray, np.ndarray, np.ndarray, np.ndarray, float]:
         """The step's sampled groups and their rewards, masks, tokens and sampler log-probs as batch arrays,
@@ -214,18 +240,20 @@ class GRPOTrainer(TrainingLoop):
         loss_mask = mask
         if c.mask_truncated_completions:  # their reward still counted in the advantages above
             loss_mask = mask * ~grpo.truncated_rows(tokens, mask, self.policy.eos_ids)[:, None]
-        normalizer = jnp.float32(grpo.aggregation_normalizer(loss_mask, c.loss_aggregation))
         micro_batches = []
         for rows in micro_slices(len(tokens), c.micro_batches):
             batch = self.policy.build_batch(group_observations(groups, rows, c.group_size), tokens[rows], mask[rows])
             micro = {"batch": batch, "behaviour": sampler_logprobs[rows], "advantages": advantages[rows],
                      "mask": loss_mask[rows]}
-            if c.sampler_correction != "none":
-                micro["sampler"] = sampler_logprobs[rows]
-            if self.reference() is not None:
-                micro["reference"] = policy_logprobs(self.reference(), batch, policy=self.policy,
-                                                     compiles=self.compiles)
-            micro_batches.append(micro)
+            micro_batches.append({**micro, **self._micro_extra({**micro, "sampler_logprobs": sampler_logprobs[rows]})})
+        # a multi-turn episode's later turns: rows of their own (vlmgym.rl.episode_groups); none in one-turn envs
+        later, later_sampler, later_mask = later_turn_micro_batches(
+            self.policy, groups, advantages, c.group_size, len(tokens) // c.micro_batches, self.policy.eos_ids,
+            c.mask_truncated_completions, self._micro_extra)
+        micro_batches += later
+        sampler_logprobs = np.concatenate([sampler_logprobs, later_sampler])
+        loss_mask = np.concatenate([loss_mask, later_mask])
+        normalizer = jnp.float32(grpo.aggregation_normalizer(loss_mask, c.loss_aggregation))
         iteration_metrics = []
         for iteration in range(c.num_iterations):
             settings = self._settings(current_as_old=c.old_logprobs == "learner" and iteration == 0)
@@ -241,7 +269,18 @@ class GRPOTrainer(TrainingLoop):
             iteration_metrics.append({**combine_grpo_figures(auxes),
                                       **{k: float(v) for k, v in jax.device_get(stats).items()}})
         return self._finish_step(step, collected, mask, tokens, iteration_metrics, first_logprobs, sampler_logprobs,
-                                 mask, started)
+                                 np.concatenate([mask, later_mask]) if later else mask, started)
+
+    def _micro_extra(self, micro: dict) -> dict:
+        """What a micro-batch needs beyond its rows: the sampler's log-probs for the sampler correction, the
+        reference policy's for the KL term."""
+        out = {}
+        if self.config.sampler_correction != "none":
+            out["sampler"] = micro["sampler_logprobs"]
+        if self.reference() is not None:
+            out["reference"] = policy_logprobs(self.reference(), micro["batch"], policy=self.policy,
+                                               compiles=self.compiles)
+        return out
 
     def _finish_step(self, step: int, collected: dict, step_mask: np.ndarray, step_tokens: np.ndarray,
                      iteration_metrics: list[dict], first_logprobs: np.ndarray, sampler_logprobs: np.ndarray,
@@ -282,6 +321,7 @@ class GRPOTrainer(TrainingLoop):
                 components.setdefault(name, []).append(float(value))
         out.update({f"reward/{name}": float(np.mean(values)) for name, values in sorted(components.items())})
         out.update(part_figures(collected["sampled_infos"], rewards, collected["final_rewards"]))
+        out.update(tool_figures(collected["sampled_infos"]))
         if self.config.overlong_buffer:
             out["overlong_penalty"] = float(collected["overlong_penalty"].mean())
         active_rows = mask.sum(axis=1) > 0
@@ -332,3 +372,14 @@ def filter_values(metric: str, group: dict) -> np.ndarray:
                              f"(they report: {', '.join(sorted(components)) or 'none'}; or use reward)")
         values.append(float(components[metric]))
     return np.asarray(values)
+
+
+def tool_figures(infos: list[dict]) -> dict[str, float]:
+    """Multi-turn episodes' tool use (none for one-turn answers): turns per episode, tool calls per episode, and
+    the share of calls the tool refused."""
+    if not infos or "turns" not in infos[0]:
+        return {}
+    calls = [call for info in infos for call in info.get("tool_calls", ())]
+    return {"episode_turns": float(np.mean([info["turns"] for info in infos])),
+            "tool_calls_per_episode": len(calls) / len(infos),
+            "tool_call_error_share": sum(not call["ok"] for call in calls) / max(len(calls), 1)}

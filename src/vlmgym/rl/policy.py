@@ -20,6 +20,7 @@ from vlmgym.models.qwen3_vl.shared_prefix import shared_prefix_logprobs
 from vlmgym.models.qwen3_vl.vision import patch_layout
 from vlmgym.rl.loop import Samples
 from vlmgym.rollout.engine import TRACE_COUNTS, Buckets, RolloutEngine
+from vlmgym.rollout.episodes import Advance, EpisodeBatch, run_episodes
 from vlmgym.rollout.sampling import SamplingSettings
 from vlmgym.runtime import distributed
 
@@ -171,6 +172,18 @@ class Qwen3VLPolicy(Qwen3VLLearner):
                                      first_row)
         return Samples(tokens=batch.completion_ids, mask=batch.completion_mask, logprobs=batch.logprobs,
                        texts=list(batch.texts))
+
+    def sample_episodes(self, params: Any, observations: Sequence[dict], group_size: int, rng: jax.Array,
+                        advance: Advance, max_turns: int, first_row: int = 0) -> EpisodeBatch:
+        """group_size multi-turn episodes per observation (vlmgym.rollout.episodes.run_episodes)."""
+        return run_episodes(self.engine, sampling_params(distributed.local_copy(params)), observations, group_size,
+                            rng, advance, max_turns, first_row)
+
+    def greedy_episodes(self, params: Any, observations: Sequence[dict], advance: Advance,
+                        max_turns: int) -> EpisodeBatch:
+        """One greedy multi-turn episode per observation (validation, the rollout stage)."""
+        return run_episodes(self._greedy_engine, sampling_params(distributed.local_copy(params)), observations, 1,
+                            jax.random.key(0), advance, max_turns)
 
     def prepare_ahead(self, observations: Sequence[dict]) -> None:
         """Process these observations now (a data thread), for the sampler and the learner to find ready."""

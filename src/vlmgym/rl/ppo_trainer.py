@@ -82,6 +82,8 @@ def ppo_forward(params: Any, batch: Any, *, policy: Policy, compiles: CompileCou
 class PPOTrainer(GRPOTrainer):
     """PPO with a value head on the policy (see the module docstring). Takes ownership of `params` like GRPO."""
 
+    multi_turn = False
+
     name = "ppo"
     algorithms = ("ppo",)
     reports_kl_to_reference = False  # PPO's KL to the start policy is in the reward (ppo.kl_coef), not the loss

@@ -11,6 +11,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from vlmgym.config import SFTParams
+from vlmgym.envs.multiturn import sft_turns
+from vlmgym.rl.episode_groups import max_turns
 from vlmgym.rl.loop import (
     DataOrder,
     MetricsCallback,
@@ -70,15 +72,15 @@ class SFTTrainer(TrainingLoop):
         for start in range(0, len(env), size):
             observations, rows = [], []
             for index in range(start, min(start + size, len(env))):
-                state, obs = env.reset(index)
                 try:
-                    rows.append(self.policy.encode_targets([env.sft_target(state.meta)]))
+                    turns = self._turns(env, *env.reset(index))
                 except ValueError:
                     continue  # too long for the budget: skipped in training too
-                observations.append(obs)
+                observations += [obs for obs, _ in turns]
+                rows += [encoded for _, encoded in turns]
             if not rows:
                 continue
-            padding = size - len(rows)
+            padding = size * max_turns(env) - len(rows)
             tokens = np.concatenate([t for t, _ in rows] + [rows[-1][0]] * padding)
             mask = np.concatenate([m for _, m in rows] + [np.zeros_like(rows[-1][1])] * padding)
             batch = self.policy.build_batch(observations + [observations[-1]] * padding, tokens, mask)
@@ -87,20 +89,32 @@ class SFTTrainer(TrainingLoop):
             count += float(mask.sum())
         return {"val/loss": total / max(count, 1.0)}
 
+    def _turns(self, env: Any, state: Any, obs: dict) -> list[tuple[dict, tuple[np.ndarray, np.ndarray]]]:
+        """A sample's (observation, encoded target) rows: one per policy turn of its ideal episode (one row in a
+        one-turn env); ValueError when a target does not fit the token budget."""
+        turns = sft_turns(env, state, obs) if max_turns(env) > 1 else [(obs, env.sft_target(state.meta))]
+        return [(turn_obs, self.policy.encode_targets([target])) for turn_obs, target in turns]
+
     def step(self, step: int) -> dict[str, float]:
-        observations, rows, skipped = [], [], 0
-        while len(rows) < self.config.batch_size:
-            for state, obs in self.prefetch.resets(self.data.take(self.config.batch_size - len(rows))):
+        observations, rows, skipped, samples = [], [], 0, 0
+        while samples < self.config.batch_size:
+            for state, obs in self.prefetch.resets(self.data.take(self.config.batch_size - samples)):
                 try:
-                    rows.append(self.policy.encode_targets([self.env.sft_target(state.meta)]))
+                    turns = self._turns(self.env, state, obs)
                 except ValueError:
                     # A target longer than the token budget would teach an answer without its end: skip it.
                     skipped += 1
                     if skipped > 10 * self.config.batch_size:
                         raise
                     continue
-                observations.append(obs)
+                samples += 1
+                observations += [turn_obs for turn_obs, _ in turns]
+                rows += [encoded for _, encoded in turns]
         self.prefetch.ahead(self.data.peek(self.config.batch_size))
+        if max_turns(self.env) > 1:  # episodes of several turns: padded to one shape, masked rows (one compile)
+            padding = self.config.batch_size * max_turns(self.env) - len(rows)
+            observations += [observations[-1]] * padding
+            rows += [(rows[-1][0], np.zeros_like(rows[-1][1]))] * padding
         tokens = np.concatenate([t for t, _ in rows])
         mask = np.concatenate([m for _, m in rows])
         normalizer = jnp.float32(max(float(mask.sum()), 1.0))
@@ -117,6 +131,7 @@ class SFTTrainer(TrainingLoop):
         out["tokens"] = float(mask.sum())
         out["tokens_per_s"] = out["tokens"] / max(time.perf_counter() - started, 1e-9)
         out["data_wait_s"] = self.prefetch.take_wait()
-        out["target_length"] = float(mask.sum(axis=1).mean())
+        lengths = mask.sum(axis=1)
+        out["target_length"] = float(lengths[lengths > 0].mean())  # padding rows of episodes left out
         out["targets_skipped"] = float(skipped)
         return out

@@ -14,6 +14,7 @@ import os
 import shutil
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +24,9 @@ import orbax.checkpoint as ocp
 
 from vlmgym.envs.base import PART_KEY, part_metric
 from vlmgym.rl.checkpoint import _abstract
+from vlmgym.rl.episode_groups import max_turns
 from vlmgym.rl.loop import score
+from vlmgym.rollout.episodes import env_advance
 from vlmgym.runtime import distributed, temps
 
 SELECT_CHOICES = ("last", "best_val")
@@ -61,6 +64,18 @@ def answer_rewards(env: Any, samples: Any, states: Sequence[Any],
     if parts is not None:
         parts.extend(info.get(PART_KEY) for _, info in scored)
     return [reward for reward, _ in scored], [bool(info.get("format_ok", True)) for _, info in scored]
+
+
+def episode_rewards(env: Any, play: Callable[[Any, int], Any], states: Sequence[Any], size: int,
+                    parts: list | None = None) -> tuple[list[float], list[bool]]:
+    """`answer_rewards` of multi-turn episodes: `play(advance, max_turns)` runs one episode per observation (the
+    batch padded to `size` with copies of the last), each scored by its final turn."""
+    advance, finals = env_advance(env, [*states, *[states[-1]] * (size - len(states))])
+    play(advance, env.max_turns)
+    ended = [finals[episode] for episode in range(len(states))]
+    if parts is not None:
+        parts.extend(final.info.get(PART_KEY) for final in ended)
+    return [final.reward for final in ended], [bool(final.info.get("format_ok", True)) for final in ended]
 
 
 def part_means(name: str, values: Sequence[float], parts: Sequence[Any]) -> dict[str, float]:
@@ -108,11 +123,19 @@ class Validator:
                 states = [s for s, _ in resets]
                 observations = [o for _, o in resets]
                 observations += [observations[-1]] * (size - len(observations))  # one shape: one compile
-                rewards, ok = answer_rewards(self.env, self.policy.greedy(params, observations), states, parts)
+                sample_key = jax.random.fold_in(key, number)
+                if max_turns(self.env) > 1:
+                    rewards, ok = episode_rewards(self.env, partial(self.policy.greedy_episodes, params, observations),
+                                                  states, size, parts)
+                else:
+                    rewards, ok = answer_rewards(self.env, self.policy.greedy(params, observations), states, parts)
                 greedy += rewards
                 formats += ok
-                if self.settings.sampled:
-                    samples = self.policy.sample(params, observations, 1, jax.random.fold_in(key, number))
+                if self.settings.sampled and max_turns(self.env) > 1:
+                    play = partial(self.policy.sample_episodes, params, observations, 1, sample_key)
+                    sampled += episode_rewards(self.env, play, states, size)[0]
+                elif self.settings.sampled:
+                    samples = self.policy.sample(params, observations, 1, sample_key)
                     sampled += answer_rewards(self.env, samples, states)[0]
         finally:
             self.env.set_progress(progress)

@@ -101,3 +101,31 @@ def _advance_all(engine: RolloutEngine, turn: RolloutBatch, episodes: np.ndarray
         going.append(int(episode))
         replies.append(reply)
     return going, replies
+
+
+@dataclass(frozen=True)
+class Final:
+    """How an episode ended: the env's reward and info for its last turn, that turn's text, and the state it
+    was scored in (to score the same answer again, e.g. at another curriculum progress)."""
+
+    reward: float
+    info: dict
+    text: str
+    state: Any
+
+
+def env_advance(env: Any, states: list[Any]) -> tuple[Advance, dict[int, Final]]:
+    """An `advance` that steps `env` (episode e starts from states[e], updated in place) and the dict it fills with
+    each finished episode's Final."""
+    finals: dict[int, Final] = {}
+
+    def advance(episode: int, text: str, token_ids: list[int], finish_reason: str) -> dict | None:
+        before = states[episode]
+        state, reply, reward, done, info = env.step(before, token_ids)
+        states[episode] = state
+        if done:
+            finals[episode] = Final(float(reward), info, text, before)
+            return None
+        return reply
+
+    return advance, finals

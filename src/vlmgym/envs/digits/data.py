@@ -36,7 +36,11 @@ from vlmgym.data import layout
 
 TASKS = ("sort", "sum")
 MAX_DIGITS = 4  # the most a canvas holds; metric_rows has a row per count up to this
-CSV_COLUMNS = ("id", "task", "digits", "answer", "image")
+REQUIRED_COLUMNS = ("id", "task", "digits", "answer", "image")
+# where the digits are, as Qwen3-VL's 0-1000 box "x1 y1 x2 y2" around all of them with a margin: the region an ideal
+# zoom shows (vlmgym.envs.multiturn); optional when reading, so raw data written without it still loads
+CSV_COLUMNS = (*REQUIRED_COLUMNS, "region")
+REGION_MARGIN = 0.25  # of the digits' own extent, on each side
 IMAGES_PER_ZIP = 10_000
 TEST_POOL_PERCENT = 20
 OOD_SHIFTS = ("invert", "rotate")
@@ -109,6 +113,16 @@ class DigitsSample:
     @property
     def answer(self) -> str:
         return answer_text(self.task, list(self.digits))
+
+    def region(self, width: int, height: int) -> tuple[int, int, int, int]:
+        """The 0-1000 box around every digit, widened by REGION_MARGIN of its extent on each side."""
+        x1 = min(x for x, _, _, _ in self.boxes)
+        y1 = min(y for _, y, _, _ in self.boxes)
+        x2 = max(x + size for x, _, size, _ in self.boxes)
+        y2 = max(y + size for _, y, size, _ in self.boxes)
+        dx, dy = (x2 - x1) * REGION_MARGIN, (y2 - y1) * REGION_MARGIN
+        return (max(0, round((x1 - dx) / width * 1000)), max(0, round((y1 - dy) / height * 1000)),
+                min(1000, round((x2 + dx) / width * 1000)), min(1000, round((y2 + dy) / height * 1000)))
 
 
 def balanced_tasks(count: int, seed: int, split: str) -> list[str]:
@@ -192,7 +206,8 @@ def render(sample: DigitsSample, seed: int, split: str, width: int, height: int,
 def write_raw_split(out_dir: Path, split: str, samples: list[DigitsSample], seed: int, width: int, height: int,
                     settings: DigitsDataParams) -> int:
     """{split}.csv and images/{split}/NN.zip for `samples`; returns the rows written."""
-    items = (([s.id, s.task, " ".join(map(str, s.digits)), s.answer, f"{s.id}.jpg"],
+    items = (([s.id, s.task, " ".join(map(str, s.digits)), s.answer, f"{s.id}.jpg",
+               " ".join(map(str, s.region(width, height)))],
               [(f"{s.id}.jpg", layout.encode_jpeg(render(s, seed, split, width, height, settings)))]) for s in samples)
     return layout.write_split(out_dir, split, CSV_COLUMNS, items, IMAGES_PER_ZIP)
 

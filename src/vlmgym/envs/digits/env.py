@@ -103,8 +103,16 @@ def parse_row(rec: dict[str, str]) -> Row:
     expected = digits_data.answer_text(task, digits)
     if rec["answer"].strip() != expected:
         raise RowSkip("bad_answer", f"answer {rec['answer']!r} does not match {task} of {digits} ({expected!r})")
-    return Row(sample_id, (rec["image"].strip(),), {"id": sample_id, "task": task, "digits": digits,
-                                                    "answer": expected})
+    meta = {"id": sample_id, "task": task, "digits": digits, "answer": expected}
+    region = (rec.get("region") or "").split()
+    if region:
+        if len(region) != 4 or not all(t.isdigit() for t in region):
+            raise RowSkip("bad_region", f"region {rec['region']!r} is not four 0-1000 integers x1 y1 x2 y2")
+        x1, y1, x2, y2 = map(int, region)
+        if not (0 <= x1 < x2 <= 1000 and 0 <= y1 < y2 <= 1000):
+            raise RowSkip("bad_region", f"region {rec['region']!r} is not a box inside 0-1000")
+        meta["region"] = [x1, y1, x2, y2]
+    return Row(sample_id, (rec["image"].strip(),), meta)
 
 
 class DigitsEnv(Env):
@@ -115,7 +123,7 @@ class DigitsEnv(Env):
     name = "digits"
     Params = DigitsParams
     DataParams = digits_data.DigitsDataParams
-    schema = RowSchema("digits", digits_data.CSV_COLUMNS, ("jpg",), parse_row)
+    schema = RowSchema("digits", digits_data.REQUIRED_COLUMNS, ("jpg",), parse_row)
     solved_metric = "accuracy"
     # docs/envs/digits.md: without the perception warm-up the tiny random tower never tells the digits apart and
     # SFT answers one constant per task. Digit size and the frozen tower were chosen on the val split; the image
@@ -197,6 +205,12 @@ class DigitsEnv(Env):
     def ideal_answer(meta: dict[str, Any]) -> str:
         """The SFT target: "1, 3, 7" for sort, "11" for sum."""
         return digits_data.answer_text(meta["task"], list(meta["digits"]))
+
+    def ideal_tool_calls(self, meta: dict[str, Any]) -> list[dict]:
+        """With the zoom tool: one zoom onto the digits' region (when the data holds it), then the answer."""
+        if "region" not in meta or "zoom" not in {tool.name for tool in self.tools}:
+            return []
+        return [{"name": "zoom", "arguments": dict(zip(("x1", "y1", "x2", "y2"), meta["region"]))}]
 
     @classmethod
     def corpus(cls) -> list[str]:

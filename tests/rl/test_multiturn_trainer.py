@@ -1,0 +1,167 @@
+"""GRPO on multi-turn episodes: every policy turn is a learner row scored on-policy, tool replies sit only in
+prompts, each turn gets its episode's advantage, validation plays whole episodes, and PPO/DPO refuse them."""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+import pytest
+
+from vlmgym.config.spec import with_values
+from vlmgym.envs import multiturn
+from vlmgym.envs.digits import DigitsEnv
+from vlmgym.envs.digits.env import DigitsParams
+from vlmgym.envs.tools import ToolCall, ToolOutcome, Zoom
+from vlmgym.eval.rollouts import answer_split
+from vlmgym.models.qwen3_vl.model import jit_token_logprobs
+from vlmgym.params import SFTParams, TrainParams
+from vlmgym.rl.dpo_trainer import DPOTrainer
+from vlmgym.rl.grpo_trainer import GRPOTrainer
+from vlmgym.rl.policy import Qwen3VLPolicy
+from vlmgym.rl.sft_trainer import SFTTrainer
+from vlmgym.rollout.sampling import SamplingSettings
+
+NEW_TOKENS = 10
+SAMPLES = DigitsEnv.generate(4, seed=0)
+
+
+@pytest.fixture(scope="module")
+def talkative(tiny_vlm):
+    """The tiny model with <|im_end|>'s output row along its mean final hidden state: turns often end early, so
+    episodes go on (a random model's next token is near uniform over the vocabulary)."""
+    policy = _policy(tiny_vlm)
+    observations = [DigitsEnv(samples=SAMPLES).reset(0)[1]]
+    probe = policy.engine.generate(tiny_vlm.params, observations, 8, jax.random.key(1))
+    inputs = jax.tree.map(jax.numpy.asarray, probe.sequence_inputs())
+    _, features = jit_token_logprobs(tiny_vlm.params, tiny_vlm.cfg, inputs, probe.completion_ids,
+                                     probe.completion_mask, with_features=True)
+    mean = np.asarray(features).reshape(-1, features.shape[-1]).mean(axis=0)
+    im_end = tiny_vlm.processor.tokenizer.convert_tokens_to_ids("<|im_end|>")
+    params = jax.tree.map(lambda x: x, tiny_vlm.params)
+    row = jax.numpy.asarray(6.0 * mean / (mean @ mean))
+    if tiny_vlm.cfg.tie_word_embeddings:
+        params["text"]["embed"] = params["text"]["embed"].at[im_end].set(row)
+    else:
+        params["lm_head"]["kernel"] = params["lm_head"]["kernel"].at[:, im_end].set(row)
+    return params
+
+
+def _policy(tiny_vlm, max_new_tokens=NEW_TOKENS):
+    settings = SamplingSettings(max_new_tokens=max_new_tokens, eos_ids=tuple(tiny_vlm.processor.eos_token_ids),
+                                pad_id=int(tiny_vlm.processor.pad_token_id))
+    return Qwen3VLPolicy(tiny_vlm.cfg, tiny_vlm.processor, settings)
+
+
+@pytest.fixture
+def always_zoom(monkeypatch):
+    """Every turn that can go on is read as a call zooming into the top-left quarter (a random model writes no
+    well-formed call), so episodes take their later turns with real crops."""
+    def zoom(tools, text, image):
+        arguments = {"x1": 0, "y1": 0, "x2": 500, "y2": 500}
+        call = ToolCall("zoom", arguments)
+        return ToolOutcome(call=call, result=Zoom().run(arguments, image), error=None)
+
+    monkeypatch.setattr(multiturn, "run_tool_call", zoom)
+
+
+def _env(tiny_vlm, max_turns=3):
+    return DigitsEnv(samples=SAMPLES, params=DigitsParams(tools=("zoom",), max_turns=max_turns),
+                     tokenizer=tiny_vlm.processor.tokenizer)
+
+
+def _config(**values):
+    return with_values(TrainParams(steps=1, batch_prompts=2, group_size=3, max_new_tokens=NEW_TOKENS), {
+        "optimizer.lr": 1e-3, "validation.every": 0, "validation.select": "last", "optimizer.warmup_steps": 0,
+        "checkpointing.every": 1, **values})
+
+
+def test_every_turn_is_a_learner_row_scored_on_policy_with_tool_replies_in_prompts_only(tiny_vlm, talkative,
+                                                                                        always_zoom, tmp_path):
+    policy = _policy(tiny_vlm)
+    built = []
+    original = policy.build_batch
+    policy.build_batch = lambda obs, tokens, mask: built.append((obs, tokens, mask)) or original(obs, tokens, mask)
+    trainer = GRPOTrainer(policy, _env(tiny_vlm), jax.tree.map(jax.numpy.copy, talkative), _config(),
+                          tmp_path / "grpo", progress_bar=False)
+    trainer.run()
+    figures = trainer.history[0]
+    assert figures["episode_turns"] > 1.0 and figures["tool_calls_per_episode"] > 0
+    assert figures["tool_call_error_share"] == 0.0
+    # The later turns' rows are scored against the context they were sampled in: on-policy, the ratio is 1.
+    assert figures["logprob_mismatch_max"] < 1e-4
+    later = [(obs, tokens, mask) for obs, tokens, mask in built if len(obs) == len(tokens)]
+    assert later, "no later-turn rows were built"
+    tokenizer = tiny_vlm.processor.tokenizer
+    response = tokenizer.convert_tokens_to_ids("<tool_response>")  # one token, as in Qwen3's tokenizer
+    for observations, tokens, mask in later:
+        for obs, row, active in zip(observations, tokens, mask):
+            assert obs["messages"][-1]["role"] == "tool" and len(obs["images"]) >= 2
+            assert response not in row[active > 0]
+            prompt = policy.engine.prepare([obs])["input_ids"][0]
+            assert (prompt == response).sum() == len(obs["images"]) - 1
+    # Policy tokens of every turn carry the loss: the rows' active tokens are the episodes' sampled tokens.
+    active_rows = sum(int((mask.sum(axis=1) > 0).sum()) for _, _, mask in built)
+    assert active_rows == round(figures["episode_turns"] * 2 * 3)
+
+
+def test_validation_plays_whole_episodes(tiny_vlm, talkative, always_zoom, tmp_path):
+    config = _config(**{"validation.every": 1, "validation.batch_size": 2})
+    env = _env(tiny_vlm, max_turns=2)
+    trainer = GRPOTrainer(_policy(tiny_vlm), env, jax.tree.map(jax.numpy.copy, talkative), config,
+                          tmp_path / "grpo", progress_bar=False, val_env=_env(tiny_vlm, max_turns=2))
+    figures = trainer.validator.evaluate(talkative)
+    assert 0.0 <= figures["val/reward_greedy"] <= 1.0 and "val/reward_sampled" in figures
+
+
+def test_dpo_refuses_multi_turn_episodes(tiny_vlm, talkative, tmp_path):
+    with pytest.raises(ValueError, match="train them with grpo or rloo"):
+        DPOTrainer(_policy(tiny_vlm), _env(tiny_vlm), talkative, _config(algorithm="dpo"), tmp_path / "dpo",
+                   progress_bar=False)
+
+
+
+def test_rollout_records_hold_the_whole_trajectory(tiny_vlm, talkative, always_zoom):
+    env = _env(tiny_vlm)
+    engine = _policy(tiny_vlm)._greedy_engine
+    records, timing = answer_split(engine, talkative, env, policy="grpo", batch_size=4, show_progress=False)
+    assert [r["id"] for r in records] == [s.key for s in SAMPLES]
+    assert any(r["episode_turns"] > 1 for r in records)
+    for record in records:
+        assert len(record["turns"]) == len(record["turn_tokens"]) == record["episode_turns"]
+        assert record["answer"] == record["turns"][-1] and record["tokens"] == record["turn_tokens"][0]
+        assert len(record["tool_calls"]) == record["episode_turns"] - 1
+        assert all(call["box"] == [0.0, 0.0, 500.0, 500.0] for call in record["tool_calls"])
+    assert timing.generated_tokens == sum(len(t) for r in records for t in r["turn_tokens"])
+    # The text-only baseline blanks what the tools see too: every crop of a grey image is grey.
+    seen = []
+    original = multiturn.run_tool_call
+
+    def spy(tools, text, image):
+        seen.append(np.asarray(image))
+        return original(tools, text, image)
+
+    multiturn.run_tool_call = spy
+    try:
+        answer_split(engine, talkative, env, policy="grpo", batch_size=4, show_progress=False, blank_images=True)
+    finally:
+        multiturn.run_tool_call = original
+    assert seen and all((image == 128).all() for image in seen)
+
+
+def test_sft_trains_each_turn_of_the_ideal_episode(tiny_vlm, tmp_path):
+    policy = _policy(tiny_vlm, max_new_tokens=128)  # the zoom call spelled out by a tokenizer that never saw it
+    built = []
+    original = policy.build_batch
+    policy.build_batch = lambda obs, tokens, mask: built.append((obs, tokens, mask)) or original(obs, tokens, mask)
+    config = with_values(SFTParams(steps=1, batch_size=2, max_target_tokens=128), {
+        "validation.every": 0, "validation.select": "last", "optimizer.warmup_steps": 0, "checkpointing.every": 1})
+    trainer = SFTTrainer(policy, _env(tiny_vlm, max_turns=2), jax.tree.map(jax.numpy.copy, tiny_vlm.params),
+                         config, tmp_path / "sft", progress_bar=False)
+    trainer.run()
+    observations = [obs for batch, _, _ in built for obs in batch]
+    masks = np.concatenate([mask for _, _, mask in built])
+    assert len(observations) == 4 and (masks.sum(axis=1) > 0).all()  # two samples, a zoom and an answer each
+    calls = [obs for obs in observations if obs["messages"][-1]["role"] == "user"]
+    answers = [obs for obs in observations if obs["messages"][-1]["role"] == "tool"]
+    assert len(calls) == len(answers) == 2 and all(len(obs["images"]) == 2 for obs in answers)
+    assert np.isfinite(trainer.history[0]["loss"])
