@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from vlmgym.envs import env_class as by_name
+from vlmgym.eval.episodes import episode_statistics
 from vlmgym.eval.sampled import sampled_statistics
 from vlmgym.stats.bootstrap import Interval, Statistic, bootstrap_intervals, paired_bootstrap_intervals
 from vlmgym.stats.fields import record_field, record_where
@@ -61,6 +62,7 @@ def statistics_for(env: Any, records: Sequence[Mapping[str, Any]], **options: An
     stats["format_valid_rate"] = Statistic("mean", format_ok)
     stats["mean_reward"] = Statistic("mean", rewards)
     stats.update(sampled_statistics(records))
+    stats.update(episode_statistics(records))
     return stats
 
 

@@ -19,6 +19,7 @@ import numpy as np
 from PIL import Image
 
 from vlmgym.config import EnvParams
+from vlmgym.eval.episode_report import episode_html
 from vlmgym.eval.metrics import env_class, format_valid
 from vlmgym.runtime.atomic import atomic_file
 
@@ -33,12 +34,18 @@ LAST_ROWS = {"format_valid_rate": ("format valid", "rate"), "mean_reward": ("mea
              # sampled answers (vlmgym.eval.sampled): k per prompt, rollout.sampled_answers
              "sampled_mean_reward": ("mean reward, k sampled", "reward"), "pass_at_k": ("pass@k, k sampled", "rate"),
              # the answer collapse check (vlmgym.eval.outputs.answer_collapse): point figures, no interval
-             "answers_top_share": ("top answer share", "rate"), "answers_distinct_share": ("distinct answers", "rate")}
+             "answers_top_share": ("top answer share", "rate"), "answers_distinct_share": ("distinct answers", "rate"),
+             # multi-turn episodes (vlmgym.eval.episodes)
+             "episode_turns": ("turns per episode", "reward"),
+             "tool_calls_per_episode": ("tool calls per episode", "reward"),
+             "tool_call_valid_rate": ("tool calls that ran", "rate")}
+TURN_ROWS = 8  # mean_reward_turns_<k> rows, k = 1 .. this (vlmgym.envs.multiturn.MAX_TURNS)
 
 
 def metric_rows(env: Any) -> dict[str, tuple[str, str]]:
     """metric -> (label, unit kind) of `env`'s tables, in row order; metrics a results dict lacks are skipped."""
-    return {**FIRST_ROWS, **env_class(env).metric_rows, **LAST_ROWS}
+    turns = {f"mean_reward_turns_{k}": (f"mean reward, {k}-turn episodes", "reward") for k in range(1, TURN_ROWS + 1)}
+    return {**FIRST_ROWS, **env_class(env).metric_rows, **LAST_ROWS, **turns}
 
 
 def format_value(value: float | None, kind: str, signed: bool = False, like: float | None = None) -> str:
@@ -198,10 +205,11 @@ def _gallery(env: type, records_by_policy: Mapping[str, Sequence[Mapping[str, An
             answer = answer if len(answer) <= ANSWER_CHARS else answer[:ANSWER_CHARS] + " ..."
             outcome = env.outcome_text(record)
             status = "ok" if format_valid(env, record) else "bad"
+            turns = episode_html(record, next(iter(images.get(sample_id, ())), None), thumbnail_data_uri)
             card.append(f'<div><b>{html.escape(policy)}</b>: {html.escape(outcome)}, '
                         f'reward {float(record["reward"]):.3f} '
                         f'<span class="{status}">format {"ok" if status == "ok" else "invalid"}</span>'
-                        f"<pre>{html.escape(answer)}</pre>{note}</div>")
+                        f"<pre>{html.escape(answer)}</pre>{note}{turns}</div>")
         card.append("</div>")
         cards.append("".join(card))
     return '<div class="gallery">' + "".join(cards) + "</div>"

@@ -136,8 +136,9 @@ def hf_greedy(model: Any, processor: Any, observations: Sequence[dict], *, max_n
     seconds = 0.0
     for start in range(0, len(observations), batch_size):
         chunk = observations[start:start + batch_size]
+        tools = [o.get("tools") for o in chunk]  # a multi-turn env's first prompt lists its tools, as the engine's
         inputs = processor([o["messages"] for o in chunk], [list(o.get("images") or []) for o in chunk],
-                           padding_side="left")
+                           padding_side="left", **({"batch_of_tools": tools} if any(tools) else {}))
         kwargs = torch_inputs(model, inputs)
         if start == 0 and warm_up:  # warm-up (allocator, kernels), so the timing is of generation, not first-call setup
             hf_generate(model, kwargs, max_new_tokens=1, pad_token_id=int(processor.pad_token_id), **GREEDY)
