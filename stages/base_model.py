@@ -13,6 +13,7 @@ import argparse
 import sys
 
 from vlmgym.envs import corpus, parts
+from vlmgym.envs.tools import tool_corpus
 from vlmgym.models.qwen3_vl.base_model import build_base_model
 from vlmgym.params import load_section
 from vlmgym.tracking import stage_runs as tracking
@@ -33,7 +34,9 @@ def main(argv: list[str] | None = None) -> int:
                             params_file=args.params) as run:
         # the built-in envs' texts, plus the active env's (a mixture's: each sub-env's) when it is another one
         # (vlmgym.envs.corpus)
-        summary = build_base_model(params, corpus=corpus(active=parts(env_params)))
+        # and with the tools option (vlmgym.envs.multiturn) the tool calls and replies, so a call is a few tokens
+        tools = tuple(getattr(env_params.settings(), "tools", ()) or ())
+        summary = build_base_model(params, corpus=corpus(active=parts(env_params)) + tool_corpus(tools))
         run.log_metrics({k: summary[k] for k in FIGURES if k in summary})
         run.log_dict(summary, "base_model.json")
     print(f"base_model: {summary['source']} -> {params.hf_dir} "

@@ -40,11 +40,11 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 from vlmgym.envs import multiturn
 from vlmgym.envs import think as r1
 from vlmgym.envs.evaluation import EvaluationParts
+from vlmgym.envs.tools import BUILTIN_TOOLS, Tool
 
 if TYPE_CHECKING:
     from vlmgym.config import DataParams
     from vlmgym.data.rows import RowSchema
-    from vlmgym.envs.tools import Tool
 
 
 # The key of a state's meta and of a scored answer's info that names the sub-env it belongs to, in an env made of
@@ -131,6 +131,9 @@ class Env(EvaluationParts, abc.ABC):
     def prepare_truth(self, sample: SampleLike) -> Any:
         """Anything worth computing once per reset rather than once per answer (default: nothing)."""
         return None
+
+    # The tools `env.<name>.tools` may name (vlmgym.envs.tools: zoom and rotate); an env adds its own here.
+    tool_classes: ClassVar[Mapping[str, type[Tool]]] = BUILTIN_TOOLS
 
     def ideal_tool_calls(self, meta: dict) -> list[dict]:
         """With tools (vlmgym.envs.multiturn): the calls, as {"name": ..., "arguments": {...}}, an ideal episode
@@ -268,7 +271,7 @@ class Env(EvaluationParts, abc.ABC):
     @functools.cached_property
     def tools(self) -> tuple[Tool, ...]:
         """The visual tools this env's episodes offer (its settings' `tools`, vlmgym.envs.multiturn)."""
-        return multiturn.tools_of(self.name, self.params)
+        return multiturn.tools_of(self)
 
     @property
     def max_turns(self) -> int:

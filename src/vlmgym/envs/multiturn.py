@@ -61,11 +61,12 @@ def check_turns(names: tuple[str, ...], turns: int, section: str = "") -> None:
                           "after a tool call")
 
 
-def tools_of(env_name: str, params: Any) -> tuple[Tool, ...]:
-    """The env's tools from its settings (any Params with ToolParams' fields), checked against max_turns."""
-    names, turns = tuple(getattr(params, "tools", ()) or ()), int(getattr(params, "max_turns", 1))
-    check_turns(names, turns, f"env.{env_name}.")
-    return make_tools(names)
+def tools_of(env: Env) -> tuple[Tool, ...]:
+    """The env's tools from its settings (any Params with ToolParams' fields) and its `tool_classes`, checked
+    against max_turns."""
+    names, turns = tuple(getattr(env.params, "tools", ()) or ()), int(getattr(env.params, "max_turns", 1))
+    check_turns(names, turns, f"env.{env.name}.")
+    return make_tools(names, env.tool_classes)
 
 
 def instruction(tools: tuple[Tool, ...], max_turns: int) -> str:

@@ -22,7 +22,7 @@ import abc
 import copy
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -120,6 +120,10 @@ class Tool(abc.ABC):
     @abc.abstractmethod
     def run(self, arguments: dict, image: Image.Image) -> ToolResult: ...
 
+    def corpus(self) -> list[str]:
+        """Texts a tokenizer trained for this tool should cover: its calls and replies (default: its schema)."""
+        return [json.dumps(self.schema())]
+
     def _check_keys(self, arguments: dict, expected: Sequence[str]) -> None:
         missing = [key for key in expected if key not in arguments]
         extra = [_show(key) for key in arguments if key not in expected]
@@ -169,6 +173,16 @@ class Zoom(Tool):
                           box=(float(x1), float(y1), float(x2), float(y2)))
 
 
+    def corpus(self) -> list[str]:
+        """Calls and replies over a deterministic spread of boxes, so every coordinate's digits are seen."""
+        texts = [json.dumps(self.schema())]
+        for start in range(0, 1000, 7):
+            box = {"x1": start % 500, "y1": (start * 3) % 500, "x2": 500 + start % 500, "y2": 500 + (start * 7) % 500}
+            texts.append(f'{OPEN}\n{json.dumps({"name": self.name, "arguments": box})}\n{CLOSE}')
+            texts.append(f"zoom ({box['x1']}, {box['y1']}, {box['x2']}, {box['y2']}): the region shown at full size")
+        return texts
+
+
 class Rotate(Tool):
     name = "rotate"
     description = "Rotate the image counter-clockwise by 90, 180 or 270 degrees."
@@ -194,13 +208,14 @@ class Rotate(Tool):
 BUILTIN_TOOLS: dict[str, type[Tool]] = {"zoom": Zoom, "rotate": Rotate}
 
 
-def make_tools(names: Sequence[str]) -> tuple[Tool, ...]:
-    """Instances of the built-in tools by name, in the given order."""
-    if unknown := [name for name in names if name not in BUILTIN_TOOLS]:
-        raise ValueError(f"unknown tool {unknown[0]!r}; known: {', '.join(BUILTIN_TOOLS)}")
+def make_tools(names: Sequence[str], catalogue: Mapping[str, type[Tool]] | None = None) -> tuple[Tool, ...]:
+    """Instances of the named tools, in the given order, from `catalogue` (default: the built-in ones)."""
+    catalogue = BUILTIN_TOOLS if catalogue is None else catalogue
+    if unknown := [name for name in names if name not in catalogue]:
+        raise ValueError(f"unknown tool {unknown[0]!r}; known: {', '.join(catalogue)}")
     if len(set(names)) != len(names):
         raise ValueError(f"tool names repeat: {list(names)}")
-    return tuple(BUILTIN_TOOLS[name]() for name in names)
+    return tuple(catalogue[name]() for name in names)
 
 
 def run_tool_call(tools: Sequence[Tool], text: str, image: Image.Image) -> ToolOutcome:
@@ -234,3 +249,10 @@ def tool_message(outcome: ToolOutcome) -> dict:
         return {"role": "tool", "content": [{"type": "text", "text": "error: " + outcome.error}]}
     image = [{"type": "image"}] if outcome.result.image is not None else []
     return {"role": "tool", "content": [*image, {"type": "text", "text": outcome.result.text}]}
+
+
+def tool_corpus(names: Sequence[str]) -> list[str]:
+    """The tokenizer texts of the named built-in tools (none: no texts), with the tool reply's tags."""
+    if not names:
+        return []
+    return ["<tool_response>\n</tool_response>", *[text for tool in make_tools(names) for text in tool.corpus()]]
