@@ -45,8 +45,8 @@ def child_jax_compilation_cache(tmp_path_factory):
 
 # The longest setups and tests, first in each half of the collection: pytest-xdist's worksteal mode starts each of
 # the two workers on one half, so one builds the shared micro pipeline while the other kills and reruns its own.
-FIRST_HALF = ("pipeline/test_pipeline_e2e.py", "pipeline/test_compare.py", "pipeline/test_train_algorithms.py",
-              "pipeline/test_dvc_remote.py", "pipeline/test_report_browser.py")
+FIRST_HALF = ("pipeline/test_pipeline_e2e.py", "pipeline/test_compare.py", "pipeline/test_multiturn_pipeline.py",
+              "pipeline/test_train_algorithms.py", "pipeline/test_dvc_remote.py", "pipeline/test_report_browser.py")
 SECOND_HALF = ("pipeline/test_kill_rerun.py", "pipeline/test_mixture_env.py", "pipeline/test_external_env.py",
                "rl/test_multihost.py")
 
@@ -60,7 +60,7 @@ SLOW_MODULES = ("rl/test_lora_trainer.py", "rl/test_multihost.py", "rl/test_qwen
                 "rl/test_validation.py", "rollout/test_engine.py", "rl/test_mixture_trainer.py", "rl/test_ppo.py",
                 "rl/test_remat.py", "models/test_decode.py", "rl/test_dpo.py", "models/test_model_parity.py",
                 "rl/test_lora_export.py", "models/test_sharding.py", "models/test_parity_cli.py",
-                "rl/test_objective_knobs_trainer.py")
+                "rl/test_objective_knobs_trainer.py", "rl/test_multiturn_trainer.py", "rollout/test_episodes.py")
 
 
 @pytest.hookimpl(tryfirst=True)  # the markers must be there before `-m` deselects

@@ -165,3 +165,22 @@ def test_sft_trains_each_turn_of_the_ideal_episode(tiny_vlm, tmp_path):
     answers = [obs for obs in observations if obs["messages"][-1]["role"] == "tool"]
     assert len(calls) == len(answers) == 2 and all(len(obs["images"]) == 2 for obs in answers)
     assert np.isfinite(trainer.history[0]["loss"])
+
+
+def test_multi_turn_training_resumes_exactly_after_a_stop(tiny_vlm, talkative, always_zoom, tmp_path):
+    policy = _policy(tiny_vlm)  # one policy: a static argument of the jitted update, so the runs share its compiles
+
+    def trainer(folder):
+        return GRPOTrainer(policy, _env(tiny_vlm), jax.tree.map(jax.numpy.copy, talkative), _config(steps=2),
+                           tmp_path / folder, progress_bar=False)
+
+    whole = trainer("whole")
+    whole.run()
+    trainer("split").run(stop_after=1)  # as if killed after step 1's checkpoint
+    resumed = trainer("split")
+    resumed.run()
+    assert resumed.resumed_from == 1 and whole.history[-1]["episode_turns"] > 1.0
+    bits = [np.asarray(x).tobytes() for x in jax.tree.leaves(resumed.params)]
+    assert bits == [np.asarray(x).tobytes() for x in jax.tree.leaves(whole.params)]
+    for name in ("loss", "reward_mean", "episode_turns", "grad_norm"):
+        assert resumed.history[-1][name] == whole.history[-1][name], name
