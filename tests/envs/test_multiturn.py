@@ -17,7 +17,7 @@ from vlmgym.envs.message_decoding import MessageDecodingEnv
 from vlmgym.envs.mixture import MixtureEnv
 from vlmgym.envs.tools import ToolCall, Zoom, parse_tool_call
 from vlmgym.models.qwen3_vl.base_model import train_tokenizer
-from vlmgym.models.qwen3_vl.processor import TOKEN_IDS
+from vlmgym.models.qwen3_vl.chat import TOKEN_IDS
 from vlmgym.params import EnvParams, ParamsError
 
 ZOOM = '<tool_call>\n{"name": "zoom", "arguments": {"x1": 0, "y1": 0, "x2": 500, "y2": 500}}\n</tool_call>'

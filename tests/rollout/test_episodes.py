@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import torch
 
+from vlmgym.models.qwen3_vl.chat import TOKEN_IDS, continues_conversation
 from vlmgym.models.qwen3_vl.model import jit_token_logprobs
-from vlmgym.models.qwen3_vl.processor import TOKEN_IDS, continues_conversation
 from vlmgym.rollout.engine import RolloutEngine
 from vlmgym.rollout.episodes import run_episodes
 from vlmgym.rollout.sampling import SamplingSettings

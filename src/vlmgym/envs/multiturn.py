@@ -23,15 +23,13 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from vlmgym.config import ParamsError, spec
 from vlmgym.envs.tools import BUILTIN_TOOLS, Tool, make_tools, run_tool_call, tool_message
-from vlmgym.models.qwen3_vl.processor import TOKEN_IDS, continues_conversation
+from vlmgym.models.qwen3_vl.chat import TOKEN_IDS, continues_conversation
 
-if TYPE_CHECKING:
-    from vlmgym.envs.base import Env, State
-
+# The functions below take the Env and its State (vlmgym.envs.base), which imports this module: typed Any.
 MAX_TURNS = 8
 CONVERSATION, TURN, CALLS = "conversation", "turn", "tool_calls"  # keys of a multi-turn State's extra
 
@@ -61,7 +59,7 @@ def check_turns(names: tuple[str, ...], turns: int, section: str = "") -> None:
                           "after a tool call")
 
 
-def tools_of(env: Env) -> tuple[Tool, ...]:
+def tools_of(env: Any) -> tuple[Tool, ...]:
     """The env's tools from its settings (any Params with ToolParams' fields) and its `tool_classes`, checked
     against max_turns."""
     names, turns = tuple(getattr(env.params, "tools", ()) or ()), int(getattr(env.params, "max_turns", 1))
@@ -76,13 +74,13 @@ def instruction(tools: tuple[Tool, ...], max_turns: int) -> str:
     return f"You may call {names} {calls} before you answer."
 
 
-def begin(state: State, observation: dict, tools: tuple[Tool, ...]) -> tuple[State, dict]:
+def begin(state: Any, observation: dict, tools: tuple[Tool, ...]) -> tuple[Any, dict]:
     """The first turn's state and observation: the tools listed, the conversation kept in the state."""
     observation = {**observation, "tools": [tool.schema() for tool in tools]}
     return replace(state, extra={**state.extra, CONVERSATION: observation, TURN: 0, CALLS: []}), observation
 
 
-def take_turn(env: Env, state: State, text: str, token_ids: list[int] | None) -> tuple[State, Any, float, bool, dict]:
+def take_turn(env: Any, state: Any, text: str, token_ids: list[int] | None) -> tuple[Any, Any, float, bool, dict]:
     """One policy turn of a multi-turn episode: run its tool call and go on, or score it as the answer."""
     turn, calls = int(state.extra[TURN]), list(state.extra[CALLS])
     conversation = state.extra[CONVERSATION]
@@ -118,7 +116,7 @@ def call_text(name: str, arguments: dict) -> str:
     return f"<tool_call>\n{json.dumps({'name': name, 'arguments': arguments}, ensure_ascii=False)}\n</tool_call>"
 
 
-def sft_turns(env: Env, state: State, observation: dict) -> list[tuple[dict, str]]:
+def sft_turns(env: Any, state: Any, observation: dict) -> list[tuple[dict, str]]:
     """What SFT teaches for one sample, as (observation, target) per policy turn: each of the env's ideal tool
     calls in the conversation so far (the tool run on it, as in an episode), then the answer."""
     calls = env.ideal_tool_calls(state.meta) if env.max_turns > 1 else []

@@ -12,10 +12,10 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from vlmgym.models.qwen3_vl import lora
+from vlmgym.models.qwen3_vl.chat import END_OF_TURN
 from vlmgym.models.qwen3_vl.config import Qwen3VLConfig
 from vlmgym.models.qwen3_vl.mesh import batch_sharding
 from vlmgym.models.qwen3_vl.model import token_logprobs
-from vlmgym.models.qwen3_vl.processor import END_OF_TURN
 from vlmgym.models.qwen3_vl.shared_prefix import shared_prefix_logprobs
 from vlmgym.models.qwen3_vl.vision import patch_layout
 from vlmgym.rl.loop import Samples

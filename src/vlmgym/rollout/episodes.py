@@ -8,7 +8,7 @@ new image), and the episodes that go on are prefilled again with their whole con
 `advance(episode, text, token_ids, finish_reason)` is called for every row of every turn with what it sampled (ids up
 to and including the first EOS) and returns the next observation, the whole conversation so far with the assistant
 turn carrying its sampled ids (processor.TOKEN_IDS) and the env's reply, or None when the episode is over; only a
-turn that `processor.continues_conversation` may go on.
+turn that `vlmgym.models.qwen3_vl.chat.continues_conversation` may go on.
 
 Each turn after the first re-prefills its episodes from scratch instead of extending their KV caches: a turn's
 prompt is then exactly the learner's prompt for that turn's tokens (the same padded inputs, the same computation), so
@@ -25,7 +25,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from vlmgym.models.qwen3_vl.processor import continues_conversation
+from vlmgym.models.qwen3_vl.chat import continues_conversation
 from vlmgym.rollout.engine import RolloutBatch, RolloutEngine
 
 # (episode, text, token ids sampled this turn, finish reason "eos" or "length") -> next observation or None
@@ -97,7 +97,7 @@ def _advance_all(engine: RolloutEngine, turn: RolloutBatch, episodes: np.ndarray
         if not continues_conversation(engine.processor.tokenizer, ids):
             raise RuntimeError(f"episode {episode} went on after a turn that cannot continue a conversation "
                                f"({turn.finish_reasons[row]}, {len(ids)} tokens): the env must end it "
-                               "(processor.continues_conversation)")
+                               "(chat.continues_conversation)")
         going.append(int(episode))
         replies.append(reply)
     return going, replies

@@ -18,6 +18,8 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
+from vlmgym.models.qwen3_vl.chat import END_OF_TURN, IMAGE_PAD, TOKEN_IDS, VISION_END, VISION_START
+
 PATCH_SIZE = 16
 TEMPORAL_PATCH_SIZE = 2
 MERGE_SIZE = 2
@@ -27,9 +29,6 @@ RESCALE_FACTOR = 1 / 255
 HUB_MIN_PIXELS = 65536
 HUB_MAX_PIXELS = 16777216
 
-IMAGE_PAD = "<|image_pad|>"
-VISION_START = "<|vision_start|>"
-VISION_END = "<|vision_end|>"
 
 # The chat template shipped with Qwen3-VL-*-Instruct, byte for byte (5292 bytes, sha256 3636d0f0...a489e4):
 # no default system prompt; an image part renders as <|vision_start|><|image_pad|><|vision_end|>.
@@ -298,22 +297,6 @@ def render_chat(messages: Sequence[dict], add_generation_prompt: bool = True,
         _TEMPLATE_CACHE[chat_template] = _compile_template(chat_template)
     return _TEMPLATE_CACHE[chat_template].render(messages=list(messages), add_generation_prompt=add_generation_prompt,
                                                  tools=list(tools) if tools else None)
-
-
-# An assistant message may carry the token ids the policy sampled for it (ending with <|im_end|>): the conversation
-# is then encoded with those ids where its text stands, so a later turn sees exactly the tokens that were generated
-# (re-encoding the decoded text can split it differently) and the learner scores the context the sampler saw.
-TOKEN_IDS = "token_ids"
-END_OF_TURN = "<|im_end|>"
-
-
-def continues_conversation(tokenizer: Any, token_ids: Sequence[int]) -> bool:
-    """Whether a conversation can go on after an assistant turn that sampled `token_ids` (through its first EOS):
-    the turn ended with <|im_end|> (not cut at the length budget, not another EOS) and holds no vision token (a
-    sampled <|image_pad|> would stand for an image that is not there)."""
-    ids = [int(i) for i in token_ids]
-    vision = {tokenizer.convert_tokens_to_ids(token) for token in (IMAGE_PAD, VISION_START, VISION_END)}
-    return bool(ids) and ids[-1] == tokenizer.convert_tokens_to_ids(END_OF_TURN) and not vision & set(ids)
 
 
 def chat_pieces(messages: Sequence[dict], add_generation_prompt: bool, chat_template: str,
