@@ -13,8 +13,9 @@ from vlmgym.envs.digits import DigitsEnv
 from vlmgym.envs.digits.env import DigitsParams
 from vlmgym.envs.tools import ToolCall, ToolOutcome, Zoom
 from vlmgym.eval.rollouts import answer_split
+from vlmgym.models.qwen3_vl import lora
 from vlmgym.models.qwen3_vl.model import jit_token_logprobs
-from vlmgym.params import SFTParams, TrainParams
+from vlmgym.params import LoRAParams, SFTParams, TrainParams
 from vlmgym.rl.dpo_trainer import DPOTrainer
 from vlmgym.rl.grpo_trainer import GRPOTrainer
 from vlmgym.rl.policy import Qwen3VLPolicy
@@ -184,3 +185,18 @@ def test_multi_turn_training_resumes_exactly_after_a_stop(tiny_vlm, talkative, a
     assert bits == [np.asarray(x).tobytes() for x in jax.tree.leaves(whole.params)]
     for name in ("loss", "reward_mean", "episode_turns", "grad_norm"):
         assert resumed.history[-1][name] == whole.history[-1][name], name
+
+
+def test_lora_and_the_kl_term_train_episodes_too(tiny_vlm, talkative, always_zoom, tmp_path):
+    # the reference's log-probs of every turn (the KL term's) come from the base inside the trained tree
+    config = _config(beta=0.1, lora=LoRAParams(rank=4, alpha=8.0))
+    params = lora.init_adapters(jax.tree.map(jax.numpy.copy, talkative), tiny_vlm.cfg,
+                                lora.LoRAConfig.from_section(config.lora))
+    trainer = GRPOTrainer(_policy(tiny_vlm), _env(tiny_vlm), params, config, tmp_path / "lora", progress_bar=False)
+    trainer.run()
+    figures = trainer.history[0]
+    assert figures["episode_turns"] > 1.0 and figures["logprob_mismatch_max"] < 1e-4
+    assert figures["kl_to_reference"] == pytest.approx(0.0, abs=1e-6)  # B starts at 0: step 0 is the base
+    moved = [not np.array_equal(a, b) for a, b in zip(jax.tree.leaves(lora.strip(trainer.params)),
+                                                       jax.tree.leaves(talkative))]
+    assert not any(moved) and lora.has_adapters(trainer.params)
