@@ -47,7 +47,8 @@ def test_a_zoom_call_shows_the_crop_and_the_answer_is_scored_as_in_one_turn():
     state, obs = tools.reset(1)
     state, reply, reward, done, info = tools.step_text(state, f"Let me look. {ZOOM}")
     assert (reward, done) == (0.0, False)
-    assert info["tool_call"] == {"turn": 0, "tool": "zoom", "ok": True, "error": None, "box": [0.0, 0.0, 500.0, 500.0]}
+    assert info["tool_call"] == {"turn": 0, "tool": "zoom", "ok": True, "error": None,
+                                 "box": [0.0, 0.0, 500.0, 500.0], "reward": 0.0}
     assert [m["role"] for m in reply["messages"]] == ["user", "assistant", "tool"]
     assert reply["messages"][1] == {"role": "assistant", "content": f"Let me look. {ZOOM}"}
     assert len(reply["images"]) == 2 and reply["tools"] == obs["tools"]
@@ -141,3 +142,35 @@ def test_the_region_covers_the_digits_with_a_margin():
         assert x1 <= x / 256 * 1000 and (x + size) / 256 * 1000 <= x2
         assert y1 <= y / 192 * 1000 and (y + size) / 192 * 1000 <= y2
     assert SAMPLES[1].meta["region"] == list(digits_data.generate_split(0, "train", 4, 256, 192)[1].region(256, 192))
+
+
+def test_rec_teaches_a_zoom_around_the_object_and_answers_in_whole_image_coordinates():
+    from vlmgym.envs.rec import RecEnv
+    from vlmgym.envs.rec.env import RecParams
+
+    samples = RecEnv.generate(3, seed=0)
+    rec = RecEnv(samples=samples, params=RecParams(tools=("zoom",), max_turns=2))
+    state, obs = rec.reset(0)
+    x1, y1, x2, y2 = state.meta["bbox_2d"]
+    (_, call), (second, answer) = multiturn.sft_turns(rec, state, obs)
+    box = parse_tool_call(call).arguments
+    assert box["x1"] <= x1 < x2 <= box["x2"] and box["y1"] <= y1 < y2 <= box["y2"]
+    assert box["x2"] - box["x1"] <= 3 * (x2 - x1) + 1 and answer == rec.ideal_answer(state.meta)
+    assert rec.step_text(state, call)[1]["images"][1].size == obs["images"][0].size
+    assert RecEnv(samples=samples).ideal_tool_calls(state.meta) == []
+
+
+def test_an_env_may_shape_each_call_and_the_episode_adds_it_up():
+    class Strict(DigitsEnv):
+        def turn_reward(self, call):
+            return 0.0 if call["ok"] else -0.25
+
+    strict = Strict(samples=SAMPLES, params=DigitsParams(tools=("zoom",), max_turns=3))
+    state, _ = strict.reset(1)
+    state, _, reward, done, _ = strict.step_text(state, "<tool_call>{not json</tool_call>")
+    assert (reward, done) == (-0.25, False)
+    state, _, _, _, _ = strict.step_text(state, ZOOM)
+    answer = strict.ideal_answer(state.meta)
+    _, _, reward, done, info = strict.step_text(state, answer)
+    assert done and info["answer_reward"] == 1.0 and reward == 0.75
+    assert [call["reward"] for call in info["tool_calls"]] == [-0.25, 0.0]

@@ -19,7 +19,7 @@ Everything else is optional, with a default that works:
   think/answer option, one with those of vlmgym.envs.multiturn.ToolParams the visual tools option),
   `DataParams` (`data.<name>`, the generator's), `recipe`;
 - samples and episodes: `check_sample` (meta checks; the schema's image count is checked for every env),
-  `prepare_truth`, `ideal_tool_calls` (what SFT teaches with tools), `corpus` (the tokenizer's texts),
+  `prepare_truth`, `ideal_tool_calls` and `turn_reward` (with tools), `corpus` (the tokenizer's texts),
   `perception_heads` / `perception_labels` (sft.perception's warm-up of the vision tower);
 - data: `download_hub` (a public dataset); `ood_note` / `describe_ood`, what the out-of-distribution test split
   (test_ood) shifts, when the generator writes one;
@@ -131,6 +131,11 @@ class Env(EvaluationParts, abc.ABC):
     def prepare_truth(self, sample: SampleLike) -> Any:
         """Anything worth computing once per reset rather than once per answer (default: nothing)."""
         return None
+
+    def turn_reward(self, call: dict) -> float:
+        """With tools: the shaping reward of one tool call (a dict with its tool, `ok`, `error` and zoom `box`),
+        added to the episode's final reward (vlmgym.envs.multiturn). Default: 0, the answer alone counts."""
+        return 0.0
 
     # The tools `env.<name>.tools` may name (vlmgym.envs.tools: zoom and rotate); an env adds its own here.
     tool_classes: ClassVar[Mapping[str, type[Tool]]] = BUILTIN_TOOLS

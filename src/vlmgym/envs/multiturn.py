@@ -14,9 +14,12 @@ again; it never raises. The last turn is always scored as the answer, a call in 
 scorer pays nothing for), and so is a turn that cannot continue a conversation (cut at the length budget, or
 holding a vision token). Tools work on the sample's first image, in its coordinates, whatever was shown since.
 
-The episode's reward is the final answer's; the intermediate steps return 0 and `done=False`. The state carries
-the conversation so far (`extra["conversation"]`, an observation), the turn, and the calls made, which the final
-step's info reports: `turns`, `tool_calls`, `tool_errors` and the zoom boxes.
+The episode's reward is the final answer's plus the env's per-turn shaping (`Env.turn_reward` of each call, 0 by
+default), which the final step returns whole (its info keeps the answer's alone as `answer_reward`); an
+intermediate step returns its call's shaping and `done=False`. The state carries the conversation so far
+(`extra["conversation"]`, an observation), the turn, and the calls made, which the final step's info reports:
+`turns`, `tool_calls` (each with its tool, whether it ran, the error, the zoom box and its shaping reward) and
+`tool_errors`.
 """
 
 from __future__ import annotations
@@ -89,10 +92,13 @@ def take_turn(env: Any, state: Any, text: str, token_ids: list[int] | None) -> t
     outcome = None if last or cannot_go_on else run_tool_call(env.tools, text, conversation["images"][0])
     if outcome is None or outcome.kind == "answer":
         done, [], reward, finished, info = env.score_answer(state, text)
-        return done, [], reward, finished, {**info, **_summary(calls, turn + 1, text, last)}
+        shaping = sum(call["reward"] for call in calls)
+        return done, [], reward + shaping, finished, {**info, **_summary(calls, turn + 1, text, last),
+                                                      "answer_reward": reward}
     call = {"turn": turn, "tool": outcome.call.name if outcome.call else None, "ok": outcome.kind == "ok",
             "error": outcome.error, "box": list(outcome.result.box) if outcome.kind == "ok" and outcome.result.box
             else None}
+    call["reward"] = float(env.turn_reward(call))
     assistant = {"role": "assistant", "content": text}
     if token_ids is not None:
         assistant[TOKEN_IDS] = [int(i) for i in token_ids]
@@ -100,7 +106,7 @@ def take_turn(env: Any, state: Any, text: str, token_ids: list[int] | None) -> t
     reply = {**conversation, "images": [*conversation["images"], *([image] if image is not None else [])],
              "messages": [*conversation["messages"], assistant, tool_message(outcome)]}
     extra = {**state.extra, CONVERSATION: reply, TURN: turn + 1, CALLS: [*calls, call]}
-    return replace(state, extra=extra), reply, 0.0, False, {"tool_call": call}
+    return replace(state, extra=extra), reply, call["reward"], False, {"tool_call": call}
 
 
 def _summary(calls: list[dict], turns: int, text: str, last: bool) -> dict:

@@ -35,6 +35,8 @@ from vlmgym.envs.think import ThinkParams
 from vlmgym.stats.bootstrap import Statistic
 from vlmgym.stats.fields import record_field, record_where
 
+ZOOM_CONTEXT = 1.0  # the ideal zoom's margin around the object, in units of its own width and height
+
 # Qwen3-VL's grounding request with the answer's JSON spelled out. Kept short: with the tiny model's 12 image
 # tokens and the chat template, the longest prompt fits the 128-token bucket (the old wording's needed 256, which
 # doubled the cost of every SFT and GRPO step; tests/envs/test_prompt_buckets.py).
@@ -153,6 +155,16 @@ class RecEnv(Env):
     def ideal_answer(meta: dict[str, Any]) -> str:
         """The SFT target: `[{"bbox_2d": [x1, y1, x2, y2], "label": "<label>"}]` with the true box."""
         return answer_json(meta["bbox_2d"], meta["label"])
+
+    def ideal_tool_calls(self, meta: dict[str, Any]) -> list[dict]:
+        """With the zoom tool: one zoom onto the referred object with ZOOM_CONTEXT of its size around it on each
+        side, then the answer, whose box stays in the whole image's coordinates."""
+        if "zoom" not in {tool.name for tool in self.tools}:
+            return []
+        x1, y1, x2, y2 = meta["bbox_2d"]
+        dx, dy = (x2 - x1) * ZOOM_CONTEXT, (y2 - y1) * ZOOM_CONTEXT
+        box = (max(0, round(x1 - dx)), max(0, round(y1 - dy)), min(1000, round(x2 + dx)), min(1000, round(y2 + dy)))
+        return [{"name": "zoom", "arguments": dict(zip(("x1", "y1", "x2", "y2"), box))}]
 
     @classmethod
     def corpus(cls) -> list[str]:
