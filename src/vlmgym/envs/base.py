@@ -254,7 +254,7 @@ class Env(EvaluationParts, abc.ABC):
         text = self.tokenizer.decode(ids, skip_special_tokens=True)
         if self.max_turns > 1:
             return multiturn.take_turn(self, state, text, ids)
-        return self.score_answer(state, text)
+        return self.step_text(state, text)
 
     def step_text(self, state: State, text: str) -> tuple[State, Any, float, bool, dict]:
         """`step` of a text turn (in a multi-turn episode, the next turn re-encodes this text)."""

@@ -39,6 +39,8 @@ class Policy(Protocol):
     [batch, max_new_tokens] log-probs of the completion tokens under the tempered softmax the sampler used (0 where
     masked). PPO also needs `feature_size` and `logprobs_and_features(params, batch) -> (logprobs, features
     [batch, max_new_tokens, feature_size])`, the hidden state that predicts each token (a value head's input).
+    An env with tools (multi-turn episodes) also needs `sample_episodes` and `greedy_episodes`
+    (vlmgym.rl.policy.Qwen3VLPolicy's; vlmgym.rollout.episodes.run_episodes).
     """
 
     eos_ids: tuple[int, ...]
