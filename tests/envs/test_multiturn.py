@@ -174,3 +174,12 @@ def test_an_env_may_shape_each_call_and_the_episode_adds_it_up():
     _, _, reward, done, info = strict.step_text(state, answer)
     assert done and info["answer_reward"] == 1.0 and reward == 0.75
     assert [call["reward"] for call in info["tool_calls"]] == [-0.25, 0.0]
+
+
+def test_the_tools_may_go_unlisted_for_a_model_that_learns_its_calls():
+    quiet = DigitsEnv(samples=SAMPLES, params=DigitsParams(tools=("zoom",), max_turns=2, list_tools=False))
+    state, obs = quiet.reset(1)
+    assert "tools" not in obs
+    assert obs["messages"][0]["content"][-1]["text"].endswith("call zoom once before you answer.")
+    _, reply, _, done, _ = quiet.step_text(state, ZOOM)
+    assert not done and "tools" not in reply and len(reply["images"]) == 2

@@ -229,7 +229,8 @@ class Env(EvaluationParts, abc.ABC):
         sample = self.samples[int(idx) % len(self.samples)]
         state = State(idx=int(idx), key=sample.key, meta=dict(sample.meta), truth=self.prepare_truth(sample))
         if self.max_turns > 1:
-            return multiturn.begin(state, self.observation(sample), self.tools)
+            return multiturn.begin(state, self.observation(sample), self.tools,
+                                   bool(getattr(self.params, "list_tools", True)))
         return state, self.observation(sample)
 
     def observation(self, sample: SampleLike) -> dict:

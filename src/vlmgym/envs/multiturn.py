@@ -46,6 +46,9 @@ class ToolParams:
                                       "empty: one-turn episodes")
     max_turns: int = spec(1, ge=1, le=MAX_TURNS, doc="with tools: policy turns per episode, the answer's included "
                                                      "(2 or more)")
+    list_tools: bool = spec(True, doc="list the tools' JSON schemas in the system turn, as Qwen3-VL's chat template "
+                                      "does (a model trained from scratch learns its calls from SFT instead, with a "
+                                      "much shorter prompt)")
 
 
     def __post_init__(self) -> None:
@@ -77,9 +80,11 @@ def instruction(tools: tuple[Tool, ...], max_turns: int) -> str:
     return f"You may call {names} {calls} before you answer."
 
 
-def begin(state: Any, observation: dict, tools: tuple[Tool, ...]) -> tuple[Any, dict]:
-    """The first turn's state and observation: the tools listed, the conversation kept in the state."""
-    observation = {**observation, "tools": [tool.schema() for tool in tools]}
+def begin(state: Any, observation: dict, tools: tuple[Tool, ...], listed: bool = True) -> tuple[Any, dict]:
+    """The first turn's state and observation: the tools listed (when `listed`), the conversation kept in the
+    state."""
+    if listed:
+        observation = {**observation, "tools": [tool.schema() for tool in tools]}
     return replace(state, extra={**state.extra, CONVERSATION: observation, TURN: 0, CALLS: []}), observation
 
 
