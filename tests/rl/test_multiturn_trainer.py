@@ -171,9 +171,9 @@ def test_sft_trains_each_turn_of_the_ideal_episode(tiny_vlm, tmp_path):
 def test_multi_turn_training_resumes_exactly_after_a_stop(tiny_vlm, talkative, always_zoom, tmp_path):
     policy = _policy(tiny_vlm)  # one policy: a static argument of the jitted update, so the runs share its compiles
 
-    def trainer(folder):
-        return GRPOTrainer(policy, _env(tiny_vlm), jax.tree.map(jax.numpy.copy, talkative), _config(steps=2),
-                           tmp_path / folder, progress_bar=False)
+    def trainer(folder):  # two-turn episodes, groups of two: few shapes to compile, three runs of them
+        return GRPOTrainer(policy, _env(tiny_vlm, max_turns=2), jax.tree.map(jax.numpy.copy, talkative),
+                           _config(steps=2, group_size=2), tmp_path / folder, progress_bar=False)
 
     whole = trainer("whole")
     whole.run()
