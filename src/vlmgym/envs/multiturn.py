@@ -6,13 +6,14 @@ fields of ToolParams:
         tools: [zoom]
         max_turns: 3
 
-The prompt lists the tools in its system turn (Qwen3-VL's chat template) and says how many calls the episode
-allows. Each policy turn with one tool call gets the tool's result back (a new image: the zoomed region at the
-image's full size) and the episode goes on; a turn without a call is the answer, scored as in a one-turn episode.
-A bad call (unparseable, unknown tool, out-of-range box) gets the error as the tool's reply, so the policy can try
-again; it never raises. The last turn is always scored as the answer, a call in it included (which the env's
-scorer pays nothing for), and so is a turn that cannot continue a conversation (cut at the length budget, or
-holding a vision token). Tools work on the sample's first image, in its coordinates, whatever was shown since.
+The prompt lists the tools in its system turn (Qwen3-VL's chat template; `list_tools: false` leaves them out) and
+says how many calls the episode allows. Each policy turn with one tool call gets the tool's result back (a new
+image: the zoomed region at the image's full size) and the episode goes on; a turn without a call is the answer,
+scored as in a one-turn episode. A bad call (unparseable, unknown tool, out-of-range box) gets the error as the
+tool's reply, so the policy can try again; it never raises. The last turn is always scored as the answer, a call in
+it included (which the env's scorer pays nothing for), and so is a turn that cannot continue a conversation (cut at
+the length budget, or holding a vision token). Tools work on the sample's first image, in its coordinates, whatever
+was shown since.
 
 The episode's reward is the final answer's plus the env's per-turn shaping (`Env.turn_reward` of each call, 0 by
 default), which the final step returns whole (its info keeps the answer's alone as `answer_reward`); an
@@ -49,7 +50,6 @@ class ToolParams:
     list_tools: bool = spec(True, doc="list the tools' JSON schemas in the system turn, as Qwen3-VL's chat template "
                                       "does (a model trained from scratch learns its calls from SFT instead, with a "
                                       "much shorter prompt)")
-
 
     def __post_init__(self) -> None:
         check_turns(tuple(self.tools), self.max_turns)
@@ -96,7 +96,7 @@ def take_turn(env: Any, state: Any, text: str, token_ids: list[int] | None) -> t
     cannot_go_on = token_ids is not None and not continues_conversation(env.tokenizer, token_ids)
     outcome = None if last or cannot_go_on else run_tool_call(env.tools, text, conversation["images"][0])
     if outcome is None or outcome.kind == "answer":
-        done, [], reward, finished, info = env.score_answer(state, text)
+        done, _, reward, finished, info = env.score_answer(state, text)
         shaping = sum(call["reward"] for call in calls)
         return done, [], reward + shaping, finished, {**info, **_summary(calls, turn + 1, text, last),
                                                       "answer_reward": reward}
@@ -131,8 +131,9 @@ def sft_turns(env: Any, state: Any, observation: dict) -> list[tuple[dict, str]]
     """What SFT teaches for one sample, as (observation, target) per policy turn: each of the env's ideal tool
     calls in the conversation so far (the tool run on it, as in an episode), then the answer."""
     calls = env.ideal_tool_calls(state.meta) if env.max_turns > 1 else []
+    # RuntimeError, not ValueError: SFT skips a sample whose target is too long (a ValueError), not a broken env
     if len(calls) > env.max_turns - 1:
-        raise ValueError(f"env {env.name!r}: an ideal episode makes {len(calls)} tool calls, more than "
+        raise RuntimeError(f"env {env.name!r}: an ideal episode makes {len(calls)} tool calls, more than "
                          f"max_turns {env.max_turns} leaves before the answer")
     turns = []
     for call in calls:
@@ -140,6 +141,6 @@ def sft_turns(env: Any, state: Any, observation: dict) -> list[tuple[dict, str]]
         turns.append((observation, text))
         state, observation, _, done, info = env.step_text(state, text)
         if done or not info["tool_call"]["ok"]:
-            raise ValueError(f"env {env.name!r}: its ideal call {text!r} for sample {state.key} did not run: "
+            raise RuntimeError(f"env {env.name!r}: its ideal call {text!r} for sample {state.key} did not run: "
                              f"{info.get('tool_call', {}).get('error')}")
     return [*turns, (observation, env.sft_target(state.meta))]
