@@ -6,6 +6,7 @@ from __future__ import annotations
 import jax
 import numpy as np
 import pytest
+from turn_ends import ending_turns_early
 
 from vlmgym.config.spec import with_values
 from vlmgym.envs import multiturn
@@ -14,7 +15,6 @@ from vlmgym.envs.digits.env import DigitsParams
 from vlmgym.envs.tools import ToolCall, ToolOutcome, Zoom
 from vlmgym.eval.rollouts import answer_split
 from vlmgym.models.qwen3_vl import lora
-from vlmgym.models.qwen3_vl.model import jit_token_logprobs
 from vlmgym.params import LoRAParams, SFTParams, TrainParams
 from vlmgym.rl.dpo_trainer import DPOTrainer
 from vlmgym.rl.grpo_trainer import GRPOTrainer
@@ -33,18 +33,8 @@ def talkative(tiny_vlm):
     policy = _policy(tiny_vlm)
     observations = [DigitsEnv(samples=SAMPLES).reset(0)[1]]
     probe = policy.engine.generate(tiny_vlm.params, observations, 8, jax.random.key(1))
-    inputs = jax.tree.map(jax.numpy.asarray, probe.sequence_inputs())
-    _, features = jit_token_logprobs(tiny_vlm.params, tiny_vlm.cfg, inputs, probe.completion_ids,
-                                     probe.completion_mask, with_features=True)
-    mean = np.asarray(features).reshape(-1, features.shape[-1]).mean(axis=0)
     im_end = tiny_vlm.processor.tokenizer.convert_tokens_to_ids("<|im_end|>")
-    params = jax.tree.map(lambda x: x, tiny_vlm.params)
-    row = jax.numpy.asarray(6.0 * mean / (mean @ mean))
-    if tiny_vlm.cfg.tie_word_embeddings:
-        params["text"]["embed"] = params["text"]["embed"].at[im_end].set(row)
-    else:
-        params["lm_head"]["kernel"] = params["lm_head"]["kernel"].at[:, im_end].set(row)
-    return params
+    return ending_turns_early(tiny_vlm.params, tiny_vlm.cfg, probe, im_end, 6.0)
 
 
 def _policy(tiny_vlm, max_new_tokens=NEW_TOKENS):

@@ -9,6 +9,7 @@ import jax
 import numpy as np
 import pytest
 import torch
+from turn_ends import ending_turns_early
 
 from vlmgym.models.qwen3_vl.chat import TOKEN_IDS, continues_conversation
 from vlmgym.models.qwen3_vl.model import jit_token_logprobs
@@ -28,17 +29,7 @@ def talkative(tiny_model: Any, make_obs) -> Any:
     settings = SamplingSettings(max_new_tokens=NEW_TOKENS, eos_ids=tiny_model.eos_ids, pad_id=tiny_model.pad_id)
     probe = RolloutEngine(tiny_model.cfg, tiny_model.processor, settings).generate(
         tiny_model.params, [make_obs(0)], 8, jax.random.key(1))
-    inputs = jax.tree.map(jax.numpy.asarray, probe.sequence_inputs())
-    _, features = jit_token_logprobs(tiny_model.params, tiny_model.cfg, inputs, probe.completion_ids,
-                                     probe.completion_mask, with_features=True)
-    mean = np.asarray(features).reshape(-1, features.shape[-1]).mean(axis=0)
-    row = jax.numpy.asarray(IM_END_LOGIT * mean / (mean @ mean))  # logit ~ IM_END_LOGIT where h is near the mean
-    params, im_end = jax.tree.map(lambda x: x, tiny_model.params), tiny_model.eos_ids[0]
-    if tiny_model.cfg.tie_word_embeddings:
-        params["text"]["embed"] = params["text"]["embed"].at[im_end].set(row)
-    else:
-        params["lm_head"]["kernel"] = params["lm_head"]["kernel"].at[:, im_end].set(row)
-    return params
+    return ending_turns_early(tiny_model.params, tiny_model.cfg, probe, tiny_model.eos_ids[0], IM_END_LOGIT)
 
 
 def engine(model: Any, **settings) -> RolloutEngine:

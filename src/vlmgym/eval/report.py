@@ -19,6 +19,7 @@ import numpy as np
 from PIL import Image
 
 from vlmgym.config import EnvParams
+from vlmgym.envs.multiturn import MAX_TURNS
 from vlmgym.eval.episode_report import episode_html
 from vlmgym.eval.metrics import env_class, format_valid
 from vlmgym.runtime.atomic import atomic_file
@@ -39,12 +40,11 @@ LAST_ROWS = {"format_valid_rate": ("format valid", "rate"), "mean_reward": ("mea
              "episode_turns": ("turns per episode", "reward"),
              "tool_calls_per_episode": ("tool calls per episode", "reward"),
              "tool_call_valid_rate": ("tool calls that ran", "rate")}
-TURN_ROWS = 8  # mean_reward_turns_<k> rows, k = 1 .. this (vlmgym.envs.multiturn.MAX_TURNS)
 
 
 def metric_rows(env: Any) -> dict[str, tuple[str, str]]:
     """metric -> (label, unit kind) of `env`'s tables, in row order; metrics a results dict lacks are skipped."""
-    turns = {f"mean_reward_turns_{k}": (f"mean reward, {k}-turn episodes", "reward") for k in range(1, TURN_ROWS + 1)}
+    turns = {f"mean_reward_turns_{k}": (f"mean reward, {k}-turn episodes", "reward") for k in range(1, MAX_TURNS + 1)}
     return {**FIRST_ROWS, **env_class(env).metric_rows, **LAST_ROWS, **turns}
 
 

@@ -55,10 +55,6 @@ class EpisodeBatch:
         return [turn.texts[int(np.flatnonzero(rows == episode)[0])]
                 for turn, rows in zip(self.turns, self.episodes) if episode in rows]
 
-    def last_turn(self) -> np.ndarray:
-        """The turn index of each episode's final answer."""
-        return self.turn_counts - 1
-
 
 def run_episodes(engine: RolloutEngine, params: Any, observations: Sequence[dict], group_size: int, key: jax.Array,
                  advance: Advance, max_turns: int, first_row: int = 0) -> EpisodeBatch:
