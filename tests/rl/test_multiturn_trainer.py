@@ -1,7 +1,14 @@
-"""GRPO on multi-turn episodes: every policy turn is a learner row scored on-policy, tool replies sit only in
-prompts, each turn gets its episode's advantage, validation plays whole episodes, and PPO/DPO refuse them."""
+"""GRPO and online DPO on multi-turn episodes: every policy turn is a learner row scored on-policy, tool replies sit
+only in prompts, each turn gets its episode's advantage (DPO: its episode's side of the pair), validation plays whole
+episodes."""
 
 from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
 
 import jax
 import numpy as np
@@ -21,7 +28,9 @@ from vlmgym.rl.grpo_trainer import GRPOTrainer
 from vlmgym.rl.policy import Qwen3VLPolicy
 from vlmgym.rl.sft_trainer import SFTTrainer
 from vlmgym.rollout.sampling import SamplingSettings
+from vlmgym.runtime import killpoint
 
+KILL_WORKER = Path(__file__).with_name("multiturn_kill_worker.py")
 NEW_TOKENS = 10
 SAMPLES = DigitsEnv.generate(4, seed=0)
 
@@ -43,16 +52,23 @@ def _policy(tiny_vlm, max_new_tokens=NEW_TOKENS):
     return Qwen3VLPolicy(tiny_vlm.cfg, tiny_vlm.processor, settings)
 
 
+def zoom_top_left(tools, text, image):
+    """multiturn.run_tool_call for a model that writes no well-formed call: every turn that can go on zooms into
+    the top-left quarter."""
+    arguments = {"x1": 0, "y1": 0, "x2": 500, "y2": 500}
+    return ToolOutcome(call=ToolCall("zoom", arguments), result=Zoom().run(arguments, image), error=None)
+
+
 @pytest.fixture
 def always_zoom(monkeypatch):
-    """Every turn that can go on is read as a call zooming into the top-left quarter (a random model writes no
-    well-formed call), so episodes take their later turns with real crops."""
-    def zoom(tools, text, image):
-        arguments = {"x1": 0, "y1": 0, "x2": 500, "y2": 500}
-        call = ToolCall("zoom", arguments)
-        return ToolOutcome(call=call, result=Zoom().run(arguments, image), error=None)
+    """Episodes take their later turns with real crops (zoom_top_left)."""
+    monkeypatch.setattr(multiturn, "run_tool_call", zoom_top_left)
 
-    monkeypatch.setattr(multiturn, "run_tool_call", zoom)
+
+@pytest.fixture
+def spread_rewards(monkeypatch):
+    """Digits answers scored by their length (a random model's digits all score 0): groups with a best and a worst."""
+    monkeypatch.setattr(DigitsEnv, "score", lambda self, state, text: ((len(text) % 5) / 4, {"format_ok": True}))
 
 
 def _env(tiny_vlm, max_turns=3):
@@ -104,11 +120,52 @@ def test_validation_plays_whole_episodes(tiny_vlm, talkative, always_zoom, tmp_p
     assert 0.0 <= figures["val/reward_greedy"] <= 1.0 and "val/reward_sampled" in figures
 
 
-def test_dpo_refuses_multi_turn_episodes(tiny_vlm, talkative, tmp_path):
-    with pytest.raises(ValueError, match="train them with grpo or rloo"):
-        DPOTrainer(_policy(tiny_vlm), _env(tiny_vlm), talkative, _config(algorithm="dpo"), tmp_path / "dpo",
-                   progress_bar=False)
+def test_dpo_pairs_whole_episodes_and_trains_every_turn_of_both(tiny_vlm, talkative, always_zoom, spread_rewards,
+                                                                tmp_path):
+    policy = _policy(tiny_vlm)
+    built = []
+    original = policy.build_batch
+    policy.build_batch = lambda obs, tokens, mask: built.append((obs, tokens, mask)) or original(obs, tokens, mask)
+    trainer = DPOTrainer(policy, _env(tiny_vlm), jax.tree.map(jax.numpy.copy, talkative), _config(algorithm="dpo"),
+                         tmp_path / "dpo", progress_bar=False)
+    trainer.run()
+    figures = trainer.history[0]
+    assert figures["episode_turns"] > 1.0 and figures["dpo_pairs"] >= 1
+    # every turn of both episodes scored on-policy; at the start the policy is its reference: log 2, no margin
+    assert figures["logprob_mismatch_max"] < 1e-4
+    assert figures["loss"] == pytest.approx(np.log(2.0), rel=1e-4) and abs(figures["dpo_margin"]) < 1e-4
+    later = [mask for obs, _, mask in built if len(obs) == len(mask)]
+    later_rows = sum(int((mask.sum(axis=1) > 0).sum()) for mask in later)
+    assert 0 < later_rows <= 2 * figures["dpo_pairs"] * 2  # only the pairs' episodes, two later turns at most
+    moved = [not np.array_equal(a, b) for a, b in zip(jax.tree.leaves(trainer.params), jax.tree.leaves(talkative))]
+    assert any(moved)
 
+
+def test_dpo_over_one_turn_episodes_has_the_one_turn_gradient(tiny_vlm, spread_rewards, monkeypatch, tmp_path):
+    """The episode path's two passes (row coefficients, then weighted log-prob gradients) give the gradient of the
+    one-pass DPO loss when every episode is one turn."""
+    from vlmgym.rl import dpo_trainer
+
+    policy = _policy(tiny_vlm)
+    grads = []
+    original = dpo_trainer.apply_update
+    monkeypatch.setattr(dpo_trainer, "apply_update",
+                        lambda params, state, g, **kw: grads.append(jax.device_get(g)) or original(params, state, g,
+                                                                                                 **kw))
+    env = DigitsEnv(samples=SAMPLES, tokenizer=tiny_vlm.processor.tokenizer)
+    config = _config(algorithm="dpo", group_size=4)
+    DPOTrainer(policy, env, jax.tree.map(jax.numpy.copy, tiny_vlm.params), config, tmp_path / "one",
+               progress_bar=False).run()
+    monkeypatch.setattr(dpo_trainer, "max_turns", lambda env: 2)
+    episodes = DPOTrainer(policy, env, jax.tree.map(jax.numpy.copy, tiny_vlm.params), config, tmp_path / "episodes",
+                          progress_bar=False)
+    episodes.run()
+    assert episodes.history[0]["dpo_pairs"] >= 1
+    one, two = (jax.tree.leaves(g) for g in grads)
+    scale = max(float(np.abs(leaf).max()) for leaf in one)
+    assert scale > 0
+    for a, b in zip(one, two):
+        np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-5 * scale)
 
 
 def test_rollout_records_hold_the_whole_trajectory(tiny_vlm, talkative, always_zoom):
@@ -158,17 +215,26 @@ def test_sft_trains_each_turn_of_the_ideal_episode(tiny_vlm, tmp_path):
     assert np.isfinite(trainer.history[0]["loss"])
 
 
-def test_multi_turn_training_resumes_exactly_after_a_stop(tiny_vlm, talkative, always_zoom, tmp_path):
+def resume_trainer(tiny_vlm, params, folder, policy=None):
+    """The resume test's run: two steps of two-turn episodes in groups of two (few shapes to compile)."""
+    return GRPOTrainer(policy or _policy(tiny_vlm), _env(tiny_vlm, max_turns=2), jax.tree.map(jax.numpy.copy, params),
+                       _config(steps=2, group_size=2), folder, progress_bar=False)
+
+
+def test_multi_turn_training_resumes_exactly_after_a_kill(tiny_vlm, talkative, always_zoom, tmp_path):
     policy = _policy(tiny_vlm)  # one policy: a static argument of the jitted update, so the runs share its compiles
-
-    def trainer(folder):  # two-turn episodes, groups of two: few shapes to compile, three runs of them
-        return GRPOTrainer(policy, _env(tiny_vlm, max_turns=2), jax.tree.map(jax.numpy.copy, talkative),
-                           _config(steps=2, group_size=2), tmp_path / folder, progress_bar=False)
-
-    whole = trainer("whole")
+    whole = resume_trainer(tiny_vlm, talkative, tmp_path / "whole", policy)
     whole.run()
-    trainer("split").run(stop_after=1)  # as if killed after step 1's checkpoint
-    resumed = trainer("split")
+    # The same run in a process of its own, SIGKILLed inside the save of step 2 (after step 1's checkpoint)
+    leaves = jax.tree.leaves(talkative)
+    np.savez(tmp_path / "talkative.npz", *[np.asarray(leaf, np.float32) for leaf in leaves])
+    split = tmp_path / "split"
+    env = {**os.environ, killpoint.ENV: str(split / "2"), "JAX_PLATFORMS": "cpu"}
+    child = subprocess.run([sys.executable, str(KILL_WORKER), tiny_vlm.folder, str(tmp_path / "talkative.npz"),
+                            str(split)], cwd=KILL_WORKER.parent, env=env, capture_output=True, text=True, timeout=600)
+    assert child.returncode == -signal.SIGKILL, child.stderr[-3000:]
+    assert "inside the write of" in child.stderr
+    resumed = resume_trainer(tiny_vlm, talkative, split, policy)
     resumed.run()
     assert resumed.resumed_from == 1 and whole.history[-1]["episode_turns"] > 1.0
     bits = [np.asarray(x).tobytes() for x in jax.tree.leaves(resumed.params)]

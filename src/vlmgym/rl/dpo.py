@@ -72,3 +72,39 @@ def dpo_loss(logprobs: jax.Array, reference_logprobs: jax.Array, mask: jax.Array
                      accuracy_sum=((logit > 0) * weight).sum(),
                      chosen_reward_sum=(beta * ratios[:, 0] * weight).sum(),
                      rejected_reward_sum=(beta * ratios[:, 1] * weight).sum())
+
+
+class PairTerms(NamedTuple):
+    """DPO over pairs whose sides span several rows (a multi-turn episode: one row per policy turn): the loss, each
+    row's coefficient (d loss / d its summed log-probs) and the figures as sums over valid pairs."""
+
+    loss: float
+    coefficients: np.ndarray  # [rows]
+    margin_sum: float
+    accuracy_sum: float
+    chosen_reward_sum: float
+    rejected_reward_sum: float
+
+
+def pair_terms(policy_sums: np.ndarray, reference_sums: np.ndarray, pair: np.ndarray, sign: np.ndarray,
+               valid: np.ndarray, *, beta: float, normalizer: float) -> PairTerms:
+    """dpo_loss with a side's sequence log-prob the sum of its rows' (a trajectory's log-probability is the sum of
+    its turns'). `policy_sums` / `reference_sums` [rows] are each row's summed log-probs, `pair` [rows] its pair,
+    `sign` [rows] +1 for the chosen side's rows and -1 for the rejected's, `valid` [pairs] weighs each pair 1 or 0.
+
+    The loss does not split over micro-batches of rows, but its gradient does: sum over rows of coefficient x the
+    gradient of the row's summed log-probs, with the coefficients taken at the current policy (one forward first).
+    """
+    ratios = np.asarray(policy_sums, np.float64) - np.asarray(reference_sums, np.float64)
+    pairs = len(valid)
+    chosen = np.bincount(pair, weights=ratios * (sign > 0), minlength=pairs)
+    rejected = np.bincount(pair, weights=ratios * (sign < 0), minlength=pairs)
+    logit = chosen - rejected
+    weight = np.asarray(valid, np.float64)
+    # -log sigmoid(x) = log(1 + e^-x), and its derivative -sigmoid(-x), written to stay finite for large |x|
+    loss = float((np.logaddexp(0.0, -beta * logit) * weight).sum() / normalizer)
+    slope = -beta * np.exp(-np.logaddexp(0.0, beta * logit)) * weight / normalizer  # d loss / d logit
+    return PairTerms(loss=loss, coefficients=(slope[pair] * sign).astype(np.float32),
+                     margin_sum=float((beta * logit * weight).sum()), accuracy_sum=float(((logit > 0) * weight).sum()),
+                     chosen_reward_sum=float((beta * chosen * weight).sum()),
+                     rejected_reward_sum=float((beta * rejected * weight).sum()))

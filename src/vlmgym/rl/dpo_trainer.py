@@ -1,5 +1,6 @@
 """Online DPO: GRPO's sampling and scoring, then each group's best and worst answer as a preference pair, trained
-against the start policy (vlmgym.rl.dpo's loss)."""
+against the start policy (vlmgym.rl.dpo's loss). On an env with tools the pair is the group's best and worst whole
+episode, a side's log-probability the sum of its turns' (vlmgym.rl.dpo.pair_terms)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import numpy as np
 
 from vlmgym.config import TrainParams
 from vlmgym.rl import dpo
+from vlmgym.rl.episode_groups import later_turn_chunks, later_turn_micro_batches, max_turns
 from vlmgym.rl.grpo_trainer import GRPOTrainer
 from vlmgym.rl.losses import (
     accumulate,
@@ -21,6 +23,8 @@ from vlmgym.rl.losses import (
     dpo_gradients,
     first_learner_logprobs,
     policy_logprobs,
+    train_logprobs,
+    weighted_logprob_gradients,
 )
 from vlmgym.rl.trainer_parts import in_train_mode, micro_slices
 
@@ -32,7 +36,7 @@ class DPOTrainer(GRPOTrainer):
     `params`.
     """
 
-    multi_turn = False
+    multi_turn = True  # pairs of whole episodes on an env with tools
 
     name = "dpo"
     algorithms = ("online_dpo",)
@@ -51,7 +55,8 @@ class DPOTrainer(GRPOTrainer):
 
     def step(self, step: int) -> dict[str, float]:
         collected, rewards, mask, tokens, sampler_logprobs, started = self._sample_batch(step)
-        return self._finish_step(step, collected, mask, tokens, *self._dpo_updates(
+        updates = self._episode_dpo_updates if max_turns(self.env) > 1 else self._dpo_updates
+        return self._finish_step(step, collected, mask, tokens, *updates(
             step, collected["groups"], rewards, mask, tokens, sampler_logprobs), started)
 
     def _dpo_updates(self, step: int, groups: list[dict], rewards: np.ndarray, mask: np.ndarray, tokens: np.ndarray,
@@ -87,3 +92,79 @@ class DPOTrainer(GRPOTrainer):
             iteration_metrics.append({**combine_dpo_figures(auxes, valid_pairs), "dpo_pairs": float(valid_pairs),
                                       **{k: float(v) for k, v in jax.device_get(stats).items()}})
         return iteration_metrics, first_logprobs, sampler_logprobs[rows], pair_mask
+
+    def _episode_dpo_updates(self, step: int, groups: list[dict], rewards: np.ndarray, mask: np.ndarray,
+                             tokens: np.ndarray, sampler_logprobs: np.ndarray
+                             ) -> tuple[list[dict], np.ndarray, np.ndarray, np.ndarray]:
+        """Online DPO on whole episodes: each group's best and worst episode by final reward, every policy turn of
+        both a learner row (turn 0's sharing the group's prompt, later turns' with the conversation before them as
+        prompt: vlmgym.rl.episode_groups), tool replies context only. The loss couples rows that sit in different
+        micro-batches, so each iteration runs one forward for the rows' coefficients (dpo.pair_terms) and then
+        accumulates coefficient-weighted log-prob gradients: the gradient of the DPO loss itself. Returns what
+        _dpo_updates returns."""
+        c = self.config
+        pairs = dpo.select_pairs(rewards, c.group_size)
+        rows = dpo.pair_rows(pairs)
+        count = len(pairs.valid)
+        pair_mask = mask[rows] * np.repeat(pairs.valid, 2)[:, None]
+
+        def reference(batch: Any) -> dict:
+            return {"reference": policy_logprobs(self.reference(), batch, policy=self.policy, compiles=self.compiles)}
+
+        observations = [groups[r // c.group_size]["obs"] for r in rows[::2]]
+        micro_batches = []
+        for part in micro_slices(count, c.micro_batches):
+            row_part = slice(2 * part.start, 2 * part.stop)
+            batch = self.policy.build_batch(observations[part], tokens[rows][row_part], pair_mask[row_part])
+            micro_batches.append({"batch": batch, "mask": pair_mask[row_part], **reference(batch)})
+        pair_of_row = [np.repeat(np.arange(count), 2)]
+        sign_of_row = [np.tile(np.float32([1.0, -1.0]), count)]
+        # The later turns of each valid pair's two episodes (group g holds pair g), with their side as the
+        # episode's value: +1 chosen, -1 rejected.
+        side = np.zeros(len(rewards), np.float32)
+        side[pairs.chosen[pairs.valid]], side[pairs.rejected[pairs.valid]] = 1.0, -1.0
+        sides = [{**group, "later": [row for row in group.get("later", ()) if side[g * c.group_size + row["member"]]]}
+                 for g, group in enumerate(groups)]
+        per_micro = max(2 * count // c.micro_batches, 1)
+        later, later_sampler, later_mask = later_turn_micro_batches(
+            self.policy, sides, side, c.group_size, per_micro, self.policy.eos_ids, False,
+            lambda micro: reference(micro["batch"]))
+        for micro, chunk in zip(later, later_turn_chunks(sides, per_micro)):
+            micro_batches.append({"batch": micro["batch"], "mask": micro["mask"], "reference": micro["reference"]})
+            pair_of_row.append(np.array([g for g, _ in chunk]))
+            sign_of_row.append(micro["advantages"])
+        pair_of_row, sign_of_row = np.concatenate(pair_of_row), np.concatenate(sign_of_row)
+        reference_sums = _row_sums([m["reference"] for m in micro_batches], micro_batches)
+        valid_pairs = int(pairs.valid.sum())
+        iteration_metrics = []
+        for iteration in range(c.num_iterations):
+            micros = in_train_mode(micro_batches, self.adapters, step, iteration)
+            logprobs = [train_logprobs(self.params, m, policy=self.policy, compiles=self.compiles) for m in micros]
+            terms = dpo.pair_terms(_row_sums(logprobs, micros), reference_sums, pair_of_row, sign_of_row,
+                                   pairs.valid, beta=c.dpo.beta, normalizer=max(valid_pairs, 1))
+            weighted, start = [], 0
+            for micro in micros:
+                stop = start + len(micro["mask"])
+                weighted.append({**micro, "coefficients": terms.coefficients[start:stop]})
+                start = stop
+            grads, _ = accumulate(lambda micro: weighted_logprob_gradients(
+                self.params, micro, jnp.float32(1.0), policy=self.policy, optimizer=self.optimizer,
+                compiles=self.compiles), weighted)
+            self.params, self.opt_state, stats = apply_update(self.params, self.opt_state, grads,
+                                                              optimizer=self.optimizer, compiles=self.compiles)
+            if iteration == 0:
+                first_logprobs = np.concatenate([np.asarray(jax.device_get(x)) for x in logprobs])
+            per_pair = 1.0 / max(valid_pairs, 1)
+            iteration_metrics.append({
+                "loss": terms.loss, "dpo_margin": terms.margin_sum * per_pair,
+                "dpo_accuracy": terms.accuracy_sum * per_pair, "dpo_chosen_reward": terms.chosen_reward_sum * per_pair,
+                "dpo_rejected_reward": terms.rejected_reward_sum * per_pair, "dpo_pairs": float(valid_pairs),
+                **{k: float(v) for k, v in jax.device_get(stats).items()}})
+        return (iteration_metrics, first_logprobs, np.concatenate([sampler_logprobs[rows], later_sampler]),
+                np.concatenate([pair_mask, later_mask]))
+
+
+def _row_sums(logprobs: list, micros: list[dict]) -> np.ndarray:
+    """Each row's log-probs summed over its active tokens, all micro-batches' rows in order."""
+    return np.concatenate([(np.asarray(jax.device_get(lp), np.float64) * np.asarray(m["mask"], np.float64)).sum(-1)
+                           for lp, m in zip(logprobs, micros)])

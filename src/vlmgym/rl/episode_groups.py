@@ -69,20 +69,28 @@ def final_episode_rewards(env: Any, finals: Sequence[Any], rewards: np.ndarray) 
         env.set_progress(progress)
 
 
-def later_turn_micro_batches(policy: Any, groups: Sequence[dict], advantages: np.ndarray, group_size: int,
-                             rows_per_micro: int, eos_ids: Sequence[int], mask_truncated: bool,
-                             extra: Callable[[dict], dict]) -> tuple[list[dict], np.ndarray, np.ndarray]:
-    """The learner micro-batches of the later turns' rows (one observation per row; at most rows_per_micro rows
-    each, padded up to a power of two with masked copies so a step compiles a handful of shapes), and their
-    sampler log-probs and loss masks in micro-batch order. `extra(micro)` adds what the trainer adds to every
-    micro-batch (the reference's log-probs, the sampler's)."""
+def later_turn_chunks(groups: Sequence[dict], rows_per_micro: int) -> list[list[tuple[int, dict]]]:
+    """The later turns' rows as (group, row) in micro-batches of at most rows_per_micro, each padded up to a power
+    of two with masked copies of its last row (so a step compiles a handful of shapes)."""
     rows = [(g, item) for g, group in enumerate(groups) for item in group.get("later", ())]
-    micros, behaviour, masks = [], [], []
+    chunks = []
     for start in range(0, len(rows), rows_per_micro):
         chunk = rows[start:start + rows_per_micro]
         size = 1 << (len(chunk) - 1).bit_length()
-        chunk = chunk + [(chunk[-1][0], {**chunk[-1][1], "mask": np.zeros_like(chunk[-1][1]["mask"])})] * (
-            size - len(chunk))
+        chunks.append(chunk + [(chunk[-1][0], {**chunk[-1][1], "mask": np.zeros_like(chunk[-1][1]["mask"])})] * (
+            size - len(chunk)))
+    return chunks
+
+
+def later_turn_micro_batches(policy: Any, groups: Sequence[dict], advantages: np.ndarray, group_size: int,
+                             rows_per_micro: int, eos_ids: Sequence[int], mask_truncated: bool,
+                             extra: Callable[[dict], dict]) -> tuple[list[dict], np.ndarray, np.ndarray]:
+    """The learner micro-batches of the later turns' rows (one observation per row, later_turn_chunks), each row
+    with its episode's value in `advantages` [groups x group_size], and their sampler log-probs and loss masks in
+    micro-batch order. `extra(micro)` adds what the trainer adds to every micro-batch (the reference's log-probs,
+    the sampler's)."""
+    micros, behaviour, masks = [], [], []
+    for chunk in later_turn_chunks(groups, rows_per_micro):
         tokens = np.stack([item["tokens"] for _, item in chunk])
         mask = np.stack([item["mask"] for _, item in chunk]).astype(np.float32)
         sampler = np.stack([item["logprobs"] for _, item in chunk]).astype(np.float32)

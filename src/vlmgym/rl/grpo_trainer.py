@@ -86,7 +86,7 @@ class GRPOTrainer(TrainingLoop):
                              f"{type(policy).__name__} has no logprobs_and_entropies(params, batch)")
         if max_turns(env) > 1 and not self.multi_turn:
             raise ValueError(f"train.algorithm {config.algorithm!r} trains one-turn answers; env {env.name!r} runs "
-                             f"episodes of up to {env.max_turns} turns: train them with grpo or rloo")
+                             f"episodes of up to {env.max_turns} turns: train them with grpo, rloo or dpo")
         if max_turns(env) > 1 and (config.overlong_buffer or distributed.count() > 1):
             raise ValueError(f"train: env {env.name!r} runs episodes of up to {env.max_turns} turns, which "
                              "train.overlong_buffer and training over several processes do not support yet")

@@ -126,6 +126,29 @@ def dpo_gradients(params: Any, micro: dict, normalizer: jax.Array, *, policy: Po
     return fp32_gradients(_dpo_micro_loss, params, micro, normalizer, optimizer, policy, beta)
 
 
+@partial(jax.jit, static_argnames=("policy", "compiles"))
+def train_logprobs(params: Any, micro: dict, *, policy: Policy, compiles: CompileCounter) -> jax.Array:
+    """The per-token log-probs of a micro-batch's rows as its training forward sees them (its LoRA dropout, if any),
+    without a gradient: what online DPO over episodes weighs its rows by before the update."""
+    compiles.traced("train_logprobs")
+    return policy.logprobs(lora.train_mode(params, micro), micro["batch"])
+
+
+def _weighted_micro_loss(params: Any, micro: dict, normalizer: jax.Array, policy: Policy) -> tuple[jax.Array, dict]:
+    logprobs = policy.logprobs(params, micro["batch"])
+    sums = (logprobs.astype(jnp.float32) * micro["mask"].astype(jnp.float32)).sum(axis=-1)
+    return (micro["coefficients"] * sums).sum() / normalizer, {"logprobs": jax.lax.stop_gradient(logprobs)}
+
+
+@partial(jax.jit, static_argnames=("policy", "optimizer", "compiles"))
+def weighted_logprob_gradients(params: Any, micro: dict, normalizer: jax.Array, *, policy: Policy,
+                               optimizer: Optimizer, compiles: CompileCounter) -> tuple[jax.Array, Any, dict]:
+    """fp32 gradients of sum over rows of coefficient x summed log-probs (micro["coefficients"] [rows], constants):
+    a loss of whole-sequence log-probs that spans micro-batches, by the chain rule (vlmgym.rl.dpo.pair_terms)."""
+    compiles.traced("weighted_logprob_gradients")
+    return fp32_gradients(_weighted_micro_loss, params, micro, normalizer, optimizer, policy)
+
+
 def combine_dpo_figures(auxes: list[dict], pairs: int) -> dict[str, float]:
     auxes = _scalar_figures(auxes)
     out = {"loss": sum(float(a["loss"]) for a in auxes)}
