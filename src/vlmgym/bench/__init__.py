@@ -13,6 +13,8 @@ BENCHMARKS: Table = {
     "reward": ("vlmgym.bench.reward:main", "reward computation throughput"),
     "learner": ("vlmgym.bench.learner:main", "GRPO update: one prompt copy per completion vs one per group"),
     "data": ("vlmgym.bench.data:main", "training input pipeline: samples/s and peak RSS at the default split and 10x"),
+    "episodes": ("vlmgym.bench.episodes:main", "multi-turn episodes: what prefilling each later turn's conversation "
+                 "again costs"),
     "shard": ("vlmgym.bench.shard:main", "shard stage images/s with one worker and with every core (same bytes)"),
 }
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import resource
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -11,6 +12,17 @@ from PIL import Image
 
 from vlmgym.models.qwen3_vl.config import Qwen3VLConfig
 from vlmgym.rollout.sampling import SamplingSettings
+
+
+def build_default_model(folder: Path) -> Path:
+    """The pipeline's tiny default Qwen3-VL (default `model` params: tokenizer trained on the envs' text)."""
+    # here, not at the top: the builder imports JAX and transformers, which `vlmgym bench ... --help` never needs
+    from vlmgym.envs import corpus
+    from vlmgym.models.qwen3_vl.base_model import build_base_model
+    from vlmgym.params import ModelParams, from_dict
+
+    build_base_model(from_dict(ModelParams, {"hf_dir": str(folder)}), corpus=corpus())
+    return folder
 
 
 def synthetic_obs(num_prompts: int, seed: int = 0, width: int = 256, height: int = 192) -> list[dict[str, Any]]:

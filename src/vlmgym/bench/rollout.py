@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from vlmgym.bench.common import (
+    build_default_model,
     decode_bytes_per_step,
     decode_flops_per_token,
     measure_matmul_flops,
@@ -72,16 +73,6 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return args
 
 
-def _build_default_model(folder: Path) -> Path:
-    """The pipeline's tiny default Qwen3-VL (default `model` params: tokenizer trained on the envs' text)."""
-    from vlmgym.envs import corpus
-    from vlmgym.models.qwen3_vl.base_model import build_base_model
-    from vlmgym.params import ModelParams, from_dict
-
-    build_base_model(from_dict(ModelParams, {"hf_dir": str(folder)}), corpus=corpus())
-    return folder
-
-
 def _prepare(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     """Resolve the model, build the prompts once, and write the spec both workers read."""
     spec: dict[str, Any] = {"dtype": args.dtype, "group_size": args.group, "max_new_tokens": args.max_new_tokens,
@@ -106,7 +97,7 @@ def _prepare(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         from vlmgym.models.qwen3_vl.processor import Processor
         from vlmgym.rollout.engine import Buckets
 
-        model_dir = Path(args.model) if args.model else _build_default_model(workdir / "tiny-default")
+        model_dir = Path(args.model) if args.model else build_default_model(workdir / "tiny-default")
         processor = Processor.from_pretrained(model_dir)
         obs = synthetic_obs(args.prompts)
         inputs = processor([o["messages"] for o in obs], [o["images"] for o in obs],
