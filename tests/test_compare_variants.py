@@ -86,3 +86,13 @@ def test_a_variant_is_validated_as_the_params_file_would_be(params_file, spec, m
 def test_two_variants_may_not_share_a_name(params_file):
     with pytest.raises(ValueError, match="the name 'a' is taken"):
         parse_variants(["a=optimizer.lr=1e-3", "a=optimizer.lr=3e-4"], params_file)
+
+
+def test_ppo_is_refused_up_front_for_an_env_with_tools(tmp_path, capsys):
+    from vlmgym.compare.command import main
+
+    path = tmp_path / "params.yaml"
+    path.write_text(yaml.safe_dump({"env": {"name": "digits", "digits": {"tools": ["zoom"], "max_turns": 2}}}))
+    with pytest.raises(SystemExit):
+        main(["--params", str(path), "--arms", "grpo", "ppo"])
+    assert "--arms ppo: env 'digits' runs episodes with tools" in capsys.readouterr().err

@@ -377,6 +377,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(str(err))
     sections = {name: load_section(name, args.params)
                 for name in ("train", "sft", "model", "env", "rollout", "eval", "tracking", "data")}
+    if "ppo" in args.arms and getattr(sections["env"].settings(), "tools", ()):
+        parser.error(f"--arms ppo: env {sections['env'].name!r} runs episodes with tools, which PPO does not train "
+                     "(grpo, rloo and dpo do): leave ppo out of --arms")
     # One seed keeps the configured seeds, the pipeline's SFT start and the folders of a run without --seeds.
     seeds = seed_numbers(args.seeds, args.first_seed)
     trained_seeds = seeds if args.only_seed is None else [args.only_seed]
