@@ -58,15 +58,6 @@ def _prompt_rows(inputs: dict[str, np.ndarray]) -> list[list[int]]:
     return [row[mask > 0].tolist() for row, mask in zip(inputs["input_ids"], inputs["attention_mask"])]
 
 
-def _common_prefix(a: list[int], b: list[int]) -> int:
-    count = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        count += 1
-    return count
-
-
 def measure(model_dir: Path, prompts: int, group: int, max_new_tokens: int, repeats: int,
             list_tools: bool) -> dict[str, Any]:
     """The JSON object of the module doc."""
@@ -109,7 +100,7 @@ def measure(model_dir: Path, prompts: int, group: int, max_new_tokens: int, repe
     answer = processor.tokenizer.encode(call + END_OF_TURN, add_special_tokens=False)
     earlier = [row + answer for row in _prompt_rows(first_inputs) for _ in range(group)]
     later = _prompt_rows(second_inputs)
-    repeated = sum(_common_prefix(a, b) for a, b in zip(earlier, later))
+    repeated = sum(len(os.path.commonprefix([a, b])) for a, b in zip(earlier, later))
     share = repeated / sum(len(row) for row in later)
     episode_s = first_time["total_s"] + second_time["total_s"]
     return {

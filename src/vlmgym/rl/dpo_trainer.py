@@ -125,11 +125,11 @@ class DPOTrainer(GRPOTrainer):
         side[pairs.chosen[pairs.valid]], side[pairs.rejected[pairs.valid]] = 1.0, -1.0
         sides = [{**group, "later": [row for row in group.get("later", ()) if side[g * c.group_size + row["member"]]]}
                  for g, group in enumerate(groups)]
-        per_micro = max(2 * count // c.micro_batches, 1)
+        chunks = later_turn_chunks(sides, max(2 * count // c.micro_batches, 1))
         later, later_sampler, later_mask = later_turn_micro_batches(
-            self.policy, sides, side, c.group_size, per_micro, self.policy.eos_ids, False,
-            lambda micro: reference(micro["batch"]))
-        for micro, chunk in zip(later, later_turn_chunks(sides, per_micro)):
+            self.policy, sides, side, c.group_size, 0, self.policy.eos_ids, False,
+            lambda micro: reference(micro["batch"]), chunks)
+        for micro, chunk in zip(later, chunks):
             micro_batches.append({"batch": micro["batch"], "mask": micro["mask"], "reference": micro["reference"]})
             pair_of_row.append(np.array([g for g, _ in chunk]))
             sign_of_row.append(micro["advantages"])

@@ -84,13 +84,14 @@ def later_turn_chunks(groups: Sequence[dict], rows_per_micro: int) -> list[list[
 
 def later_turn_micro_batches(policy: Any, groups: Sequence[dict], advantages: np.ndarray, group_size: int,
                              rows_per_micro: int, eos_ids: Sequence[int], mask_truncated: bool,
-                             extra: Callable[[dict], dict]) -> tuple[list[dict], np.ndarray, np.ndarray]:
-    """The learner micro-batches of the later turns' rows (one observation per row, later_turn_chunks), each row
-    with its episode's value in `advantages` [groups x group_size], and their sampler log-probs and loss masks in
-    micro-batch order. `extra(micro)` adds what the trainer adds to every micro-batch (the reference's log-probs,
-    the sampler's)."""
+                             extra: Callable[[dict], dict], chunks: list | None = None
+                             ) -> tuple[list[dict], np.ndarray, np.ndarray]:
+    """The learner micro-batches of the later turns' rows (one observation per row, later_turn_chunks, or `chunks`
+    when the caller has them already), each row with its episode's value in `advantages` [groups x group_size], and
+    their sampler log-probs and loss masks in micro-batch order. `extra(micro)` adds what the trainer adds to every
+    micro-batch (the reference's log-probs, the sampler's)."""
     micros, behaviour, masks = [], [], []
-    for chunk in later_turn_chunks(groups, rows_per_micro):
+    for chunk in later_turn_chunks(groups, rows_per_micro) if chunks is None else chunks:
         tokens = np.stack([item["tokens"] for _, item in chunk])
         mask = np.stack([item["mask"] for _, item in chunk]).astype(np.float32)
         sampler = np.stack([item["logprobs"] for _, item in chunk]).astype(np.float32)
