@@ -3,13 +3,31 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pytest
-from shared_setup import session_folder
+
+# One persistent JAX compilation cache for the whole test session: this process, both pytest-xdist workers (they
+# inherit os.environ) and every program a test starts (pipeline stages, fake-device children), so a program compiled
+# once loads from disk wherever it is built again (a new trainer's jitted step compiles the same program as the last
+# test's). Set here, before any test module imports JAX, which reads these variables at import. A size limit turns on
+# JAX's file lock around each entry's read and write: without it a process could read an entry another one was still
+# writing. A test that must compile afresh gives its child a cache of its own (tests/pipeline/test_kill_rerun.py).
+_CACHE_VARIABLE = "JAX_COMPILATION_CACHE_DIR"
+_OWN_CACHE = None if _CACHE_VARIABLE in os.environ else tempfile.mkdtemp(prefix="vlmgym-tests-jax-cache-")
+if _OWN_CACHE:
+    os.environ.update({_CACHE_VARIABLE: _OWN_CACHE, "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+                       "JAX_COMPILATION_CACHE_MAX_SIZE": str(16 << 30)})
+
+
+def pytest_unconfigure(config):
+    if _OWN_CACHE:  # only the process that made the folder (the controller under xdist) removes it
+        shutil.rmtree(_OWN_CACHE, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
@@ -25,22 +43,6 @@ def run_on_cpu_devices() -> Callable[..., str]:
         return done.stdout
 
     return run
-
-
-@pytest.fixture(scope="session", autouse=True)
-def child_jax_compilation_cache(tmp_path_factory):
-    """The JAX programs that tests start (the pipeline's stages, the fake-device children) share one persistent
-    compilation cache per test session (both workers), so a program compiled by one `dvc repro` loads from disk in
-    the next (a micro repro: ~5.4 -> ~3.6 min here). Set in os.environ, which every child's environment copies;
-    this process's JAX read its settings at import and is unaffected. A child that must compile afresh gets a
-    cache of its own (tests/pipeline/test_kill_rerun.py)."""
-    import jax  # noqa: F401  (imported before the variables are set: this process keeps compiling in memory only)
-
-    os.environ["JAX_COMPILATION_CACHE_DIR"] = str(session_folder(tmp_path_factory) / "jax-compilation-cache")
-    os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"  # the micro model's programs compile in < 1 s
-    yield
-    for name in ("JAX_COMPILATION_CACHE_DIR", "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"):
-        os.environ.pop(name, None)
 
 
 # The longest setups and tests, first in each half of the collection: pytest-xdist's worksteal mode starts each of
