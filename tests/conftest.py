@@ -17,11 +17,13 @@ import pytest
 # once loads from disk wherever it is built again (a new trainer's jitted step compiles the same program as the last
 # test's). Set here, before any test module imports JAX, which reads these variables at import. A size limit turns on
 # JAX's file lock around each entry's read and write: without it a process could read an entry another one was still
-# writing. A test that must compile afresh gives its child a cache of its own (tests/pipeline/test_kill_rerun.py).
+# writing. With the lock each write also scans the whole folder, so only programs of 0.1 s or more are kept (the
+# model's steps and decoders, not the many tiny array ops: with every program kept the full suite was no faster).
+# A test that must compile afresh gives its child a cache of its own (tests/pipeline/test_kill_rerun.py).
 _CACHE_VARIABLE = "JAX_COMPILATION_CACHE_DIR"
 _OWN_CACHE = None if _CACHE_VARIABLE in os.environ else tempfile.mkdtemp(prefix="vlmgym-tests-jax-cache-")
 if _OWN_CACHE:
-    os.environ.update({_CACHE_VARIABLE: _OWN_CACHE, "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+    os.environ.update({_CACHE_VARIABLE: _OWN_CACHE, "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0.1",
                        "JAX_COMPILATION_CACHE_MAX_SIZE": str(16 << 30)})
 
 
