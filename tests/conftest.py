@@ -32,6 +32,16 @@ def pytest_unconfigure(config):
         shutil.rmtree(_OWN_CACHE, ignore_errors=True)
 
 
+@pytest.fixture(scope="module", autouse=True)
+def fresh_jax_caches_per_module():
+    """After each module, JAX drops the programs it holds in memory: a worker runs hundreds of tests, and a long-lived
+    one that kept every compiled program aborted inside an XLA:CPU compile in full runs. What a later module needs
+    again loads from the compilation cache above."""
+    yield
+    if "jax" in sys.modules:
+        sys.modules["jax"].clear_caches()
+
+
 @pytest.fixture(scope="session")
 def run_on_cpu_devices() -> Callable[..., str]:
     """run(count, args, cwd=None): `python *args` in a fresh interpreter that sees `count` fake CPU devices (the
