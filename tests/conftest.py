@@ -34,9 +34,9 @@ def pytest_unconfigure(config):
 
 @pytest.fixture(scope="module", autouse=True)
 def fresh_jax_caches_per_module():
-    """After each module, JAX drops the programs it holds in memory: a worker runs hundreds of tests, and a long-lived
-    one that kept every compiled program aborted inside an XLA:CPU compile in full runs. What a later module needs
-    again loads from the compilation cache above."""
+    """After each module, JAX drops the programs it holds in memory: a worker runs hundreds of tests, and long-lived
+    workers that kept every compiled program aborted inside an XLA:CPU compile in full runs (none has with this, in
+    one full run so far). What a later module needs again loads from the compilation cache above."""
     yield
     if "jax" in sys.modules:
         sys.modules["jax"].clear_caches()

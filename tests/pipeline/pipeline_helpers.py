@@ -17,7 +17,7 @@ OUTPUT_DIRS = ("data", "models", "outputs", "metrics", "reports", "checkpoints",
 
 
 # A guard against a hung command, not a speed check: a micro `dvc repro` takes about 2 min alone on 2 quiet cores
-# (113 s compiling everything, 87 s with its programs in the compilation cache), about 3 in the suite, and over
+# (113 s compiling everything, 87 s with every program in the compilation cache), about 3 in the suite, and over
 # 10 on a machine shared with other jobs (a 600 s limit failed the session's pipeline fixture there).
 COMMAND_TIMEOUT_S = 1800
 
