@@ -36,6 +36,7 @@ same command without it then reuses every seed's arms and reports.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
 import sys
@@ -150,37 +151,66 @@ def answer(model_dir: Path, split: str, arm: str, sections: dict[str, Any], blan
 
 
 def fingerprint(arm: str, config: SFTParams | TrainParams, sections: dict[str, Any]) -> str:
-    """What an arm's results depend on: its training section, the model and env settings, the start model (the
-    model that answers for an untrained control)."""
+    """What an arm's training depends on: its training section and data (train and val shards), the model and env
+    settings, the start model (the model that answers for an untrained control). The held-out splits' data is
+    checked apart (run_arm), so that a changed split is answered again without training again."""
     from vlmgym.params import to_dict
     from vlmgym.rl.loop import config_fingerprint
     from vlmgym.rl.stage_setup import folder_identity, source_identity
 
     start = sections["train"].init_dir if config is None else config.init_dir
-    return config_fingerprint({"arm": arm, "config": None if config is None else to_dict(config),
+    data = None if config is None else {split: split_identity(config.shards_dir, split) for split in ("train", "val")}
+    return config_fingerprint({"arm": arm, "config": None if config is None else to_dict(config), "data": data,
                                "model": to_dict(sections["model"]), "env": to_dict(sections["env"]),
                                "rollout": to_dict(sections["rollout"]), "start": folder_identity(start),
                                "code": source_identity()})
 
 
+def split_identity(shards_dir: str, split: str) -> str:
+    """A hash of a split's shard files (names and bytes): answers on a split are stale once its data changed."""
+    digest = hashlib.sha256()
+    folder = Path(shards_dir) / split
+    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+        digest.update(str(path.relative_to(folder)).encode())
+        with path.open("rb") as handle:
+            for block in iter(lambda: handle.read(1 << 20), b""):
+                digest.update(block)
+    return digest.hexdigest()[:16]
+
+
 def run_arm(arm: str, config: SFTParams | TrainParams, sections: dict[str, Any], folder: Path, splits: list[str],
             log_metrics: Any) -> dict[str, list]:
     """Train with `config` (None: the start train.init_dir answers) and answer every split into `folder`; reuses a
-    finished arm with the same settings. The arm `sft_blind` is the start model answering with blanked images."""
+    finished arm with the same settings, and its model when only a split's data changed (that split is answered
+    again). The arm `sft_blind` is the start model answering with blanked images."""
     from vlmgym.eval.records import read_jsonl, write_jsonl
     from vlmgym.runtime.atomic import write_text_atomically
 
     done = folder / "done.json"
     key = fingerprint(arm, config, sections)
-    if done.exists() and json.loads(done.read_text()) == {"fingerprint": key, "splits": splits}:
+    data = {split: split_identity(sections["rollout"].shards_dir, split) for split in splits}
+    model_dir = Path(sections["train"].init_dir if config is None else config.out_dir)
+    state = json.loads(done.read_text()) if done.exists() else {}
+    # a model folder is written atomically (save_model): present means whole
+    trained = state.get("fingerprint") == key and model_dir.is_dir()
+    answered = state.get("data", {}) if trained else {}
+    stale = [split for split in splits if answered.get(split) != data[split]]
+    if not stale:
         print(f"compare: {arm}: reusing {folder} (same settings)", flush=True)
         return {split: read_jsonl(folder / f"{split}.jsonl") for split in splits}
-    model_dir = Path(sections["train"].init_dir) if config is None else train_arm(arm, config, sections, log_metrics)
+    if not trained and config is not None:
+        model_dir = train_arm(arm, config, sections, log_metrics)
+    elif trained:
+        print(f"compare: {arm}: reusing {model_dir}, answering {', '.join(stale)} again (not the data its answers "
+              "were made on)", flush=True)
     answers = {}
     for split in splits:
-        answers[split] = answer(model_dir, split, arm, sections, blank_images=arm == BLIND)
-        write_jsonl(folder / f"{split}.jsonl", answers[split])
-    write_text_atomically(done, json.dumps({"fingerprint": key, "splits": splits}) + "\n")
+        if split in stale:
+            answers[split] = answer(model_dir, split, arm, sections, blank_images=arm == BLIND)
+            write_jsonl(folder / f"{split}.jsonl", answers[split])
+        else:
+            answers[split] = read_jsonl(folder / f"{split}.jsonl")
+    write_text_atomically(done, json.dumps({"fingerprint": key, "data": data}) + "\n")
     return answers
 
 
@@ -194,8 +224,10 @@ def constant_answers(sections: dict[str, Any], splits: list[str], folder: Path) 
     from vlmgym.runtime.atomic import write_text_atomically
 
     rollout, done = sections["rollout"], folder / "done.json"
-    key = fingerprint(CONSTANT, None, sections)
-    if done.exists() and json.loads(done.read_text()) == {"fingerprint": key, "splits": splits}:
+    chosen_on = blind.constant_split(rollout.shards_dir)
+    key = {"fingerprint": fingerprint(CONSTANT, None, sections),
+           "data": {split: split_identity(rollout.shards_dir, split) for split in [chosen_on, *splits]}}
+    if done.exists() and json.loads(done.read_text()) == key:
         return {split: read_jsonl(folder / f"{split}.jsonl") for split in splits}
     tokenizer = Processor.from_pretrained(sections["sft"].init_dir).tokenizer  # every start shares the base tokenizer
 
@@ -211,7 +243,7 @@ def constant_answers(sections: dict[str, Any], splits: list[str], folder: Path) 
     answers = {split: blind.constant_records(open_env(split, rollout.limit), chosen[0]) for split in splits}
     for split, records in answers.items():
         write_jsonl(folder / f"{split}.jsonl", records)
-    write_text_atomically(done, json.dumps({"fingerprint": key, "splits": splits}) + "\n")
+    write_text_atomically(done, json.dumps(key) + "\n")
     print(f"compare: constant answer {chosen[0]!r} (best of {chosen[3]} on {chosen[2]}: mean reward "
           f"{chosen[1]:.3f})", flush=True)
     return answers

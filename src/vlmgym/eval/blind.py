@@ -74,12 +74,17 @@ def best_constant(env: Any, candidates: Sequence[str]) -> tuple[str, float]:
     return best, best_reward
 
 
+def constant_split(shards_dir: str) -> str:
+    """The split the constant answer is chosen on: val, or train when the shards hold no val split."""
+    return "val" if (Path(shards_dir) / "val").is_dir() else "train"
+
+
 def choose_constant(open_env: Callable[[str, int | None], Any], shards_dir: str,
                     limit: int) -> tuple[str, float, str, int] | None:
     """(answer, mean reward, split chosen on, candidates tried) of the constant baseline: chosen on the val split, or
     on train's first CONSTANT_TRAIN_SAMPLES samples when the shards hold none; `open_env(split, limit)` opens the
     env over a split. None when the env has no ideal answer to propose."""
-    split = "val" if (Path(shards_dir) / "val").is_dir() else "train"
+    split = constant_split(shards_dir)
     chooser = open_env(split, None if split == "val" else CONSTANT_TRAIN_SAMPLES)
     candidates = candidate_answers(chooser, limit)
     if not candidates:

@@ -127,8 +127,10 @@ class DigitsEnv(Env):
     solved_metric = "accuracy"
     # docs/envs/digits.md: without the perception warm-up the tiny random tower never tells the digits apart and
     # SFT answers one constant per task. Digit size and the frozen tower were chosen on the val split; the image
-    # count (12,000) came from a probe scored on test-pool digits, the one choice not made on val.
-    recipe = {"data": {"train_images": 12000, "digits": {"min_scale": 48, "max_scale": 96}},
+    # count (12,000) came from a probe scored on test-pool digits, the one choice not made on val. test_ood turns
+    # the digits (rotate) instead of inverting them: the warmed tower reads no light ink on dark paper, so under
+    # invert every policy sits at the image-blind floor and the split measures nothing.
+    recipe = {"data": {"train_images": 12000, "digits": {"min_scale": 48, "max_scale": 96, "ood_shift": "rotate"}},
               "sft": {"freeze": "vision", "perception": {"steps": 4000}}}
     # exact-match accuracy overall, per task and per digit count
     metric_rows = {"accuracy": ("accuracy", "rate"),
