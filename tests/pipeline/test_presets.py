@@ -44,3 +44,20 @@ def test_a_bad_preset_leaves_params_untouched(tmp_path):
         apply_preset(preset, params)
     assert params.read_text() == original
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+
+
+def test_the_zoom_demo_overlays_digits_recipe_and_the_zoom_preset(tmp_path):
+    from vlmgym.cli.recipes import recipe_overlay
+
+    params, recipe = tmp_path / "params.yaml", tmp_path / "recipe.yaml"
+    params.write_text((REPO / "params.yaml").read_text())
+    recipe.write_text(yaml.safe_dump(recipe_overlay("digits")))
+    apply_preset(recipe, params)
+    apply_preset(REPO / "configs/zoom.yaml", params)
+    sections = apply_preset(REPO / "configs/zoom_demo.yaml", params)
+    assert sections["env"].name == sections["env"].recipe == "digits"
+    digits = yaml.safe_load(params.read_text())["env"]["digits"]
+    assert digits["tools"] == ["zoom"] and digits["max_turns"] == 2
+    # the demo's cuts, and what it keeps of the recipe
+    assert (sections["data"].train_images, sections["sft"].steps, sections["train"].steps) == (4000, 80, 10)
+    assert sections["sft"].freeze == "vision" and sections["sft"].perception.steps == 600
