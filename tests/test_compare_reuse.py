@@ -102,3 +102,10 @@ def test_the_training_data_is_part_of_an_arms_settings(tmp_path):
     assert command.fingerprint("grpo", config, sections) == first
     (shards / "train" / "shard-000000.tar").write_bytes(b"more train images")
     assert command.fingerprint("grpo", config, sections) != first
+
+
+def test_a_deleted_answer_file_is_answered_again(arm):
+    arm.run()
+    (arm.folder / "test.jsonl").unlink()
+    arm.run()
+    assert arm.calls["trained"] == 1 and arm.calls["answered"] == ["test"]

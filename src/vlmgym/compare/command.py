@@ -194,7 +194,8 @@ def run_arm(arm: str, config: SFTParams | TrainParams, sections: dict[str, Any],
     # a model folder is written atomically (save_model): present means whole
     trained = state.get("fingerprint") == key and model_dir.is_dir()
     answered = state.get("data", {}) if trained else {}
-    stale = [split for split in splits if answered.get(split) != data[split]]
+    stale = [split for split in splits
+             if answered.get(split) != data[split] or not (folder / f"{split}.jsonl").is_file()]
     if not stale:
         print(f"compare: {arm}: reusing {folder} (same settings)", flush=True)
         return {split: read_jsonl(folder / f"{split}.jsonl") for split in splits}
