@@ -36,7 +36,6 @@ same command without it then reuses every seed's arms and reports.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import math
 import sys
@@ -168,14 +167,9 @@ def fingerprint(arm: str, config: SFTParams | TrainParams, sections: dict[str, A
 
 def split_identity(shards_dir: str, split: str) -> str:
     """A hash of a split's shard files (names and bytes): answers on a split are stale once its data changed."""
-    digest = hashlib.sha256()
-    folder = Path(shards_dir) / split
-    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
-        digest.update(str(path.relative_to(folder)).encode())
-        with path.open("rb") as handle:
-            for block in iter(lambda: handle.read(1 << 20), b""):
-                digest.update(block)
-    return digest.hexdigest()[:16]
+    from vlmgym.rl.stage_setup import folder_identity
+
+    return folder_identity(Path(shards_dir) / split, every_byte=True)
 
 
 def run_arm(arm: str, config: SFTParams | TrainParams, sections: dict[str, Any], folder: Path, splits: list[str],

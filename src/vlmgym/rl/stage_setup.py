@@ -127,15 +127,21 @@ def stage_trainer(stage: str, section: SFTParams | TrainParams, policy: Any, par
     return trainer
 
 
-def folder_identity(folder: str | Path) -> str:
-    """A cheap identity of a model folder: hash of its small files plus the sizes and names of the rest."""
+def folder_identity(folder: str | Path, every_byte: bool = False) -> str:
+    """A cheap identity of a model folder: hash of its small files plus the sizes and names of the rest
+    (`every_byte`: the content of every file, e.g. data whose large files change at the same size)."""
     digest = hashlib.sha256()
     for path in sorted(Path(folder).rglob("*")):
         if not path.is_file():
             continue
         digest.update(str(path.relative_to(folder)).encode())
         size = path.stat().st_size
-        digest.update(path.read_bytes() if size < 1 << 20 else str(size).encode())
+        if not every_byte and size >= 1 << 20:
+            digest.update(str(size).encode())
+            continue
+        with path.open("rb") as handle:
+            for block in iter(lambda: handle.read(1 << 20), b""):
+                digest.update(block)
     return digest.hexdigest()[:16]
 
 
