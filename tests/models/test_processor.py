@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import subprocess
+import sys
 import types
 
 import numpy as np
@@ -22,6 +24,7 @@ from vlmgym.models.qwen3_vl.processor import (
     build_inputs,
     expand_image_tokens,
     get_rope_index,
+    load_tokenizer,
     padded_length,
     preprocess_images,
     read_image_settings,
@@ -230,3 +233,20 @@ def test_processor_from_pretrained_reads_budget_and_template(tokenizer, tmp_path
     assert batch["input_ids"].shape == (1, 64) and batch["image_tokens"].tolist() == [12]
     with pytest.raises(FileNotFoundError, match="preprocessor_config.json"):
         Processor.from_pretrained(tmp_path / "missing")
+
+
+def test_the_tokenizer_loads_as_auto_tokenizer_does_without_importing_torch(tokenizer, tmp_path):
+    from transformers import AutoTokenizer
+
+    tokenizer.save_pretrained(tmp_path)
+    (tmp_path / "config.json").write_text('{"model_type": "qwen3_vl"}')
+    direct, auto = load_tokenizer(tmp_path), AutoTokenizer.from_pretrained(str(tmp_path), local_files_only=True)
+    assert type(direct) is type(auto) and direct.get_vocab() == auto.get_vocab()
+    assert direct.all_special_tokens == auto.all_special_tokens and direct.chat_template == auto.chat_template
+    for text in [*TEXTS, "<|im_start|>user\n<|vision_start|><|image_pad|><|vision_end|>Ünïcode  東京<|im_end|>"]:
+        ids = direct(text)["input_ids"]
+        assert ids == auto(text)["input_ids"] and direct.decode(ids) == auto.decode(ids)
+    loads = ("import sys; from pathlib import Path; from vlmgym.models.qwen3_vl.processor import load_tokenizer; "
+             f"load_tokenizer(Path({str(tmp_path)!r})); print('torch' in sys.modules)")
+    assert subprocess.run([sys.executable, "-c", loads], capture_output=True, text=True,
+                          check=True).stdout.strip() == "False"

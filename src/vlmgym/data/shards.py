@@ -14,7 +14,6 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import webdataset as wds
 from PIL import Image
 
 IMAGE_TYPES = ("jpg", "jpeg", "png")
@@ -51,6 +50,8 @@ def read_split(shards_dir: str | Path, split: str, limit: int | None = None,
     urls = [str(p) for p in split_shards(shards_dir, split)]
     if not urls or limit == 0:
         return []
+    import webdataset as wds  # here, not at the top: it imports torch (seconds), which open_split's users never need
+
     dataset = wds.WebDataset(urls, shardshuffle=False, empty_check=False).decode("pil")
     samples = []
     for raw in dataset:

@@ -552,13 +552,11 @@ class Processor:
     @classmethod
     def from_pretrained(cls, model_dir: str | Path) -> Processor:
         """Load from an HF checkpoint folder (tokenizer files + preprocessor_config.json), offline."""
-        from transformers import AutoTokenizer
-
         model_dir = Path(model_dir)
         config = model_dir / "preprocessor_config.json"
         if not config.exists():
             raise FileNotFoundError(f"{model_dir}: no preprocessor_config.json (is this a Qwen3-VL checkpoint?)")
-        tokenizer = AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
+        tokenizer = load_tokenizer(model_dir)
         template = getattr(tokenizer, "chat_template", None) or _template_from_folder(model_dir)
         return cls(tokenizer, read_image_settings(config), template, _eos_from_folder(model_dir))
 
@@ -585,6 +583,25 @@ class Processor:
     def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         """Token ids -> text."""
         return self.tokenizer.decode(list(token_ids), skip_special_tokens=skip_special_tokens)
+
+
+def load_tokenizer(model_dir: Path) -> Any:
+    """The folder's tokenizer, as AutoTokenizer loads it. Qwen3-VL's class (Qwen2Tokenizer, which AutoTokenizer takes
+    from tokenizer_config.json for model_type qwen3_vl or a folder without config.json) is imported directly:
+    AutoTokenizer's config machinery imports torch (~2 s), which the JAX stages that only tokenize never need. Any
+    other class or model type goes through AutoTokenizer."""
+    try:
+        named = json.loads((model_dir / "tokenizer_config.json").read_text()).get("tokenizer_class")
+        model_type = json.loads((model_dir / "config.json").read_text()).get("model_type")
+    except (OSError, ValueError):
+        named = model_type = None
+    if named == "Qwen2Tokenizer" and model_type in (None, "qwen3_vl"):
+        from transformers.models.qwen2.tokenization_qwen2 import Qwen2Tokenizer
+
+        return Qwen2Tokenizer.from_pretrained(str(model_dir), local_files_only=True)
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
 
 
 def _template_from_folder(model_dir: Path) -> str | None:
