@@ -27,6 +27,22 @@ if _OWN_CACHE:
                        "JAX_COMPILATION_CACHE_MAX_SIZE": str(16 << 30)})
 
 
+# The session's XLA:CPU compiles at LLVM optimisation level 0 with the older (non-MLIR) fusion emitters: the same
+# HLO programs, compiled in about a quarter of the time (a tiny model's GRPO step, 3.9 s -> 1.0 s on 2 cores) and
+# run at most ~20% slower, which is the right trade for a suite of mostly small, freshly compiled programs. The
+# float results may differ in the last bits from XLA's default build of a program, and every check in the suite
+# holds under both: determinism, resume and parity compare runs of one session (same flags), and the HF parity
+# tolerances are far above that rounding. Set XLA_FLAGS yourself (even empty: `XLA_FLAGS= make test`) to run the
+# suite with XLA's defaults. Children that need fake devices add theirs to these (with_host_devices).
+FAST_COMPILE_FLAGS = "--xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false"
+os.environ.setdefault("XLA_FLAGS", FAST_COMPILE_FLAGS)
+
+
+def with_host_devices(count: int) -> str:
+    """The session's XLA_FLAGS plus `count` fake CPU devices (for a child process: JAX reads the flag at start)."""
+    return f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={count}".strip()
+
+
 def pytest_unconfigure(config):
     if _OWN_CACHE:  # only the process that made the folder (the controller under xdist) removes it
         shutil.rmtree(_OWN_CACHE, ignore_errors=True)
@@ -48,7 +64,7 @@ def run_on_cpu_devices() -> Callable[..., str]:
     XLA flag only works before JAX starts, so multi-device tests run in a child); returns its stdout."""
 
     def run(count: int, args: Sequence[str | Path], cwd: str | Path | None = None) -> str:
-        env = {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={count}", "JAX_PLATFORMS": "cpu"}
+        env = {**os.environ, "XLA_FLAGS": with_host_devices(count), "JAX_PLATFORMS": "cpu"}
         done = subprocess.run([sys.executable, *map(str, args)], env=env, cwd=cwd, capture_output=True, text=True,
                               timeout=300)
         assert done.returncode == 0, done.stderr[-3000:]
@@ -65,36 +81,50 @@ SECOND_HALF = ("pipeline/test_kill_rerun.py", "pipeline/test_mixture_env.py", "p
                "rl/test_multihost.py")
 
 
-# Modules that take 15 s or more of a worker's time (measured with --durations on 2 cores): marked `slow`, so
-# `make test-fast` (-m "not slow", no tests/pipeline) stays a few minutes; `make test` runs them all.
-SLOW_MODULES = ("rl/test_lora_trainer.py", "rl/test_multihost.py", "rl/test_qwen_policy.py", "rl/test_shared_prefix.py",
-                "rl/test_lora_dropout.py", "rl/test_lora.py", "rl/test_rl_learns.py", "rl/test_sharded.py",
-                "bench/test_bench_rollout.py", "test_tracking.py", "plan/test_plan.py", "rl/test_trainer_toy.py",
-                "test_run_recovery.py", "bench/test_bench_data.py", "rollout/test_multi_device.py",
-                "rl/test_validation.py", "rollout/test_engine.py", "rl/test_mixture_trainer.py", "rl/test_ppo.py",
-                "rl/test_remat.py", "models/test_decode.py", "rl/test_dpo.py", "models/test_model_parity.py",
-                "rl/test_lora_export.py", "models/test_sharding.py", "models/test_parity_cli.py",
-                "rl/test_objective_knobs_trainer.py", "rl/test_multiturn_trainer.py", "rollout/test_episodes.py")
+# Seconds of a worker's time per module, for the other modules of 5 s or more (`--durations=0` of a full run on 2
+# cores, with the fast-compile flags above): they order the suite below, and those of 9 s or more are marked `slow`,
+# so `make test-fast` (-m "not slow", no tests/pipeline) stays a few minutes; `make test` runs them all.
+MODULE_SECONDS = {
+    "rl/test_multiturn_trainer.py": 134, "test_tracking.py": 95, "rl/test_multihost.py": 75, "rl/test_rl_learns.py": 63,
+    "pipeline/test_tracking_server.py": 47, "rl/test_qwen_policy.py": 39, "rl/test_lora_trainer.py": 30,
+    "rl/test_sharded.py": 27, "bench/test_bench_rollout.py": 24, "rl/test_lora.py": 23, "bench/test_bench_data.py": 21,
+    "rl/test_shared_prefix.py": 18, "rollout/test_episodes.py": 17, "pipeline/test_report_without_mlflow.py": 15,
+    "test_run_recovery.py": 15, "plan/test_plan.py": 15, "test_tracking_concurrent_open.py": 14,
+    "models/test_decode.py": 12, "rollout/test_engine.py": 12, "rl/test_trainer_toy.py": 11,
+    "test_model_registry.py": 10, "rollout/test_multi_device.py": 10, "rl/test_validation.py": 9,
+    "models/test_model_parity.py": 9, "rl/test_objective_knobs_trainer.py": 9, "rl/test_remat.py": 9,
+    "rl/test_ppo.py": 8, "envs/test_rec.py": 7, "rl/test_lora_dropout.py": 7, "test_system_metrics.py": 6,
+    "models/test_parity_cli.py": 6, "rl/test_grpo.py": 6, "models/test_sharding.py": 5, "rl/test_perception.py": 5,
+    "rl/test_dpo.py": 5}
+SLOW_SECONDS = 9
 
 
 @pytest.hookimpl(tryfirst=True)  # the markers must be there before `-m` deselects
 def pytest_collection_modifyitems(config, items):
-    """Order the suite for two workers: FIRST_HALF's modules, then other tests up to the middle, then SECOND_HALF's,
-    then the rest (the shortest tests last: what an idle worker steals from the other's tail). Only speed depends
-    on this order."""
+    """Order the suite for two workers (pytest-xdist's worksteal gives each one half of the list and lets an idle
+    worker take tests from the end of the other's): FIRST_HALF's modules head one half and SECOND_HALF's the other;
+    the other modules of MODULE_SECONDS follow, each on the half with less time so far, longest first; the short
+    tests fill both halves last, so what a worker steals at the end is short. Only speed depends on this order."""
     def module(item) -> str:
         return item.nodeid.split("::")[0].removeprefix("tests/")
 
-    first = [i for i in items if module(i) in FIRST_HALF]
-    second = [i for i in items if module(i) in SECOND_HALF]
-    rest = [i for i in items if module(i) not in FIRST_HALF + SECOND_HALF]
-    first.sort(key=lambda i: FIRST_HALF.index(module(i)))  # stable: each module's tests keep their order
-    second.sort(key=lambda i: SECOND_HALF.index(module(i)))
-    for item in items:
-        if module(item) in SLOW_MODULES:
+    by_module: dict[str, list] = {}
+    for item in items:  # each module's tests stay together, in their order
+        by_module.setdefault(module(item), []).append(item)
+        if MODULE_SECONDS.get(module(item), 0) >= SLOW_SECONDS:
             item.add_marker(pytest.mark.slow)
-    filler = max(0, len(items) // 2 - len(first))
-    items[:] = first + rest[:filler] + second + rest[filler:]
+    halves = [[name for name in FIRST_HALF if name in by_module], [name for name in SECOND_HALF if name in by_module]]
+    seconds = [0, 0]  # beyond the two heads, which take about as long as each other (~8 min of a worker)
+    for name in sorted(MODULE_SECONDS, key=MODULE_SECONDS.get, reverse=True):
+        if name in by_module and name not in FIRST_HALF + SECOND_HALF:
+            lighter = int(seconds[1] < seconds[0])
+            halves[lighter].append(name)
+            seconds[lighter] += MODULE_SECONDS[name]
+    placed = set(halves[0] + halves[1])
+    short = [item for item in items if module(item) not in placed]
+    head = [item for name in halves[0] for item in by_module[name]]
+    filler = max(0, len(items) // 2 - len(head))
+    items[:] = head + short[:filler] + [item for name in halves[1] for item in by_module[name]] + short[filler:]
 
 
 @pytest.fixture

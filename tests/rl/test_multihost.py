@@ -27,7 +27,7 @@ def _free_port() -> int:
 
 
 def _env(**extra: str) -> dict:
-    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", distributed.COORDINATOR_ENV,
+    env = {k: v for k, v in os.environ.items() if k not in (distributed.COORDINATOR_ENV,
                                                           distributed.NUM_PROCESSES_ENV, distributed.PROCESS_ID_ENV)}
     return {**env, "JAX_PLATFORMS": "cpu", distributed.HEARTBEAT_ENV: "5", **extra}
 
@@ -64,8 +64,9 @@ def test_two_processes_train_as_one_and_resume_after_a_kill(tiny_vlm, tmp_path):
     # test's time is mostly compiling, which each run does once).
     # Every loss knob is on (the worker's KNOBS): GSPO's sequence ratio, the sampler correction and the entropy
     # quantile reduce over the whole batch, whichever process holds its rows. The default loss is sharded_step.py's.
+    two_devices = f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count=2".strip()
     single = _start([model, tmp_path / "single-checkpoints", tmp_path / "single", STEPS, "--knobs"],
-                    _env(XLA_FLAGS="--xla_force_host_platform_device_count=2"), tmp_path / "single.log")
+                    _env(XLA_FLAGS=two_devices), tmp_path / "single.log")
     # 1. Two processes; process 1 hangs after step 2 (before that step's checkpoint), and is killed there.
     first = _two_processes([model, checkpoints, tmp_path / "killed", STEPS, "--hang-at", 2, "--knobs"], tmp_path,
                            "first")
