@@ -99,12 +99,17 @@ MODULE_SECONDS = {
 SLOW_SECONDS = 9
 
 
+# A worker's time on FIRST_HALF's or SECOND_HALF's modules (each about 8 min on 2 cores).
+HEAD_SECONDS = 480
+
+
 @pytest.hookimpl(tryfirst=True)  # the markers must be there before `-m` deselects
 def pytest_collection_modifyitems(config, items):
-    """Order the suite for two workers (pytest-xdist's worksteal gives each one half of the list and lets an idle
-    worker take tests from the end of the other's): FIRST_HALF's modules head one half and SECOND_HALF's the other;
-    the other modules of MODULE_SECONDS follow, each on the half with less time so far, longest first; the short
-    tests fill both halves last, so what a worker steals at the end is short. Only speed depends on this order."""
+    """Order the suite for its workers (pytest-xdist's worksteal gives each worker an equal share of the list, in
+    order, and lets an idle worker take tests from the end of another's): FIRST_HALF's modules head the first share
+    and SECOND_HALF's the second; the other modules of MODULE_SECONDS follow, each on the share with the least time
+    so far, longest first; the short tests fill every share last, so what a worker steals at the end is short. Only
+    speed depends on this order."""
     def module(item) -> str:
         return item.nodeid.split("::")[0].removeprefix("tests/")
 
@@ -113,18 +118,25 @@ def pytest_collection_modifyitems(config, items):
         by_module.setdefault(module(item), []).append(item)
         if MODULE_SECONDS.get(module(item), 0) >= SLOW_SECONDS:
             item.add_marker(pytest.mark.slow)
-    halves = [[name for name in FIRST_HALF if name in by_module], [name for name in SECOND_HALF if name in by_module]]
-    seconds = [0, 0]  # beyond the two heads, which take about as long as each other (~8 min of a worker)
+    workers = max(2, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "2")))
+    shares = [[name for name in heads if name in by_module] for heads in (FIRST_HALF, SECOND_HALF)]
+    shares += [[] for _ in range(workers - 2)]
+    seconds = [HEAD_SECONDS, HEAD_SECONDS] + [0] * (workers - 2)
     for name in sorted(MODULE_SECONDS, key=MODULE_SECONDS.get, reverse=True):
         if name in by_module and name not in FIRST_HALF + SECOND_HALF:
-            lighter = int(seconds[1] < seconds[0])
-            halves[lighter].append(name)
-            seconds[lighter] += MODULE_SECONDS[name]
-    placed = set(halves[0] + halves[1])
+            lightest = seconds.index(min(seconds))
+            shares[lightest].append(name)
+            seconds[lightest] += MODULE_SECONDS[name]
+    placed = {name for share in shares for name in share}
     short = [item for item in items if module(item) not in placed]
-    head = [item for name in halves[0] for item in by_module[name]]
-    filler = max(0, len(items) // 2 - len(head))
-    items[:] = head + short[:filler] + [item for name in halves[1] for item in by_module[name]] + short[filler:]
+    ordered, left = [], len(items)
+    for index, share in enumerate(shares):
+        size = left // (workers - index)  # worksteal's first split: what is left, over the workers still to serve
+        head = [item for name in share for item in by_module[name]]
+        fill = max(0, size - len(head))
+        ordered += head + short[:fill]
+        short, left = short[fill:], left - len(head) - fill
+    items[:] = ordered + short
 
 
 @pytest.fixture
