@@ -40,7 +40,9 @@ os.environ.setdefault("XLA_FLAGS", FAST_COMPILE_FLAGS)
 
 def with_host_devices(count: int) -> str:
     """The session's XLA_FLAGS plus `count` fake CPU devices (for a child process: JAX reads the flag at start)."""
-    return f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={count}".strip()
+    from vlmgym.plan.cli import _with_devices  # the flag rewriting `vlmgym plan` does for its own children
+
+    return _with_devices(os.environ.get("XLA_FLAGS", ""), count)
 
 
 def pytest_unconfigure(config):
