@@ -16,6 +16,7 @@ from vlmgym.envs import corpus, parts
 from vlmgym.envs.tools import tool_corpus
 from vlmgym.models.qwen3_vl.base_model import build_base_model
 from vlmgym.params import load_section
+from vlmgym.runtime.collector import collect_less
 from vlmgym.tracking import stage_runs as tracking
 
 # Figures of the built checkpoint logged as metrics (the dimensions go to base_model.json).
@@ -24,6 +25,7 @@ FIGURES = ("params_total", "params_vision", "params_text", "vocab_size", "image_
 
 def main(argv: list[str] | None = None) -> int:
     """Build or download the base checkpoint and log one MLflow run with its size and dimensions."""
+    collect_less()
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--params", default="params.yaml", help="params file (section `model`)")
     args = parser.parse_args(argv)

@@ -15,11 +15,13 @@ import sys
 
 from vlmgym.models.qwen3_vl.parity import ParityFailure, convert_and_check
 from vlmgym.params import load_section
+from vlmgym.runtime.collector import collect_less
 from vlmgym.tracking import stage_runs as tracking
 
 
 def main(argv: list[str] | None = None) -> int:
     """Convert, check parity, log one MLflow run; exit 1 (and remove the output) beyond tolerance."""
+    collect_less()
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--params", default="params.yaml", help="params file (section `model`)")
     args = parser.parse_args(argv)

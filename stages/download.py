@@ -15,11 +15,13 @@ import sys
 from vlmgym import envs
 from vlmgym.data.download import build_raw, build_raw_parts, numeric_metrics
 from vlmgym.params import DEFAULT_PARAMS_FILE, load_section
+from vlmgym.runtime.collector import collect_less
 from vlmgym.tracking import stage_runs as tracking
 
 
 def main(argv: list[str] | None = None) -> int:
     """Read the `data` section, write the raw layout atomically and log one MLflow run."""
+    collect_less()
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--params", default=str(DEFAULT_PARAMS_FILE), help="params file")
     args = parser.parse_args(argv)

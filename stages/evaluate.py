@@ -23,6 +23,7 @@ import sys
 from vlmgym.eval.evaluate import evaluate_pipeline
 from vlmgym.eval.outputs import mlflow_metrics
 from vlmgym.params import load_section
+from vlmgym.runtime.collector import collect_less
 from vlmgym.tracking import model_registry as registry
 from vlmgym.tracking import stage_runs as tracking
 from vlmgym.tracking.step_curve import curve_file
@@ -30,6 +31,7 @@ from vlmgym.tracking.step_curve import curve_file
 
 def main(argv: list[str] | None = None) -> int:
     """Evaluate every policy, write metrics, plots and reports, log one MLflow run."""
+    collect_less()
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--params", default="params.yaml", help="params file (sections eval, rollout, env, ...)")
     args = parser.parse_args(argv)

@@ -16,12 +16,14 @@ import sys
 
 from vlmgym.models.qwen3_vl.convert import ExportCheckFailed, export_and_check
 from vlmgym.params import load_section
+from vlmgym.runtime.collector import collect_less
 from vlmgym.tracking import model_registry as registry
 from vlmgym.tracking import stage_runs as tracking
 
 
 def main(argv: list[str] | None = None) -> int:
     """Export, check, log one MLflow run; exit 1 (and remove the folder) when the check fails."""
+    collect_less()
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--params", default="params.yaml", help="params file (section export)")
     args = parser.parse_args(argv)

@@ -35,6 +35,7 @@ from vlmgym.eval.rollouts import answer_split, load_engine
 from vlmgym.params import load_section
 from vlmgym.rollout import RolloutEngine
 from vlmgym.runtime.atomic import atomic_dir
+from vlmgym.runtime.collector import collect_less
 from vlmgym.tracking import stage_runs as tracking
 
 
@@ -131,6 +132,7 @@ def report(run: Any, name: str, policy: str, figures: dict[str, float], speed: d
 
 def main(argv: list[str] | None = None) -> int:
     """Roll out every policy, write the JSONL folder atomically and log one MLflow run."""
+    collect_less()
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--params", default="params.yaml", help="params file (sections rollout, model, env)")
     args = parser.parse_args(argv)

@@ -26,6 +26,7 @@ from vlmgym.rl.stage_setup import (
     warm_perception,
     write_json_atomically,
 )
+from vlmgym.runtime.collector import collect_less
 from vlmgym.tracking import stage_runs as tracking
 from vlmgym.tracking import step_curve
 
@@ -35,6 +36,7 @@ CURVE_FILE = step_curve.curve_file("sft")
 
 def main(argv: list[str] | None = None) -> int:
     """Fine-tune (or pass through), save the model folder and log one MLflow run."""
+    collect_less()
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--params", default="params.yaml", help="params file (sections sft, model, env)")
     args = parser.parse_args(argv)

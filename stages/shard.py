@@ -16,11 +16,13 @@ from pathlib import Path
 from vlmgym import envs
 from vlmgym.data.shard_writer import manifest_metrics, shard_parts, shard_raw
 from vlmgym.params import DEFAULT_PARAMS_FILE, load_section
+from vlmgym.runtime.collector import collect_less
 from vlmgym.tracking import stage_runs as tracking
 
 
 def main(argv: list[str] | None = None) -> int:
     """Read the `shard` section (and env.name / data.raw_dir), shard both splits, log one MLflow run."""
+    collect_less()
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--params", default=str(DEFAULT_PARAMS_FILE), help="params file")
     args = parser.parse_args(argv)

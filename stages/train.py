@@ -34,6 +34,7 @@ from vlmgym.rl.stage_setup import (
     write_json_atomically,
 )
 from vlmgym.runtime import distributed
+from vlmgym.runtime.collector import collect_less
 from vlmgym.tracking import stage_runs as tracking
 from vlmgym.tracking import step_curve
 
@@ -47,6 +48,7 @@ SUMMARY_STEPS = RECENT_METRICS
 
 def main(argv: list[str] | None = None) -> int:
     """Train with GRPO, save the model folder and log one MLflow run."""
+    collect_less()
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--params", default="params.yaml", help="params file (sections train, model, env)")
     parser.add_argument("--coordinator", help=f"process 0's host:port in a multi-process run "

@@ -148,3 +148,10 @@ def scoped_envs():
 
     with registry.scoped_registrations():
         yield
+
+
+def pytest_configure(config):
+    """Each test process collects cyclic garbage at the pipeline stages' pace (vlmgym.runtime.collector)."""
+    from vlmgym.runtime.collector import collect_less
+
+    collect_less()
