@@ -40,9 +40,9 @@ os.environ.setdefault("XLA_FLAGS", FAST_COMPILE_FLAGS)
 
 def with_host_devices(count: int) -> str:
     """The session's XLA_FLAGS plus `count` fake CPU devices (for a child process: JAX reads the flag at start)."""
-    from vlmgym.plan.cli import _with_devices  # the flag rewriting `vlmgym plan` does for its own children
+    from vlmgym.plan.cli import with_device_count  # the flag rewriting `vlmgym plan` does for its children
 
-    return _with_devices(os.environ.get("XLA_FLAGS", ""), count)
+    return with_device_count(os.environ.get("XLA_FLAGS", ""), count)
 
 
 def pytest_unconfigure(config):

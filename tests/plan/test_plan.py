@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from vlmgym.cli import COMMANDS
-from vlmgym.plan.cli import _with_devices, parse_args, table
+from vlmgym.plan.cli import parse_args, table, with_device_count
 
 # XLA rounds each small output buffer up (alignment): a few hundred bytes in all on the tiny model.
 OUTPUT_SLACK = 4096
@@ -42,7 +42,7 @@ def test_cli_arguments(capsys):
     for bad in (["--mesh", "2,2"], ["--batch", "12"], ["--remat", "full"], ["--image", "100x96"]):
         with pytest.raises(SystemExit):
             parse_args(["--config", "tiny", "--batch", "16", "--seq", "62", *bad])
-    assert _with_devices("--xla_foo=1 --xla_force_host_platform_device_count=4", 8) == (
+    assert with_device_count("--xla_foo=1 --xla_force_host_platform_device_count=4", 8) == (
         "--xla_foo=1 --xla_force_host_platform_device_count=8")
 
 

