@@ -55,7 +55,8 @@ def test_the_overrides_are_dvc_exp_run_arguments_that_survive_word_splitting(mon
     words = " ".join(recipes.overrides(recipes.recipe_overlay("nlvr2"))).split()
     assert words == ["-S", "env.name=nlvr2", "-S", "env.recipe=nlvr2", "-S", "sft.optimizer.lr=0.001", "-S",
                      'sft.lora.targets=["q","v"]', "-S", "sft.freeze=none", "-S", "sft.perception.steps=0", "-S",
-                     "sft.steps=600", "-S", "data.train_images=2000", "-S", "train.sampling.temperature=1.0"]
+                     "sft.steps=600", "-S", "data.train_images=2000", "-S", "train.optimizer.lr=0.0001", "-S",
+                     "train.sampling.temperature=1.0"]
 
 
 def test_a_recipe_outside_the_sections_it_may_set_is_an_error(monkeypatch):

@@ -129,9 +129,12 @@ class DigitsEnv(Env):
     # SFT answers one constant per task. Digit size and the frozen tower were chosen on the val split; the image
     # count (12,000) came from a probe scored on test-pool digits, the one choice not made on val. test_ood turns
     # the digits (rotate) instead of inverting them: the warmed tower reads no light ink on dark paper, so under
-    # invert every policy sits at the image-blind floor and the split measures nothing.
+    # invert every policy sits at the image-blind floor and the split measures nothing. GRPO at a third of the
+    # default lr and temperature 0.6 (nlvr2's) won the val comparison with the defaults over seeds 3-5; at lr 1e-4
+    # most seeds' val reward fell within 25 steps and the best-val selection kept the SFT start.
     recipe = {"data": {"train_images": 12000, "digits": {"min_scale": 48, "max_scale": 96, "ood_shift": "rotate"}},
-              "sft": {"freeze": "vision", "perception": {"steps": 4000}}}
+              "sft": {"freeze": "vision", "perception": {"steps": 4000}},
+              "train": {"optimizer": {"lr": 3e-5}, "sampling": {"temperature": 0.6}}}
     # exact-match accuracy overall, per task and per digit count
     metric_rows = {"accuracy": ("accuracy", "rate"),
                    **{f"accuracy_{task}": (f"accuracy, {task}", "rate") for task in digits_data.TASKS},
