@@ -24,7 +24,14 @@ from vlmgym.data.rows import RowSkip
 from vlmgym.envs import registry
 from vlmgym.envs.message_decoding import MessageDecodingEnv, char_credit, read_word
 from vlmgym.envs.message_decoding import data as md_data
-from vlmgym.envs.message_decoding.env import PROMPT, MessageDecodingParams, length_group, parse_row
+from vlmgym.envs.message_decoding.env import (
+    PROMPT,
+    SPACED_PROMPT,
+    MessageDecodingParams,
+    length_group,
+    parse_row,
+    spell,
+)
 from vlmgym.envs.message_decoding.render import render_table
 from vlmgym.params import DataParams, ParamsError, load_all
 from vlmgym.stats.bootstrap import Statistic
@@ -42,8 +49,8 @@ def _sample(word: str, decoder: str = DECODER):
                                                 "answer": word})
 
 
-def _score(word: str, text: str, weight: float = 0.1):
-    env = MessageDecodingEnv(samples=[_sample(word)], params=MessageDecodingParams(format_weight=weight))
+def _score(word: str, text: str, weight: float = 0.1, spaced: bool = False):
+    env = MessageDecodingEnv(samples=[_sample(word)], params=MessageDecodingParams(format_weight=weight, spaced=spaced))
     state, _ = env.reset(0)
     return env.score(state, text)
 
@@ -199,11 +206,13 @@ def test_schema_skips_bad_rows_with_a_reason(change, reason):
 # --- reward -------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("spaced", [False, True])
 @pytest.mark.parametrize("word", ["the", "house", "stopped", "something"])
-def test_ideal_answer_scores_one(word):
-    answer = MessageDecodingEnv.ideal_answer(_sample(word).meta)
-    assert answer == word
-    reward, info = _score(word, answer)
+def test_ideal_answer_scores_one(word, spaced):
+    env = MessageDecodingEnv(samples=[_sample(word)], params=MessageDecodingParams(spaced=spaced))
+    answer = env.ideal_answer(_sample(word).meta)
+    assert answer == (" ".join(word) if spaced else word)
+    reward, info = _score(word, answer, spaced=spaced)
     assert reward == 1.0 and info["format_ok"] and info["exact"]
     assert info["reward_components"] == pytest.approx({"format": 0.1, "correct": 0.9})
 
@@ -236,6 +245,37 @@ def test_partial_credit_by_hand(text, credit, format_ok):
     assert info["correctness"] == pytest.approx(credit) and info["format_ok"] is format_ok
     assert reward == pytest.approx(0.1 * format_ok + 0.9 * credit)
     assert info["exact"] is (credit == 1.0)
+
+
+@pytest.mark.parametrize(("text", "credit", "format_ok"), [
+    ("h o u s e", 1.0, True),
+    ("H O U S E.", 1.0, True),
+    ('"h o u s e"', 1.0, True),
+    ("h o s e", 2 / 5, True),
+    ("m o u s e", 4 / 5, True),
+    ("h", 1 / 5, True),              # a one-letter word is just the letter
+    ("house", 0.0, False),           # the unspaced word is not the spaced format
+    ("h  o u s e", 0.0, False),      # one space between letters, no more
+    ("h o u s e h o u s e h o u s e", 0.0, False),  # longer than any answer
+    ("ho us e", 0.0, False),
+    ("h-o-u-s-e", 0.0, False),
+    ("<answer>h o u s e</answer>", 0.0, False),
+    ("The word is h o u s e.", 0.0, False),
+])
+def test_spaced_answers_by_hand(text, credit, format_ok):
+    reward, info = _score("house", text, spaced=True)
+    assert info["correctness"] == pytest.approx(credit) and info["format_ok"] is format_ok
+    assert reward == pytest.approx(0.1 * format_ok + 0.9 * credit)
+    assert info["answer"] == (text.strip('".').replace(" ", "").lower() if format_ok else None)
+
+
+def test_spaced_prompt_spells_the_coded_word():
+    sample = _sample("house")
+    plain, spaced = (MessageDecodingEnv(samples=[sample], params=MessageDecodingParams(spaced=on)) for on in (0, 1))
+    coded = sample.meta["coded"]
+    assert plain.prompt(sample) == PROMPT.format(coded=coded)
+    assert spaced.prompt(sample) == SPACED_PROMPT.format(coded=spell(coded)) and f'"{" ".join(coded)}"' in \
+        spaced.prompt(sample)
 
 
 def test_format_weight_is_the_env_setting():
@@ -379,12 +419,13 @@ def test_default_tokenizer_corpus_is_unchanged_by_message_decoding():
     assert envs.corpus() == expected and envs.corpus("geospot") == expected
     texts = MessageDecodingEnv.corpus()
     assert envs.corpus("message_decoding") == expected + texts
-    assert len(texts) <= 26 + 2000 + 200 and texts == MessageDecodingEnv.corpus()
+    assert len(texts) <= 26 + 2000 + 3 * 200 and texts == MessageDecodingEnv.corpus()
     assert set(string.ascii_lowercase) <= set(texts) and {"the", "house"} <= set(texts)
     test_words = set(md_data.pool("test", DEFAULTS)) | set(md_data.pool("test_ood", DEFAULTS))
-    assert not test_words & set(texts)  # the tokenizer never learns a test answer as a word
+    assert not test_words & set(texts)  # the tokenizer never learns a test answer as a word, plain or spelled
+    assert not {spell(word) for word in test_words} & set(texts) and "h o u s e" in texts
     prompts = [t for t in texts if t.startswith("The image is a decoder table")]
-    assert len(prompts) == 200 and not set(prompts) & set(expected)
+    assert len(prompts) == 2 * 200 and not set(prompts) & set(expected)
 
 
 # --- through the pipeline's libraries ----------------------------------------------------

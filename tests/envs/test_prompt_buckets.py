@@ -16,6 +16,7 @@ import pytest
 from PIL import Image
 
 from vlmgym import envs
+from vlmgym.envs.message_decoding.data import ALPHABET
 from vlmgym.envs.nlvr2.data import COLOURS, SHAPES, SIZES, NLVR2DataParams, NounPhrase, generate_split
 from vlmgym.envs.rec.scene import RELATIONS, Expression
 from vlmgym.models.qwen3_vl.base_model import TINY_MAX_PIXELS, TINY_MIN_PIXELS, train_tokenizer
@@ -54,10 +55,21 @@ def test_longest_prompt_fits_its_bucket(name):
     metas, bucket = CASES[name]
     tokenizer = train_tokenizer(envs.corpus(name))
     env_class = envs.env_class(name)
-    prompts = [env_class.prompt(None, SimpleNamespace(meta=meta)) for meta in metas]
+    default = SimpleNamespace(params=env_class.Params())  # the env's default settings, no samples needed
+    prompts = [env_class.prompt(default, SimpleNamespace(meta=meta)) for meta in metas]
     longest = max(prompts, key=lambda text: len(tokenizer(text)["input_ids"]))
     length = _prompt_length(tokenizer, longest, 1)
     assert bucket // 2 < length <= bucket, f"{name}: the longest prompt is {length} tokens: {longest!r}"
+
+
+def test_message_decoding_spelled_out_fits_64():
+    # `spaced` writes the coded word letter by letter: test_ood's 10-letter words still fit the bucket
+    env_class = envs.env_class("message_decoding")
+    env = env_class([SimpleNamespace(key="k", images=[None], meta={"coded": "x" * 10, "decoder": ALPHABET,
+                                                                    "answer": "x" * 10})],
+                    params=env_class.Params(spaced=True))
+    tokenizer = train_tokenizer(envs.corpus("message_decoding"))
+    assert 32 < _prompt_length(tokenizer, env.prompt(env.samples[0]), 1) <= 64
 
 
 @pytest.mark.parametrize("trace", [True, False])

@@ -15,6 +15,8 @@ Reward, in [0, 1] for any text: format_weight x format_ok + (1 - format_weight) 
 - correctness: position-wise matching letters / max(len(word read), len(truth)): 1 exactly for the right word,
   and a missing, extra or misplaced letter each costs a share, so padding with guesses does not pay.
 A wrong word in the format earns the format share and the letters that happen to sit in place; anything else 0.
+With `env.message_decoding.spaced` the coded word and the answer are written letter by letter, one space between
+letters (r1_vlm's `K X I X R S`), and that is the format: "h o u s e" (a one-letter word is just the letter).
 `n_words` in the info counts the runs of letters of any script in the text (read_word), for diagnosis.
 """
 
@@ -38,10 +40,14 @@ from vlmgym.stats.fields import record_field, record_where
 
 PROMPT = ('The image is a decoder table: each coded letter above maps to the plain letter below. Decode the message '
           '"{coded}". Answer with the decoded word.')
+# shorter than PROMPT: a spelled-out 10-letter word (test_ood's longest) still fits the 64-token prompt bucket
+SPACED_PROMPT = ('The image is a decoder table (coded letter above, plain below). Decode "{coded}", letters spaced '
+                 'alike.')
 MAX_WORD_LETTERS = 64  # answers have at most 14; a longer run is not read (nor well-formed), so records stay small
 LETTERS = re.compile(r"[^\W\d_]+")  # a run of letters of any script
 MAX_ANSWER = md_data.MAX_LENGTH + md_data.OOD_EXTRA_LETTERS
 FORMAT = re.compile(rf"\s*[\"'“”‘’`]?([A-Za-z]{{1,{MAX_ANSWER}}})[\"'“”‘’`]?\.?\s*", re.ASCII)
+SPACED_FORMAT = re.compile(rf"\s*[\"'“”‘’`]?([A-Za-z](?: [A-Za-z]){{0,{MAX_ANSWER - 1}}})[\"'“”‘’`]?\.?\s*", re.ASCII)
 ANSWER = re.compile(rf"[a-z]{{1,{MAX_ANSWER}}}")
 # exact accuracy by word length, two lengths a group: 3-4, 5-6, 7-8 (train and test), 9-10 (test_ood's long words)
 LENGTH_GROUPS = tuple((low, low + 1) for low in range(1, MAX_ANSWER + 1, 2))
@@ -55,6 +61,9 @@ class MessageDecodingParams(ThinkParams):
 
     format_weight: float = spec(0.1, ge=0, le=1, doc="share of the reward for an answer of the expected shape "
                                                      "(one word of letters)")
+    spaced: bool = spec(False, doc="write the coded word and the answer letter by letter with one space between "
+                                   "letters (r1_vlm's 'K X I X R S'), so that each letter is its own token; the "
+                                   "answer must then be spaced too")
 
 
 def read_word(text: Any) -> tuple[str | None, int]:
@@ -74,6 +83,11 @@ def char_credit(predicted: str | None, truth: str) -> float:
     if not predicted or not truth:
         return 0.0
     return sum(p == t for p, t in zip(predicted, truth)) / max(len(predicted), len(truth))
+
+
+def spell(word: str) -> str:
+    """`word` letter by letter, one space between letters: the spaced prompt's and answer's form."""
+    return " ".join(word)
 
 
 def length_group(length: int) -> str:
@@ -135,6 +149,8 @@ class MessageDecodingEnv(Env):
 
     def prompt(self, sample: SampleLike) -> str:
         """The question, with the coded word."""
+        if self.params.spaced:
+            return SPACED_PROMPT.format(coded=spell(sample.meta["coded"]))
         return PROMPT.format(coded=sample.meta["coded"])
 
     def prepare_truth(self, sample: SampleLike) -> str:
@@ -147,9 +163,9 @@ class MessageDecodingEnv(Env):
         truth = state.truth if state.truth is not None else state.meta["answer"]
         _, n_words = read_word(text)
         # only a bare word is read: the last word of any text would pay for prose, tags and JSON keys
-        match = FORMAT.fullmatch(text)
+        match = (SPACED_FORMAT if self.params.spaced else FORMAT).fullmatch(text)
         format_ok = match is not None
-        word = match.group(1).lower() if match else None
+        word = match.group(1).replace(" ", "").lower() if match else None
         correctness = char_credit(word, truth)
         weight = self.params.format_weight
         components = {"format": weight * format_ok, "correct": (1 - weight) * correctness}
@@ -165,10 +181,9 @@ class MessageDecodingEnv(Env):
         }
         return reward, info
 
-    @staticmethod
-    def ideal_answer(meta: dict[str, Any]) -> str:
-        """The SFT target: the plain word."""
-        return meta["answer"]
+    def ideal_answer(self, meta: dict[str, Any]) -> str:
+        """The SFT target: the plain word (spelled out under `spaced`)."""
+        return spell(meta["answer"]) if self.params.spaced else meta["answer"]
 
     # the plain letter (26 classes) under each of the 26 coded letters a-z: the whole table the image draws,
     # wherever the cells stand (alphabetical, or shuffled out of distribution)
@@ -180,12 +195,13 @@ class MessageDecodingEnv(Env):
 
     @classmethod
     def corpus(cls) -> list[str]:
-        """The alphabet, the most frequent default train words and prompts with coded words (tokenizer training);
-        never a test word."""
+        """The alphabet, the most frequent default train words and prompts with coded words, plain and spelled out
+        (tokenizer training); never a test word."""
         words = md_data.pool("train", md_data.MessageDecodingDataParams())[:CORPUS_WORDS]
         decoder = md_data.ALPHABET[::-1]  # any fixed code: the prompts' coded words are letter soup either way
-        return [*md_data.ALPHABET, *words,
-                *(PROMPT.format(coded=md_data.encode(w, decoder)) for w in words[:CORPUS_PROMPTS])]
+        coded = [md_data.encode(w, decoder) for w in words[:CORPUS_PROMPTS]]
+        return [*md_data.ALPHABET, *words, *(PROMPT.format(coded=c) for c in coded),
+                *(spell(w) for w in words[:CORPUS_PROMPTS]), *(SPACED_PROMPT.format(coded=spell(c)) for c in coded)]
 
     @classmethod
     def write_synthetic(cls, data: Any, out_dir: Path) -> dict:
