@@ -25,6 +25,7 @@ from vlmgym.envs import registry
 from vlmgym.envs.message_decoding import MessageDecodingEnv, char_credit, read_word
 from vlmgym.envs.message_decoding import data as md_data
 from vlmgym.envs.message_decoding.env import (
+    PAIRS_PROMPT,
     PROMPT,
     SPACED_PROMPT,
     MessageDecodingParams,
@@ -49,8 +50,9 @@ def _sample(word: str, decoder: str = DECODER):
                                                 "answer": word})
 
 
-def _score(word: str, text: str, weight: float = 0.1, spaced: bool = False):
-    env = MessageDecodingEnv(samples=[_sample(word)], params=MessageDecodingParams(format_weight=weight, spaced=spaced))
+def _score(word: str, text: str, weight: float = 0.1, letters: str = "word"):
+    env = MessageDecodingEnv(samples=[_sample(word)], params=MessageDecodingParams(format_weight=weight,
+                                                                                   letters=letters))
     state, _ = env.reset(0)
     return env.score(state, text)
 
@@ -206,13 +208,16 @@ def test_schema_skips_bad_rows_with_a_reason(change, reason):
 # --- reward -------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("spaced", [False, True])
+@pytest.mark.parametrize("letters", ["word", "spaced", "pairs"])
 @pytest.mark.parametrize("word", ["the", "house", "stopped", "something"])
-def test_ideal_answer_scores_one(word, spaced):
-    env = MessageDecodingEnv(samples=[_sample(word)], params=MessageDecodingParams(spaced=spaced))
-    answer = env.ideal_answer(_sample(word).meta)
-    assert answer == (" ".join(word) if spaced else word)
-    reward, info = _score(word, answer, spaced=spaced)
+def test_ideal_answer_scores_one(word, letters):
+    env = MessageDecodingEnv(samples=[_sample(word)], params=MessageDecodingParams(letters=letters))
+    sample = _sample(word)
+    answer = env.ideal_answer(sample.meta)
+    assert answer == {"word": word, "spaced": " ".join(word),
+                      "pairs": " ".join(f"{c}={p}" for c, p in zip(sample.meta["coded"], word))}[letters]
+    reward, info = _score(word, answer, letters=letters)
+    assert info["answer"] == word
     assert reward == 1.0 and info["format_ok"] and info["exact"]
     assert info["reward_components"] == pytest.approx({"format": 0.1, "correct": 0.9})
 
@@ -263,19 +268,43 @@ def test_partial_credit_by_hand(text, credit, format_ok):
     ("The word is h o u s e.", 0.0, False),
 ])
 def test_spaced_answers_by_hand(text, credit, format_ok):
-    reward, info = _score("house", text, spaced=True)
+    reward, info = _score("house", text, letters="spaced")
     assert info["correctness"] == pytest.approx(credit) and info["format_ok"] is format_ok
     assert reward == pytest.approx(0.1 * format_ok + 0.9 * credit)
     assert info["answer"] == (text.strip('".').replace(" ", "").lower() if format_ok else None)
 
 
-def test_spaced_prompt_spells_the_coded_word():
+@pytest.mark.parametrize(("text", "read", "credit"), [
+    ("a=h b=o c=u d=s e=e", "house", 1.0),  # the word is the plain letters, whatever the coded ones
+    ("A=H B=O C=U D=S E=E.", "house", 1.0),
+    ("x=h x=o x=s x=e", "hose", 2 / 5),
+    ("a=m b=o c=u d=s e=e", "mouse", 4 / 5),
+    ("q=h", "h", 1 / 5),
+    ("house", None, 0.0),               # the other forms read no word
+    ("h o u s e", None, 0.0),
+    ("a=h b=o c=u d=s e=e house", None, 0.0),
+    ("a=h  b=o", None, 0.0),
+    ("a=ho b=u", None, 0.0),
+    ("a=h, b=o", None, 0.0),
+    ("=h =o", None, 0.0),
+    (" ".join(["a=h"] * 15), None, 0.0),  # longer than any answer
+])
+def test_pairs_answers_by_hand(text, read, credit):
+    reward, info = _score("house", text, letters="pairs")
+    assert info["answer"] == read and info["format_ok"] is (read is not None)
+    assert info["correctness"] == pytest.approx(credit)
+    assert reward == pytest.approx(0.1 * (read is not None) + 0.9 * credit)
+
+
+def test_prompts_of_each_letters_form():
     sample = _sample("house")
-    plain, spaced = (MessageDecodingEnv(samples=[sample], params=MessageDecodingParams(spaced=on)) for on in (0, 1))
     coded = sample.meta["coded"]
-    assert plain.prompt(sample) == PROMPT.format(coded=coded)
-    assert spaced.prompt(sample) == SPACED_PROMPT.format(coded=spell(coded)) and f'"{" ".join(coded)}"' in \
-        spaced.prompt(sample)
+    expected = {"word": PROMPT.format(coded=coded), "spaced": SPACED_PROMPT.format(coded=spell(coded)),
+                "pairs": PAIRS_PROMPT.format(coded=spell(coded))}
+    for letters, prompt in expected.items():
+        env = MessageDecodingEnv(samples=[sample], params=MessageDecodingParams(letters=letters))
+        assert env.prompt(sample) == prompt
+    assert f'"{" ".join(coded)}"' in expected["pairs"]
 
 
 def test_format_weight_is_the_env_setting():
@@ -330,10 +359,11 @@ def _adversarial(rng: random.Random) -> str:
     return "\ud800" + "house" * rng.randrange(3)  # a lone surrogate, as a broken decode can leave
 
 
-def test_score_never_raises_and_stays_in_range():
+@pytest.mark.parametrize("letters", ["word", "spaced", "pairs"])
+def test_score_never_raises_and_stays_in_range(letters):
     rng = random.Random(0)
     samples = [_sample(word) for word in ("the", "house", "something")]
-    env = MessageDecodingEnv(samples=samples)
+    env = MessageDecodingEnv(samples=samples, params=MessageDecodingParams(letters=letters))
     states = [env.reset(i)[0] for i in range(len(samples))]
     for i in range(10_000):
         text = _adversarial(rng)
@@ -354,14 +384,17 @@ def test_score_of_any_text_is_a_reward(text):
 
 WORD_JUNK = [*adversarial("message_decoding"), *(tagged("house") for tagged in TAGGED), "The word is house.",
              "house house", "answer: house", "house!", "house..", "h-o-u-s-e", "HOUSE\nHOUSE",
-             "house" + "x" * 60, "Ηouse"]  # the last: a Greek capital eta
+             "house" + "x" * 60, "Ηouse",  # a Greek capital eta
+             "<answer>h o u s e</answer>", "h o u s e h o u s e h o u s e", "The letters: h=o u=s e=x.", "h=o=u=s",
+             "{\"h\": \"o\"}", "a=h b=o <think>c=u</think>"]
 
 
-def test_answers_not_in_the_format_score_zero():
+@pytest.mark.parametrize("letters", ["word", "spaced", "pairs"])
+def test_answers_not_in_the_format_score_zero(letters):
     """Letters in tags, prose, JSON, spam or other scripts earn neither share, even where the last word is the truth
     (the last run of letters of `<answer></answer>` is "answer", one sample's truth here)."""
     samples = [_sample(word) for word in ("the", "house", "answer", "think", "true", "bbox", "something")]
-    env = MessageDecodingEnv(samples=samples)
+    env = MessageDecodingEnv(samples=samples, params=MessageDecodingParams(letters=letters))
     states = [env.reset(i)[0] for i in range(len(samples))]
     for text in WORD_JUNK:
         for state in states:

@@ -62,14 +62,16 @@ def test_longest_prompt_fits_its_bucket(name):
     assert bucket // 2 < length <= bucket, f"{name}: the longest prompt is {length} tokens: {longest!r}"
 
 
-def test_message_decoding_spelled_out_fits_64():
-    # `spaced` writes the coded word letter by letter: test_ood's 10-letter words still fit the bucket
+@pytest.mark.parametrize("letters", ["spaced", "pairs"])
+def test_message_decoding_spelled_out_fits_64(letters):
+    # these forms write the coded word letter by letter: test_ood's 10-letter words still fit the bucket
     env_class = envs.env_class("message_decoding")
-    env = env_class([SimpleNamespace(key="k", images=[None], meta={"coded": "x" * 10, "decoder": ALPHABET,
-                                                                    "answer": "x" * 10})],
-                    params=env_class.Params(spaced=True))
     tokenizer = train_tokenizer(envs.corpus("message_decoding"))
-    assert 32 < _prompt_length(tokenizer, env.prompt(env.samples[0]), 1) <= 64
+    for coded in ("x" * 10, "qjzxkvbwyf"):
+        env = env_class([SimpleNamespace(key="k", images=[None], meta={"coded": coded, "decoder": ALPHABET,
+                                                                        "answer": coded})],
+                        params=env_class.Params(letters=letters))
+        assert 32 < _prompt_length(tokenizer, env.prompt(env.samples[0]), 1) <= 64, coded
 
 
 @pytest.mark.parametrize("trace", [True, False])

@@ -15,8 +15,10 @@ Reward, in [0, 1] for any text: format_weight x format_ok + (1 - format_weight) 
 - correctness: position-wise matching letters / max(len(word read), len(truth)): 1 exactly for the right word,
   and a missing, extra or misplaced letter each costs a share, so padding with guesses does not pay.
 A wrong word in the format earns the format share and the letters that happen to sit in place; anything else 0.
-With `env.message_decoding.spaced` the coded word and the answer are written letter by letter, one space between
-letters (r1_vlm's `K X I X R S`), and that is the format: "h o u s e" (a one-letter word is just the letter).
+`env.message_decoding.letters` sets how the coded word and the answer are written: `word` (the above), `spaced`
+(letter by letter, one space between letters, r1_vlm's `K X I X R S`: the coded word "p i g l c", the answer
+"h o u s e") or `pairs` (the coded word spaced, the answer each coded letter with its plain one: "p=h i=o g=u l=s
+c=e", the word read being the plain letters). The answer's form is the format: another form reads no word.
 `n_words` in the info counts the runs of letters of any script in the text (read_word), for diagnosis.
 """
 
@@ -43,11 +45,16 @@ PROMPT = ('The image is a decoder table: each coded letter above maps to the pla
 # shorter than PROMPT: a spelled-out 10-letter word (test_ood's longest) still fits the 64-token prompt bucket
 SPACED_PROMPT = ('The image is a decoder table (coded letter above, plain below). Decode "{coded}", letters spaced '
                  'alike.')
+PAIRS_PROMPT = 'The image is a decoder table (coded letter above, plain below). Decode "{coded}" as coded=plain pairs.'
 MAX_WORD_LETTERS = 64  # answers have at most 14; a longer run is not read (nor well-formed), so records stay small
 LETTERS = re.compile(r"[^\W\d_]+")  # a run of letters of any script
 MAX_ANSWER = md_data.MAX_LENGTH + md_data.OOD_EXTRA_LETTERS
 FORMAT = re.compile(rf"\s*[\"'“”‘’`]?([A-Za-z]{{1,{MAX_ANSWER}}})[\"'“”‘’`]?\.?\s*", re.ASCII)
-SPACED_FORMAT = re.compile(rf"\s*[\"'“”‘’`]?([A-Za-z](?: [A-Za-z]){{0,{MAX_ANSWER - 1}}})[\"'“”‘’`]?\.?\s*", re.ASCII)
+FORMATS = {"word": FORMAT,  # the word read: group 1, less its spaces and coded letters
+           "spaced": re.compile(rf"\s*[\"'“”‘’`]?([A-Za-z](?: [A-Za-z]){{0,{MAX_ANSWER - 1}}})[\"'“”‘’`]?\.?\s*",
+                                re.ASCII),
+           "pairs": re.compile(rf"\s*([A-Za-z]=[A-Za-z](?: [A-Za-z]=[A-Za-z]){{0,{MAX_ANSWER - 1}}})\.?\s*", re.ASCII)}
+LETTER_FORMS = tuple(FORMATS)
 ANSWER = re.compile(rf"[a-z]{{1,{MAX_ANSWER}}}")
 # exact accuracy by word length, two lengths a group: 3-4, 5-6, 7-8 (train and test), 9-10 (test_ood's long words)
 LENGTH_GROUPS = tuple((low, low + 1) for low in range(1, MAX_ANSWER + 1, 2))
@@ -61,9 +68,11 @@ class MessageDecodingParams(ThinkParams):
 
     format_weight: float = spec(0.1, ge=0, le=1, doc="share of the reward for an answer of the expected shape "
                                                      "(one word of letters)")
-    spaced: bool = spec(False, doc="write the coded word and the answer letter by letter with one space between "
-                                   "letters (r1_vlm's 'K X I X R S'), so that each letter is its own token; the "
-                                   "answer must then be spaced too")
+    letters: str = spec("word", choices=LETTER_FORMS,
+                        doc="how the coded word and the answer are written: word ('piglc' -> 'house'), spaced "
+                            "('p i g l c' -> 'h o u s e', r1_vlm's; each letter its own token) or pairs ('p i g l "
+                            "c' -> 'p=h i=o g=u l=s c=e', each coded letter then its plain one); the answer must "
+                            "take that form")
 
 
 def read_word(text: Any) -> tuple[str | None, int]:
@@ -88,6 +97,22 @@ def char_credit(predicted: str | None, truth: str) -> float:
 def spell(word: str) -> str:
     """`word` letter by letter, one space between letters: the spaced prompt's and answer's form."""
     return " ".join(word)
+
+
+def pairs(coded: str, word: str) -> str:
+    """The pairs answer: each coded letter with its plain one, 'p=h i=o g=u'."""
+    return " ".join(f"{c}={p}" for c, p in zip(coded, word))
+
+
+def answer_text(letters: str, coded: str, word: str) -> str:
+    """`word`, the decoded `coded`, written in the `letters` form."""
+    return {"word": word, "spaced": spell(word), "pairs": pairs(coded, word)}[letters]
+
+
+def read_answer(letters: str, match: re.Match) -> str:
+    """The word an answer in the `letters` form spells (the plain letters of pairs), lowercased."""
+    text = match.group(1).lower()
+    return text[2::4] if letters == "pairs" else text.replace(" ", "")
 
 
 def length_group(length: int) -> str:
@@ -149,9 +174,10 @@ class MessageDecodingEnv(Env):
 
     def prompt(self, sample: SampleLike) -> str:
         """The question, with the coded word."""
-        if self.params.spaced:
-            return SPACED_PROMPT.format(coded=spell(sample.meta["coded"]))
-        return PROMPT.format(coded=sample.meta["coded"])
+        coded, letters = sample.meta["coded"], self.params.letters
+        if letters == "word":
+            return PROMPT.format(coded=coded)
+        return (SPACED_PROMPT if letters == "spaced" else PAIRS_PROMPT).format(coded=spell(coded))
 
     def prepare_truth(self, sample: SampleLike) -> str:
         """The plain word."""
@@ -163,9 +189,9 @@ class MessageDecodingEnv(Env):
         truth = state.truth if state.truth is not None else state.meta["answer"]
         _, n_words = read_word(text)
         # only a bare word is read: the last word of any text would pay for prose, tags and JSON keys
-        match = (SPACED_FORMAT if self.params.spaced else FORMAT).fullmatch(text)
+        match = FORMATS[self.params.letters].fullmatch(text)
         format_ok = match is not None
-        word = match.group(1).replace(" ", "").lower() if match else None
+        word = read_answer(self.params.letters, match) if match else None
         correctness = char_credit(word, truth)
         weight = self.params.format_weight
         components = {"format": weight * format_ok, "correct": (1 - weight) * correctness}
@@ -182,8 +208,8 @@ class MessageDecodingEnv(Env):
         return reward, info
 
     def ideal_answer(self, meta: dict[str, Any]) -> str:
-        """The SFT target: the plain word (spelled out under `spaced`)."""
-        return spell(meta["answer"]) if self.params.spaced else meta["answer"]
+        """The SFT target: the plain word, in the `letters` form."""
+        return answer_text(self.params.letters, meta["coded"], meta["answer"])
 
     # the plain letter (26 classes) under each of the 26 coded letters a-z: the whole table the image draws,
     # wherever the cells stand (alphabetical, or shuffled out of distribution)
@@ -196,7 +222,7 @@ class MessageDecodingEnv(Env):
     @classmethod
     def corpus(cls) -> list[str]:
         """The alphabet, the most frequent default train words and prompts with coded words, plain and spelled out
-        (tokenizer training); never a test word."""
+        (tokenizer training; the pairs form tokenizes as the spaced one does); never a test word."""
         words = md_data.pool("train", md_data.MessageDecodingDataParams())[:CORPUS_WORDS]
         decoder = md_data.ALPHABET[::-1]  # any fixed code: the prompts' coded words are letter soup either way
         coded = [md_data.encode(w, decoder) for w in words[:CORPUS_PROMPTS]]
