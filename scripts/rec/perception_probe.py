@@ -1,7 +1,7 @@
-"""Can the perception warm-up teach the tiny vision tower where rec's objects are? rec's shards carry no scene
-labels, so this generates rec scenes itself and runs the warm-up (vlmgym.rl.perception) on labels per image: for
-each of the 24 kinds of object (size x colour x shape), none or the cell (of a 4 x 3 grid over the image) holding
-the centre of its first object, 13 classes. Run in a checkout whose base model is built (`dvc repro convert`):
+"""Can the perception warm-up teach the tiny vision tower where rec's objects are? This generates rec scenes at
+any `data.rec.object_scale` and runs the warm-up (vlmgym.rl.perception) on rec's labels (RecEnv.perception_labels:
+for each of the 24 kinds of object, none or the cell of a 4 x 3 grid holding its first object's centre), outside
+the pipeline. Run in a checkout whose base model is built (`dvc repro convert`):
 
     python scripts/rec/perception_probe.py [--images 4000] [--steps 3000] [--lr 0.001] [--scale 1]
 
@@ -18,47 +18,36 @@ import numpy as np
 from PIL import Image
 
 from vlmgym.data import layout
-from vlmgym.envs.nlvr2.data import COLOURS, SHAPES, SIZES
+from vlmgym.envs.rec import RecEnv
 from vlmgym.envs.rec import data as rec_data
+from vlmgym.envs.rec.env import parse_objects as rec_objects
 from vlmgym.params import load_section
 from vlmgym.rl import perception
 from vlmgym.rl.stage_setup import stage_policy
 
-KINDS = [(size, colour, shape) for size in SIZES for colour in sorted(COLOURS) for shape in SHAPES]
-WIDTH, HEIGHT, COLUMNS, ROWS = 256, 192, 4, 3
-
-
-def cells(scene) -> list[int]:
-    """Per kind: 0 when absent, else 1 + the grid cell of its first object's centre."""
-    out = [0] * len(KINDS)
-    for obj in scene:
-        kind = KINDS.index((obj.size, obj.colour, obj.shape))
-        if not out[kind]:
-            out[kind] = 1 + min(int(obj.y / HEIGHT * ROWS), ROWS - 1) * COLUMNS + min(int(obj.x / WIDTH * COLUMNS),
-                                                                                     COLUMNS - 1)
-    return out
+WIDTH, HEIGHT = 256, 192
 
 
 class Scenes:
-    """Generated rec scenes as the warm-up reads an env: samples with one image, labels in meta."""
+    """Generated rec scenes as the warm-up reads an env: samples with one image and the scene in meta, as the shard
+    stage keeps it (rec_data.objects_text, then rec's parse_objects)."""
 
     name = "rec"
-    perception_heads = (1 + COLUMNS * ROWS,) * len(KINDS)
+    perception_heads = RecEnv.perception_heads
+    perception_labels = staticmethod(RecEnv.perception_labels)
 
     def __init__(self, split: str, count: int, scale: float):
         settings = dataclasses.replace(rec_data.RecDataParams(), object_scale=scale)
         self.samples = []
         for sample in rec_data.generate_split(0, split, count, WIDTH, HEIGHT, settings):
             jpg = layout.encode_jpeg(rec_data.render(sample, 0, split, WIDTH, HEIGHT))
+            objects = rec_objects(rec_data.objects_text((o.size, o.colour, o.shape, o.x, o.y) for o in sample.scene),
+                                  WIDTH, HEIGHT)
             self.samples.append(SimpleNamespace(key=sample.id, images=[Image.open(io.BytesIO(jpg)).convert("RGB")],
-                                                meta={"cells": cells(sample.scene)}))
+                                                meta={"id": sample.id, "objects": objects}))
 
     def __len__(self) -> int:
         return len(self.samples)
-
-    @staticmethod
-    def perception_labels(meta: dict) -> list[int]:
-        return meta["cells"]
 
 
 class Probe(perception.PerceptionWarmup):

@@ -23,6 +23,7 @@ from vlmgym.envs import registry
 from vlmgym.envs.nlvr2.data import COLOURS, RELATIONS, SceneObject, render_scene, sample_scene
 from vlmgym.envs.rec import RecEnv, RecParams, pixels_to_qwen, qwen_to_pixels
 from vlmgym.envs.rec import data as rec_data
+from vlmgym.envs.rec import env as rec_env
 from vlmgym.envs.rec import report as rec_report
 from vlmgym.envs.rec import scene as rec_scene
 from vlmgym.envs.rec.env import PROMPT, parse_row
@@ -201,6 +202,44 @@ def test_schema_parses_a_good_row_into_0_1000_units():
     assert row.key == "test-000001" and row.images == ("test-000001.jpg",)
     assert row.meta == {"id": "test-000001", "expression": "the red circle", "label": "small red circle",
                         "bbox_2d": [250, 250, 500, 500]}
+
+
+def test_objects_become_relative_centres_and_perception_labels():
+    row = parse_row({**GOOD, "objects": "small red circle 96.00 72.00; large blue square 255.00 10.00; "
+                                        "small red circle 10.00 10.00"})
+    assert row.meta["objects"] == [["small", "red", "circle", 0.375, 0.375],
+                                   ["large", "blue", "square", 0.9961, 0.0521],
+                                   ["small", "red", "circle", 0.0391, 0.0521]]
+    labels = RecEnv.perception_labels(row.meta)
+    assert len(labels) == len(RecEnv.perception_heads) == 24 and set(RecEnv.perception_heads) == {13}
+    kinds = list(rec_env.KINDS)
+    # a 4 x 3 grid: (96, 72) of 256x192 is column 1, row 1 -> cell 5; (255, 10) column 3, row 0 -> cell 3
+    assert labels[kinds.index(("small", "red", "circle"))] == 1 + 5  # the first small red circle's cell
+    assert labels[kinds.index(("large", "blue", "square"))] == 1 + 3
+    assert sum(label > 0 for label in labels) == 2
+    assert "objects" not in parse_row(GOOD).meta and "objects" not in parse_row({**GOOD, "objects": " "}).meta
+    with pytest.raises(ValueError, match="no scene objects"):
+        RecEnv.perception_labels(parse_row(GOOD).meta)
+
+
+@pytest.mark.parametrize("objects", ["small red circle 10", "huge red circle 10 10", "small pink circle 10 10",
+                                     "small red circle 10 193", "small red circle -1 10", "small red circle x 10",
+                                     "small red circle nan 10", "small red circle 10 10 10", "small red; circle"])
+def test_malformed_objects_are_counted_skips(objects):
+    with pytest.raises(RowSkip) as err:
+        parse_row({**GOOD, "objects": objects})
+    assert err.value.reason == "bad_objects"
+
+
+def test_generated_rows_label_the_drawn_scene(raw):
+    rows, _ = _read_raw(raw / "a", "train")
+    for rec, sample in zip(rows, rec_data.generate_split(SMALL.seed, "train", 10, 128, 96)):
+        objects = parse_row(rec).meta["objects"]
+        assert [o[:3] for o in objects] == [[obj.size, obj.colour, obj.shape] for obj in sample.scene]
+        assert [o[3:] for o in objects] == [pytest.approx([obj.x / 128, obj.y / 96], abs=1e-4) for obj in
+                                            sample.scene]
+        labels = RecEnv.perception_labels(parse_row(rec).meta)
+        assert 1 <= sum(label > 0 for label in labels) <= len(sample.scene)
 
 
 @pytest.mark.parametrize(("change", "reason"), [

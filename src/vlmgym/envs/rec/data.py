@@ -2,12 +2,14 @@
 
 Both write the rec raw layout that the shard stage reads:
 
-    {raw}/{split}.csv             columns id,expression,label,box,width,height,image
+    {raw}/{split}.csv             columns id,expression,label,box,width,height,image,objects
     {raw}/images/{split}/NN.zip   the jpgs named in the image column
 
 `box` is the target's box in pixels of the image as stored in the zip, "x1 y1 x2 y2" (corners, y downwards);
 `width` and `height` are that image's size, which the shard stage turns into Qwen3-VL's 0-1000 units (boxes.py)
-before it resizes anything.
+before it resizes anything. `objects` lists the scene's objects, "size colour shape x y" (the centre in pixels)
+joined by "; " (the perception warm-up's labels); the hub's rows leave it empty, and a CSV without the column
+reads as empty.
 
 Synthetic (scene.py): nlvr2's shapes, `data.rec.min_objects`..`max_objects` (2-5) per image, one of them the
 target of an expression that fits it alone; the label is its whole description ("small red circle"). With
@@ -41,7 +43,8 @@ from vlmgym.envs.nlvr2.data import render_scene
 from vlmgym.envs.rec import scene as rec_scene
 from vlmgym.envs.rec.boxes import xywh_to_xyxy
 
-CSV_COLUMNS = ("id", "expression", "label", "box", "width", "height", "image")
+CSV_COLUMNS = ("id", "expression", "label", "box", "width", "height", "image", "objects")
+REQUIRED_COLUMNS = CSV_COLUMNS[:-1]  # objects is optional: the hub's rows and earlier raw data have no scene
 IMAGES_PER_ZIP = 1_000  # a zip's images are held in memory until it is written (hub images are ~100-200 kB)
 DEFAULT_HUB_REPO = "lmms-lab/RefCOCO"
 HUB_SPLITS = {"train": "val", "test": "test"}  # the lmms-lab copies have val / test (/ testA / testB), no train
@@ -93,6 +96,13 @@ class RawRecord:
     width: int
     height: int
     jpg: bytes
+    objects: tuple[tuple[str, str, str, float, float], ...] = ()  # (size, colour, shape, x, y): the whole scene
+
+
+def objects_text(objects: Iterable[tuple[str, str, str, float, float]]) -> str:
+    """The objects column: "size colour shape x y" per object (centre in pixels, two decimals), joined by "; "."""
+    return "; ".join(f"{size} {colour} {shape} {x:.{BOX_DECIMALS}f} {y:.{BOX_DECIMALS}f}"
+                     for size, colour, shape, x, y in objects)
 
 
 def box_text(box: Iterable[float]) -> str:
@@ -102,7 +112,8 @@ def box_text(box: Iterable[float]) -> str:
 
 def write_raw_split(out_dir: str | Path, split: str, records: Iterable[RawRecord]) -> int:
     """{split}.csv and images/{split}/NN.zip for `records` (zips written as they fill); returns the rows written."""
-    items = (([r.id, r.expression, r.label, box_text(r.box), str(r.width), str(r.height), f"{r.id}.jpg"],
+    items = (([r.id, r.expression, r.label, box_text(r.box), str(r.width), str(r.height), f"{r.id}.jpg",
+               objects_text(r.objects)],
               [(f"{r.id}.jpg", r.jpg)]) for r in records)
     return layout.write_split(Path(out_dir), split, CSV_COLUMNS, items, IMAGES_PER_ZIP)
 
@@ -129,7 +140,8 @@ def _synthetic_records(samples: list[rec_scene.RecSample], seed: int, split: str
                        height: int) -> Iterator[RawRecord]:
     for sample in samples:
         jpg = layout.encode_jpeg(render(sample, seed, split, width, height))
-        yield RawRecord(sample.id, sample.expression, sample.label, sample.box, width, height, jpg)
+        objects = tuple((o.size, o.colour, o.shape, o.x, o.y) for o in sample.scene)
+        yield RawRecord(sample.id, sample.expression, sample.label, sample.box, width, height, jpg, objects)
 
 
 def write_synthetic_raw(params: DataParams, out_dir: str | Path,

@@ -43,6 +43,10 @@ ZOOM_CONTEXT = 1.0  # the ideal zoom's margin around the object, in units of its
 PROMPT = ('Locate "{expression}" and report its bbox coordinates in JSON format: '
           '[{{"bbox_2d": [x1, y1, x2, y2], "label": "..."}}], 0-1000 relative to the image.')
 IOU_THRESHOLDS = (0.5, 0.75)  # accuracy at IoU >= 0.5 is RefCOCO's (and VLM-R1's) headline metric
+# perception labels: per kind of object, none or the cell of a GRID_COLUMNS x GRID_ROWS grid holding its first
+# object's centre (with 12 image tokens, about one token's patch of the tiny model's image per cell)
+KINDS = tuple((size, colour, shape) for size in SIZES for colour in sorted(COLOURS) for shape in SHAPES)
+GRID_COLUMNS, GRID_ROWS = 4, 3
 MAX_IMAGE_SIDE = 100_000  # a width or height beyond this in a raw row is a broken row, not an image
 
 
@@ -83,8 +87,28 @@ def parse_row(rec: dict[str, str]) -> Row:
     bbox = pixels_to_qwen(box, width, height)
     if bbox[0] >= bbox[2] or bbox[1] >= bbox[3]:
         raise RowSkip("degenerate_box", f"box {rec['box']!r} is under a thousandth of the {width}x{height} image")
-    return Row(sample_id, (rec["image"].strip(),), {"id": sample_id, "expression": expression, "label": label,
-                                                    "bbox_2d": list(bbox)})
+    meta = {"id": sample_id, "expression": expression, "label": label, "bbox_2d": list(bbox)}
+    objects = parse_objects(rec.get("objects") or "", width, height)
+    if objects:
+        meta["objects"] = objects
+    return Row(sample_id, (rec["image"].strip(),), meta)
+
+
+def parse_objects(text: str, width: int, height: int) -> list[list]:
+    """The objects column as [size, colour, shape, x, y] with the centre relative to the image (0-1, four
+    decimals); empty text is no objects, anything else malformed a counted skip."""
+    objects = []
+    for item in filter(None, (part.strip() for part in text.split(";"))):
+        fields = item.split()
+        try:
+            x, y = (float(v) for v in fields[3:]) if len(fields) == 5 else (math.nan, math.nan)
+        except ValueError:
+            x = y = math.nan
+        if (len(fields) != 5 or tuple(fields[:3]) not in KINDS or not (0 <= x <= width and 0 <= y <= height)):
+            raise RowSkip("bad_objects", f"object {item!r} is not 'size colour shape x y' of a known kind inside the "
+                                         f"{width}x{height} image")
+        objects.append([*fields[:3], round(x / width, 4), round(y / height, 4)])
+    return objects
 
 
 def valid_box(value: Any) -> bool:
@@ -102,7 +126,7 @@ class RecEnv(Env):
     name = "rec"
     Params = RecParams
     DataParams = rec_data.RecDataParams
-    schema = RowSchema("rec", rec_data.CSV_COLUMNS, ("jpg",), parse_row)
+    schema = RowSchema("rec", rec_data.REQUIRED_COLUMNS, ("jpg",), parse_row)
     solved_metric = "accuracy_iou50"
     metric_rows = {"mean_iou": ("mean IoU", "reward"),
                    **{f"accuracy_iou{round(100 * t)}": (f"accuracy at IoU {t}", "rate") for t in IOU_THRESHOLDS}}
@@ -122,6 +146,23 @@ class RecEnv(Env):
         """The configured crowding (data.rec.ood_min_objects..ood_max_objects against min_objects..max_objects)."""
         return (f"crowded scenes of {s.ood_min_objects}-{s.ood_max_objects} objects (data.rec.ood_min_objects.."
                 f"ood_max_objects), more distractors than the {s.min_objects}-{s.max_objects} of any train scene")
+
+    # one head per kind of object (size x colour x shape): none, or the grid cell of its first object's centre
+    perception_heads = (1 + GRID_COLUMNS * GRID_ROWS,) * len(KINDS)
+
+    @staticmethod
+    def perception_labels(meta: dict[str, Any]) -> list[int]:
+        """Per kind: 0 when the scene has none, else 1 + the cell (row-major) of its first object's centre."""
+        if not meta.get("objects"):
+            raise ValueError(f"rec: sample {meta.get('id')!r} has no scene objects (the hub's rows carry none), so "
+                             "sft.perception has no labels for it; set sft.perception.steps: 0")
+        labels = [0] * len(KINDS)
+        for size, colour, shape, x, y in meta["objects"]:
+            kind = KINDS.index((size, colour, shape))
+            if not labels[kind]:
+                labels[kind] = 1 + (min(int(y * GRID_ROWS), GRID_ROWS - 1) * GRID_COLUMNS
+                                    + min(int(x * GRID_COLUMNS), GRID_COLUMNS - 1))
+        return labels
 
     def prompt(self, sample: SampleLike) -> str:
         """The expression and the answer format."""
