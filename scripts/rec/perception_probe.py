@@ -13,8 +13,6 @@ import io
 import time
 from types import SimpleNamespace
 
-import jax.numpy as jnp
-import numpy as np
 from PIL import Image
 
 from vlmgym.data import layout
@@ -54,12 +52,8 @@ class Probe(perception.PerceptionWarmup):
     def evaluate(self, trained) -> dict[str, float]:
         """The warm-up's figures on the held-out scenes, split into present and absent kinds (most labels are
         'absent')."""
-        pixels, _, labels = self.val
-        predicted = []
-        for start in range(0, len(pixels), 32):
-            logits = self._predict(trained, jnp.asarray(pixels[start:start + 32]))
-            predicted.append(np.stack([np.asarray(head).argmax(-1) for head in logits], axis=1))
-        right, present = np.concatenate(predicted) == labels, labels > 0
+        labels = self.val[2]
+        right, present = self.val_predictions(trained) == labels, labels > 0
         return {"perception/val_label_accuracy": float(right.mean()),
                 "perception/present_cell_right": float(right[present].mean()),
                 "perception/absent_right": float(right[~present].mean())}

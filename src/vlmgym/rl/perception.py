@@ -119,15 +119,18 @@ class PerceptionWarmup:
         updates, state = self.optimizer.update(grads, state, trained)
         return optax.apply_updates(trained, updates), state, loss
 
+    def val_predictions(self, trained: dict) -> np.ndarray:
+        """The head's class for every val image and head, (images, heads)."""
+        pixels, size = self.val[0], self.section.batch_size
+        predicted = []
+        for start in range(0, len(pixels), size):
+            logits = self._predict(trained, jnp.asarray(pixels[start:start + size]))
+            predicted.append(np.stack([np.asarray(head).argmax(-1) for head in logits], axis=1))
+        return np.concatenate(predicted)
+
     def evaluate(self, trained: dict) -> dict[str, float]:
         """Share of val labels right, and of val images with every label right."""
-        pixels, _, labels = self.val
-        correct = []
-        for start in range(0, len(pixels), self.section.batch_size):
-            logits = self._predict(trained, jnp.asarray(pixels[start:start + self.section.batch_size]))
-            predicted = np.stack([np.asarray(head).argmax(-1) for head in logits], axis=1)
-            correct.append(predicted == labels[start:start + self.section.batch_size])
-        correct = np.concatenate(correct)
+        correct = self.val_predictions(trained) == self.val[2]
         return {"perception/val_label_accuracy": float(correct.mean()),
                 "perception/val_all_labels": float(correct.all(axis=1).mean())}
 

@@ -99,14 +99,12 @@ def spell(word: str) -> str:
     return " ".join(word)
 
 
-def pairs(coded: str, word: str) -> str:
-    """The pairs answer: each coded letter with its plain one, 'p=h i=o g=u'."""
-    return " ".join(f"{c}={p}" for c, p in zip(coded, word))
-
-
 def answer_text(letters: str, coded: str, word: str) -> str:
-    """`word`, the decoded `coded`, written in the `letters` form."""
-    return {"word": word, "spaced": spell(word), "pairs": pairs(coded, word)}[letters]
+    """`word`, the decoded `coded`, written in the `letters` form (pairs: 'p=h i=o g=u', each coded letter with its
+    plain one)."""
+    if letters == "pairs":
+        return " ".join(f"{c}={p}" for c, p in zip(coded, word))
+    return spell(word) if letters == "spaced" else word
 
 
 def read_answer(letters: str, match: re.Match) -> str:
