@@ -32,6 +32,7 @@ class Scenes:
 
     name = "rec"
     perception_heads = RecEnv.perception_heads
+    perception_token_heads = ()
     perception_labels = staticmethod(RecEnv.perception_labels)
 
     def __init__(self, split: str, count: int, scale: float):
@@ -52,8 +53,8 @@ class Probe(perception.PerceptionWarmup):
     def evaluate(self, trained) -> dict[str, float]:
         """The warm-up's figures on the held-out scenes, split into present and absent kinds (most labels are
         'absent')."""
-        labels = self.val[2]
-        right, present = self.val_predictions(trained) == labels, labels > 0
+        labels = self.val.labels
+        right, present = self.val_predictions(trained)[0] == labels, labels > 0
         return {"perception/val_label_accuracy": float(right.mean()),
                 "perception/present_cell_right": float(right[present].mean()),
                 "perception/absent_right": float(right[~present].mean())}

@@ -47,6 +47,32 @@ class NoLabelsEnv(ColourEnv):
     perception_heads = ()
 
 
+class QuadrantsEnv(ColourEnv):
+    """Which colour fills each quarter of the image: token labels only, one per merged token (a 2 x 2 grid)."""
+
+    name = "quadrants_probe"
+    perception_heads = ()
+    perception_token_heads = (3,)
+
+    def perception_token_labels(self, meta: dict, rows: int, cols: int) -> list[list[int]]:
+        assert (rows, cols) == (2, 2)
+        return [[colour] for colour in meta["quadrants"]]
+
+
+def quadrant_samples(count: int, seed: int) -> list[Sample]:
+    rng = np.random.default_rng(seed)
+    samples = []
+    for i in range(count):
+        colours = rng.integers(0, 3, 4)
+        pixels = np.zeros((64, 64, 3))
+        for quarter, colour in enumerate(colours):
+            row, col = divmod(quarter, 2)
+            pixels[row * 32:(row + 1) * 32, col * 32:(col + 1) * 32] = COLOURS[colour]
+        pixels = np.clip(pixels + rng.normal(0, 25, pixels.shape), 0, 255).astype(np.uint8)
+        samples.append(Sample(f"{seed}-{i}", [Image.fromarray(pixels)], {"quadrants": colours.tolist()}))
+    return samples
+
+
 def colour_samples(count: int, seed: int, size: tuple[int, int] = (64, 64)) -> list[Sample]:
     rng = np.random.default_rng(seed)
     samples = []
@@ -82,6 +108,33 @@ def test_warm_up_learns_the_labels_and_changes_only_the_tower(tiny_vlm, tmp_path
         assert same == (name != "visual"), name
 
 
+def test_token_heads_teach_each_token_its_own_part_of_the_image(tiny_vlm):
+    """A head shared by the tokens reads each token alone, so it is right only when every token carries its own
+    quarter's colour (no image head: the labels are the token labels alone)."""
+    env, val = QuadrantsEnv(quadrant_samples(48, 0)), QuadrantsEnv(quadrant_samples(24, 1))
+    assert perception.split_arrays(env, tiny_vlm.processor.settings, "train").token_labels.shape == (48, 4, 1)
+    warmup = perception.PerceptionWarmup(tiny_vlm.cfg, tiny_vlm.params, tiny_vlm.processor.settings, env, val,
+                                         section(tiny_vlm, steps=60).perception, progress_bar=False)
+    before = warmup.evaluate({"visual": tiny_vlm.params["visual"], "head": warmup.head})
+    params, summary = warmup.run()
+    assert before["perception/val_token_label_accuracy"] < 0.6
+    assert "perception/val_label_accuracy" not in summary
+    assert summary["perception/val_token_label_accuracy"] == 1.0
+    assert summary["perception/val_all_token_labels"] == 1.0
+
+
+def test_token_labels_that_do_not_fit_name_the_sample(tiny_vlm):
+    settings = tiny_vlm.processor.settings
+    sample = quadrant_samples(1, 0)[0]
+    three = QuadrantsEnv([Sample("short", sample.images, {"quadrants": [0, 1, 2]})])
+    with pytest.raises(ValueError, match=r"gave 3 token labels for train sample short, whose image has 2 x 2 tokens"):
+        perception.split_arrays(three, settings, "train")
+    bad = QuadrantsEnv([Sample("odd", sample.images, {"quadrants": [0, 1, 2, 5]})])
+    with pytest.raises(ValueError, match=r"labels \[5\] of quadrants_probe train sample odd do not fit its "
+                                        r"perception_token_heads \(3,\)"):
+        perception.split_arrays(bad, settings, "train")
+
+
 def test_warm_up_is_kept_and_reused_by_a_resumed_run(tiny_vlm, tmp_path):
     env, val = ColourEnv(colour_samples(12, 0)), ColourEnv(colour_samples(6, 1))
     sft = section(tiny_vlm, steps=10)
@@ -97,7 +150,8 @@ def test_warm_up_is_kept_and_reused_by_a_resumed_run(tiny_vlm, tmp_path):
 def test_bad_labels_and_mixed_image_sizes_name_the_sample(tiny_vlm):
     settings = tiny_vlm.processor.settings
     bad = ColourEnv([Sample("odd", colour_samples(1, 0)[0].images, {"colour": 3})])
-    with pytest.raises(ValueError, match=r"labels \[3\] of sample odd do not fit its perception_heads \(3,\)"):
+    with pytest.raises(ValueError, match=r"labels \[3\] of colour_probe train sample odd do not fit its "
+                                        r"perception_heads \(3,\)"):
         perception.split_arrays(bad, settings, "train")
     mixed = ColourEnv(colour_samples(1, 0) + [Sample("wide", colour_samples(1, 0, (64, 192))[0].images,
                                                      {"colour": 0})])

@@ -20,7 +20,8 @@ Everything else is optional, with a default that works:
   `DataParams` (`data.<name>`, the generator's), `recipe`;
 - samples and episodes: `check_sample` (meta checks; the schema's image count is checked for every env),
   `prepare_truth`, `ideal_tool_calls` and `turn_reward` (with tools), `corpus` (the tokenizer's texts),
-  `perception_heads` / `perception_labels` (sft.perception's warm-up of the vision tower);
+  `perception_heads` / `perception_labels` and `perception_token_heads` / `perception_token_labels`
+  (sft.perception's warm-up of the vision tower);
 - data: `download_hub` (a public dataset); `ood_note` / `describe_ood`, what the out-of-distribution test split
   (test_ood) shifts, when the generator writes one;
 - evaluate: rollout record fields, task metrics and report sections (vlmgym.envs.evaluation.EvaluationParts).
@@ -160,6 +161,17 @@ class Env(EvaluationParts, abc.ABC):
         raise MissingPart(f"env {self.name!r} has no perception labels, so sft.perception cannot warm its vision "
                           "tower up; set sft.perception.steps: 0 or implement perception_heads and "
                           "perception_labels(meta)")
+
+    # Class counts of the labels perception_token_labels gives each merged image token (e.g. the coded and the plain
+    # letter of the table cell under it): sft.perception trains every token to carry what its own part of the image
+    # shows, through one head the tokens share. Empty: none.
+    perception_token_heads: ClassVar[tuple[int, ...]] = ()
+
+    def perception_token_labels(self, meta: dict, rows: int, cols: int) -> list[list[int]]:
+        """One class per head of `perception_token_heads` for each of the image's rows x cols merged tokens, in row
+        order; the token grid spans the whole image (default: none)."""
+        raise MissingPart(f"env {self.name!r} has no perception token labels; implement perception_token_heads and "
+                          "perception_token_labels(meta, rows, cols)")
 
     # --- optional: data --------------------------------------------------------
 

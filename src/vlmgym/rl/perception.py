@@ -1,10 +1,16 @@
 """Perception warm-up: the vision tower learns what the env's images show before SFT asks it to answer.
 
 A random tiny vision tower learns a digit's or a shape's form far too slowly from the answer loss alone (one token
-of a short answer per image), so SFT on such envs settles on one constant answer. Here the tower and a temporary
-linear head over the image's merged tokens are trained directly on the env's class labels
-(`Env.perception_labels`, e.g. how many of each digit an image holds), with Adam on a cosine schedule; the head is
-then dropped and SFT starts from the warmed tower. Only the `visual` parameters change.
+of a short answer per image), so SFT on such envs settles on one constant answer. Here the tower and temporary
+linear heads are trained directly on the env's class labels, with Adam on a cosine schedule; the heads are then
+dropped and SFT starts from the warmed tower. Only the `visual` parameters change. Two kinds of labels, an env gives
+either or both:
+
+- image labels (`Env.perception_labels`, e.g. how many of each digit an image holds), read by one head over all of
+  the image's merged tokens in place;
+- token labels (`Env.perception_token_labels`, e.g. the table cell under each token), read from each token alone by
+  a head the tokens share, so every token comes to carry what its own part of the image shows: what the language
+  model can look up by content (attend to the token that holds a coded letter, read its plain letter).
 
 It runs on one device, over full weights (no mesh, no adapters, one process), and needs every image of the split
 at one size (the synthetic generators' images are), because the head reads the tokens in place.
@@ -15,7 +21,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -35,8 +41,9 @@ SUMMARY_FILE = "perception.json"  # the warm-up's last figures, beside its check
 
 def check_supported(section: SFTParams, env: Any, processes: int) -> None:
     """Raise MissingPart for an env without labels, a ValueError naming the setting the warm-up cannot run with."""
-    if not env.perception_heads:
-        raise MissingPart(f"env {env.name!r} has no perception labels (perception_heads is empty), so "
+    if not env.perception_heads and not env.perception_token_heads:
+        raise MissingPart(f"env {env.name!r} has no perception labels (perception_heads and "
+                          "perception_token_heads are empty), so "
                           "sft.perception cannot warm its vision tower up; set sft.perception.steps: 0")
     if section.lora.rank:
         raise ValueError("sft.perception trains the vision tower's full weights; it does not run with "
@@ -46,12 +53,26 @@ def check_supported(section: SFTParams, env: Any, processes: int) -> None:
                          "sft.perception.steps: 0")
 
 
-def split_arrays(env: Any, settings: ImageSettings, what: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(pixel rows (n, patches, dim) as float16, grid (t, h, w), labels (n, heads)) of every sample of `env`.
+class Split(NamedTuple):
+    """A split held whole: float16 halves its memory (12,000 images of 12 tokens: 1.8 GB); the tower reads float32."""
 
-    float16 halves the memory of a split held whole (12,000 images of 12 tokens: 1.8 GB); the tower reads float32."""
-    heads = env.perception_heads
-    pixels, labels, grid = [], [], None
+    pixels: np.ndarray  # (n, patches, dim) float16
+    grid: np.ndarray  # (t, h, w) patches of every image
+    labels: np.ndarray  # (n, image heads)
+    token_labels: np.ndarray  # (n, merged tokens, token heads)
+
+
+def _checked(label: Any, heads: tuple[int, ...], heads_name: str, where: str) -> list[int]:
+    label = [int(v) for v in label]
+    if len(label) != len(heads) or not all(0 <= v < n for v, n in zip(label, heads)):
+        raise ValueError(f"sft.perception: labels {label} of {where} do not fit its {heads_name} {heads}")
+    return label
+
+
+def split_arrays(env: Any, settings: ImageSettings, what: str, merge: int = 2) -> Split:
+    """Every sample of `env` as pixel rows and labels (`merge`: the tower's spatial merge size)."""
+    heads, token_heads = tuple(env.perception_heads), tuple(env.perception_token_heads)
+    pixels, labels, token_labels, grid = [], [], [], None
     for index in tqdm(range(len(env)), desc=f"perception {what}", unit="image", leave=False):
         sample = env.samples[index]
         if len(sample.images) != 1:
@@ -63,13 +84,20 @@ def split_arrays(env: Any, settings: ImageSettings, what: str) -> tuple[np.ndarr
         elif not np.array_equal(thw[0], grid):
             raise ValueError(f"sft.perception: {what} sample {sample.key} has a {tuple(thw[0])} patch grid, the "
                              f"first sample {tuple(grid)}; the warm-up's head needs one image size")
-        label = [int(v) for v in env.perception_labels(dict(sample.meta))]
-        if len(label) != len(heads) or not all(0 <= v < n for v, n in zip(label, heads)):
-            raise ValueError(f"sft.perception: {env.name} labels {label} of sample {sample.key} do not fit its "
-                             f"perception_heads {heads}")
+        meta = dict(sample.meta)
+        where = f"{env.name} {what} sample {sample.key}"
+        labels.append(_checked(env.perception_labels(meta), heads, "perception_heads", where) if heads else [])
+        if token_heads:
+            rows_cols = (int(grid[1]) // merge, int(grid[2]) // merge)
+            per_token = env.perception_token_labels(meta, *rows_cols)
+            if len(per_token) != rows_cols[0] * rows_cols[1]:
+                raise ValueError(f"sft.perception: {env.name} gave {len(per_token)} token labels for {what} sample "
+                                 f"{sample.key}, whose image has {rows_cols[0]} x {rows_cols[1]} tokens")
+            token_labels.append([_checked(t, token_heads, "perception_token_heads", where) for t in per_token])
         pixels.append(rows.astype(np.float16))
-        labels.append(label)
-    return np.stack(pixels), np.asarray(grid), np.asarray(labels, np.int32)
+    count = len(pixels)
+    return Split(np.stack(pixels), np.asarray(grid), np.asarray(labels, np.int32).reshape(count, len(heads)),
+                 np.asarray(token_labels, np.int32) if token_heads else np.zeros((count, 0, 0), np.int32))
 
 
 class PerceptionWarmup:
@@ -80,17 +108,23 @@ class PerceptionWarmup:
         self.cfg, self.section, self.log, self.progress_bar = cfg, section, log, progress_bar
         self.params = params
         self.heads = tuple(env.perception_heads)
-        self.train = split_arrays(env, settings, "train")
-        self.val = split_arrays(val_env, settings, "val") if val_env is not None else None
-        if self.val is not None and not np.array_equal(self.val[1], self.train[1]):
-            raise ValueError(f"sft.perception: val images have a {tuple(self.val[1])} patch grid, train images "
-                             f"{tuple(self.train[1])}")
-        self.layout = jax.tree.map(jnp.asarray, patch_layout(cfg, [self.train[1]]))
-        tokens = self.train[0].shape[1] // cfg.vision.merge_unit
+        self.token_heads = tuple(env.perception_token_heads)
+        merge = cfg.vision.spatial_merge_size
+        self.train = split_arrays(env, settings, "train", merge)
+        self.val = split_arrays(val_env, settings, "val", merge) if val_env is not None else None
+        if self.val is not None and not np.array_equal(self.val.grid, self.train.grid):
+            raise ValueError(f"sft.perception: val images have a {tuple(self.val.grid)} patch grid, train images "
+                             f"{tuple(self.train.grid)}")
+        self.layout = jax.tree.map(jnp.asarray, patch_layout(cfg, [self.train.grid]))
+        tokens = self.train.pixels.shape[1] // cfg.vision.merge_unit
         width = cfg.vision.out_hidden_size
         rng = np.random.default_rng(section.seed)
+        # the image head's weights are drawn first, as before token heads existed, so image-only runs are unchanged
         self.head = {"w": jnp.asarray(rng.normal(0, 0.02, (tokens * width, sum(self.heads))), jnp.float32),
                      "b": jnp.zeros(sum(self.heads), jnp.float32)}
+        if self.token_heads:
+            self.head["token_w"] = jnp.asarray(rng.normal(0, 0.02, (width, sum(self.token_heads))), jnp.float32)
+            self.head["token_b"] = jnp.zeros(sum(self.token_heads), jnp.float32)
         self.order = np.random.default_rng(section.seed + 1)
         opt = section.optimizer
         schedule = optax.warmup_cosine_decay_schedule(0.0, opt.lr, opt.warmup_steps,
@@ -101,42 +135,59 @@ class PerceptionWarmup:
         self._step = jax.jit(self._update)
         self._predict = jax.jit(jax.vmap(self._logits, in_axes=(None, 0)))
 
-    def _logits(self, trained: dict, pixels: jax.Array) -> list[jax.Array]:
+    def _logits(self, trained: dict, pixels: jax.Array) -> tuple[list[jax.Array], list[jax.Array]]:
+        """(the image heads' logits, the token heads' logits (tokens, classes)) of one image."""
         embeds, _ = encode_patches({"visual": trained["visual"]}, self.cfg, pixels.astype(jnp.float32),
                                    self.layout)
-        flat = embeds.reshape(-1) @ trained["head"]["w"] + trained["head"]["b"]
-        bounds = np.cumsum(self.heads)[:-1]
-        return jnp.split(flat, bounds)
+        head = trained["head"]
+        image = jnp.split(embeds.reshape(-1) @ head["w"] + head["b"], np.cumsum(self.heads)[:-1]) if self.heads else []
+        tokens = (jnp.split(embeds @ head["token_w"] + head["token_b"], np.cumsum(self.token_heads)[:-1], axis=-1)
+                  if self.token_heads else [])
+        return image, tokens
 
-    def _loss(self, trained: dict, pixels: jax.Array, labels: jax.Array) -> jax.Array:
-        logits = jax.vmap(self._logits, in_axes=(None, 0))(trained, pixels)
-        losses = [optax.softmax_cross_entropy_with_integer_labels(head, labels[:, i]).mean()
-                  for i, head in enumerate(logits)]
+    def _loss(self, trained: dict, pixels: jax.Array, labels: jax.Array, token_labels: jax.Array) -> jax.Array:
+        image, tokens = jax.vmap(self._logits, in_axes=(None, 0))(trained, pixels)
+        cross_entropy = optax.softmax_cross_entropy_with_integer_labels
+        losses = [cross_entropy(head, labels[:, i]).mean() for i, head in enumerate(image)]
+        losses += [cross_entropy(head, token_labels[..., i]).mean() for i, head in enumerate(tokens)]
         return sum(losses) / len(losses)
 
-    def _update(self, trained: dict, state: Any, pixels: jax.Array, labels: jax.Array) -> tuple:
-        loss, grads = jax.value_and_grad(self._loss)(trained, pixels, labels)
+    def _update(self, trained: dict, state: Any, pixels: jax.Array, labels: jax.Array,
+                token_labels: jax.Array) -> tuple:
+        loss, grads = jax.value_and_grad(self._loss)(trained, pixels, labels, token_labels)
         updates, state = self.optimizer.update(grads, state, trained)
         return optax.apply_updates(trained, updates), state, loss
 
-    def val_predictions(self, trained: dict) -> np.ndarray:
-        """The head's class for every val image and head, (images, heads)."""
-        pixels, size = self.val[0], self.section.batch_size
-        predicted = []
+    def val_predictions(self, trained: dict) -> tuple[np.ndarray, np.ndarray]:
+        """The heads' classes for every val image: (images, image heads) and (images, tokens, token heads)."""
+        pixels, size = self.val.pixels, self.section.batch_size
+        image, tokens = [], []
         for start in range(0, len(pixels), size):
-            logits = self._predict(trained, jnp.asarray(pixels[start:start + size]))
-            predicted.append(np.stack([np.asarray(head).argmax(-1) for head in logits], axis=1))
-        return np.concatenate(predicted)
+            image_logits, token_logits = self._predict(trained, jnp.asarray(pixels[start:start + size]))
+            count = min(size, len(pixels) - start)
+            image.append(np.stack([np.asarray(h).argmax(-1) for h in image_logits], axis=1) if self.heads
+                         else np.zeros((count, 0), np.int32))
+            tokens.append(np.stack([np.asarray(h).argmax(-1) for h in token_logits], axis=-1) if self.token_heads
+                          else np.zeros((count, self.val.token_labels.shape[1], 0), np.int32))
+        return np.concatenate(image), np.concatenate(tokens)
 
     def evaluate(self, trained: dict) -> dict[str, float]:
-        """Share of val labels right, and of val images with every label right."""
-        correct = self.val_predictions(trained) == self.val[2]
-        return {"perception/val_label_accuracy": float(correct.mean()),
-                "perception/val_all_labels": float(correct.all(axis=1).mean())}
+        """Share of val labels right, and of val images with every label right (image labels and token labels)."""
+        image, tokens = self.val_predictions(trained)
+        metrics = {}
+        if self.heads:
+            correct = image == self.val.labels
+            metrics.update({"perception/val_label_accuracy": float(correct.mean()),
+                            "perception/val_all_labels": float(correct.all(axis=1).mean())})
+        if self.token_heads:
+            correct = tokens == self.val.token_labels
+            metrics.update({"perception/val_token_label_accuracy": float(correct.mean()),
+                            "perception/val_all_token_labels": float(correct.all(axis=(1, 2)).mean())})
+        return metrics
 
     def batches(self) -> Any:
         """Batch indices: epochs of a seeded permutation of the train split."""
-        count, size = len(self.train[0]), self.section.batch_size
+        count, size = len(self.train.pixels), self.section.batch_size
         queue: list[int] = []
         while True:
             while len(queue) < size:
@@ -148,12 +199,13 @@ class PerceptionWarmup:
         """Train for section.steps; (params with the warmed tower, the last evaluation or the last loss)."""
         trained = {"visual": self.params["visual"], "head": self.head}
         state = self.optimizer.init(trained)
-        pixels, _, labels = self.train
+        train = self.train
         summary: dict[str, float] = {}
         every = self.section.eval_every
         bar = tqdm(total=self.section.steps, desc="perception", unit="step", disable=not self.progress_bar)
         for step, index in zip(range(1, self.section.steps + 1), self.batches()):
-            trained, state, loss = self._step(trained, state, jnp.asarray(pixels[index]), jnp.asarray(labels[index]))
+            trained, state, loss = self._step(trained, state, jnp.asarray(train.pixels[index]),
+                                              jnp.asarray(train.labels[index]), jnp.asarray(train.token_labels[index]))
             metrics = {"perception/loss": float(loss)}
             if self.val is not None and (step == self.section.steps or every and step % every == 0):
                 metrics.update(self.evaluate(trained))
@@ -162,8 +214,9 @@ class PerceptionWarmup:
                 self.log(step, metrics)
             bar.update(1)
             shown = {"loss": f"{metrics['perception/loss']:.4f}"}
-            if "perception/val_all_labels" in summary:
-                shown["val_all_labels"] = f"{summary['perception/val_all_labels']:.3f}"
+            for name in ("val_all_labels", "val_token_label_accuracy"):
+                if f"perception/{name}" in summary:
+                    shown[name] = f"{summary[f'perception/{name}']:.3f}"
             bar.set_postfix(shown)
         bar.close()
         params = dict(self.params)
