@@ -135,6 +135,37 @@ def test_deterministic_per_seed_and_index():
     assert md_data.generate_split(5, "test", 3) == a[:3]
 
 
+def test_word_tables_draw_only_the_coded_words_cells():
+    """table: word fills the cells of the coded word's letters alone; the words, codes and cell order are those of
+    table: full, so the two settings differ in the images and the drawn column only."""
+    word_tables = md_data.MessageDecodingDataParams(table="word")
+    full, words = md_data.generate_split(0, "train", 20), md_data.generate_split(0, "train", 20, word_tables)
+    for a, b in zip(full, words):
+        assert a.drawn == "" and b.drawn == "".join(sorted(set(b.coded)))
+        assert (a.word, a.decoder, a.columns) == (b.word, b.decoder, b.columns)
+    sample = words[0]
+    image = np.asarray(render_table(sample.decoder, sample.columns, 288, 96, sample.drawn))
+    assert not np.array_equal(image, np.asarray(render_table(sample.decoder, sample.columns, 288, 96)))
+    # an empty cell is the full table's cell without its letters: the band and the rules are drawn alike
+    empty = next(i for i, letter in enumerate(string.ascii_lowercase) if letter not in sample.drawn)
+    blank = np.asarray(render_table(sample.decoder, sample.columns, 288, 96, "z" if empty != 25 else "a"))
+    row, col = divmod(empty, 9)
+    cell = (slice(int(4 + row * 29.4) + 3, int(4 + (row + 1) * 29.4) - 3), slice(int(11.5 + col * 29.4) + 3,
+                                                                            int(11.5 + (col + 1) * 29.4) - 3))
+    assert np.array_equal(image[cell], blank[cell])
+
+
+def test_word_tables_label_only_the_drawn_cells():
+    env = MessageDecodingEnv.__new__(MessageDecodingEnv)
+    meta = {"coded": "piglc", "decoder": DECODER, "answer": "house", "drawn": "cgilp"}
+    labels = env.perception_labels(meta)
+    assert [i for i, label in enumerate(labels) if label] == [2, 6, 8, 11, 15]
+    assert labels[15] == 1 + ord("h") - ord("a")
+    tokens = env.perception_token_labels(meta, 3, 9)
+    assert [i for i, (coded, plain) in enumerate(tokens) if coded] == [2, 6, 8, 11, 15]
+    assert tokens[15] == [16, 1 + ord("h") - ord("a")] and all(t == [0, 0] for t in tokens[16:])
+
+
 def test_ood_long_words_and_shuffled_tables():
     assert all(s.columns == string.ascii_lowercase for split in ("train", "test", "test_ood")
                for s in md_data.generate_split(0, split, 20))
@@ -184,6 +215,9 @@ def test_schema_parses_a_good_row():
     assert GOOD["coded"] == "piglc"  # plain h sits under coded p, o under i, u under g, s under l, e under c
     assert row.key == "test-000001" and row.images == ("test-000001.jpg",)
     assert row.meta == {"id": "test-000001", "coded": "piglc", "decoder": DECODER, "answer": "house"}
+    # the optional drawn column: empty or absent draws the whole table, else it lands in meta
+    assert parse_row({**GOOD, "drawn": ""}).meta == row.meta
+    assert parse_row({**GOOD, "drawn": "cgilpz"}).meta == {**row.meta, "drawn": "cgilpz"}
 
 
 @pytest.mark.parametrize(("change", "reason"), [
@@ -198,6 +232,11 @@ def test_schema_parses_a_good_row():
     ({"answer": "horse"}, "bad_answer"),
     ({"answer": ""}, "bad_answer"),
     ({"image": ""}, "image_missing"),
+    ({"drawn": "cgil"}, "bad_drawn"),  # p, a letter of the coded word, has no cell
+    ({"drawn": "pligc"}, "bad_drawn"),  # not sorted
+    ({"drawn": "cgillp"}, "bad_drawn"),
+    ({"drawn": "CGILP"}, "bad_drawn"),
+    ({"drawn": "cg ilp"}, "bad_drawn"),
 ])
 def test_schema_skips_bad_rows_with_a_reason(change, reason):
     with pytest.raises(RowSkip) as err:
@@ -475,12 +514,25 @@ def test_perception_labels_are_the_table_the_image_draws(shards):
     params, shards_dir, _ = shards
     for split in ("test", "test_ood"):
         env = envs.make("message_decoding", shards_dir=str(shards_dir), split=split)
-        assert env.perception_heads == (26,) * 26
+        assert env.perception_heads == (27,) * 26
         for idx in range(len(env)):
             meta = env.reset(idx)[0].meta
             labels = env.perception_labels(meta)
-            assert len(labels) == 26 and sorted(labels) == list(range(26))
-            assert "".join(chr(ord("a") + labels[ord(c) - ord("a")]) for c in meta["coded"]) == meta["answer"]
+            assert len(labels) == 26 and sorted(labels) == list(range(1, 27))
+            assert "".join(chr(ord("a") + labels[ord(c) - ord("a")] - 1) for c in meta["coded"]) == meta["answer"]
+
+
+def test_token_labels_name_the_cell_under_each_token():
+    """At a 3 x 9 token grid every token sits on one cell and carries its (coded, plain) pair; the 27th place and the
+    margin are blank (0), and a coarser grid samples the cells under its tokens' centres."""
+    env = MessageDecodingEnv.__new__(MessageDecodingEnv)
+    decoder = md_data.ALPHABET[::-1]
+    labels = env.perception_token_labels({"decoder": decoder}, 3, 9)
+    assert labels[:26] == [[i + 1, 26 - i] for i in range(26)] and labels[26] == [0, 0]
+    coarse = env.perception_token_labels({"decoder": decoder}, 3, 4)
+    assert coarse[:3] == [[1, 26], [4, 23], [6, 21]] and coarse[-1] == [0, 0]
+    heads = env.perception_token_heads
+    assert all(0 <= v < n for row in labels + coarse for v, n in zip(row, heads))
 
 
 def test_env_serves_the_generated_samples_from_shards(shards):

@@ -2,7 +2,7 @@
 
 Writes the message_decoding raw layout that the shard stage reads:
 
-    {raw}/{split}.csv             columns id,coded,decoder,answer,image
+    {raw}/{split}.csv             columns id,coded,decoder,answer,image,drawn
     {raw}/images/{split}/NN.zip   the jpgs named in the image column
 
 Words: the `data.message_decoding.words` (5,000) most frequent English words of wordfreq's bundled list (no
@@ -12,8 +12,12 @@ train-pool words and test / test_ood only test-pool ones, so a test answer is ne
 
 Code: each sample draws a random permutation of a-z; `decoder` is its 26 plain letters, the i-th being the plain
 letter of coded letter a+i, and the coded word replaces each plain letter by the coded letter that decodes to it.
-A letter may code as itself (a uniform permutation, not a derangement). The image (render.py) draws the whole table,
-coded letters in alphabetical order.
+A letter may code as itself (a uniform permutation, not a derangement). The image (render.py) draws the table, coded
+letters in alphabetical order: all 26 cells (`data.message_decoding.table: full`, the default), or only the cells of
+the coded word's letters, the others left empty (`table: word`; `drawn` lists them; empty: the whole table). With
+the whole table every image holds the same 26 plain letters, so a model that attends to the image evenly learns
+nothing from it; with the word's cells alone the image shows which letters the answer uses, a first step a small
+model can take before it learns which cell each letter comes from.
 
 test_ood (`data.ood_images` > 0) shifts what train never shows (`data.message_decoding.ood_shift`):
 - long (the default): test-pool words of max_length + 1 to max_length + OOD_EXTRA_LETTERS letters (9-10 by default),
@@ -40,10 +44,12 @@ from vlmgym.data import layout
 from vlmgym.envs.message_decoding.render import render_table
 
 ALPHABET = string.ascii_lowercase
-CSV_COLUMNS = ("id", "coded", "decoder", "answer", "image")
+CSV_COLUMNS = ("id", "coded", "decoder", "answer", "image", "drawn")
+REQUIRED_COLUMNS = CSV_COLUMNS[:-1]  # drawn is optional: raw data written before it draws the whole table
 IMAGES_PER_ZIP = 10_000
 TEST_POOL_PERCENT = 20
 OOD_SHIFTS = ("long", "shuffled")
+TABLES = ("full", "word")
 OOD_EXTRA_LETTERS = 2  # test_ood's long words: up to this many letters beyond max_length
 MAX_LENGTH = 12  # the longest max_length; with OOD_EXTRA_LETTERS it bounds every answer (and the metric rows)
 WORD = re.compile(r"[a-z]+")
@@ -61,6 +67,10 @@ class MessageDecodingDataParams:
                           doc=f"what test_ood shifts: long (words of max_length + 1 to + {OOD_EXTRA_LETTERS} "
                               "letters) or shuffled (the table's cells out of alphabetical order); train and test "
                               "show neither")
+    table: str = spec("full", choices=TABLES,
+                      doc="which cells of the table the image fills: full (all 26) or word (only the coded word's "
+                          "letters, the rest empty: the image shows which letters the answer uses, an easier start "
+                          "for a small model)")
 
     def __post_init__(self) -> None:
         if self.max_length < self.min_length:
@@ -126,6 +136,7 @@ class MessageSample:
     word: str
     decoder: str
     columns: str  # the coded letters in drawing order
+    drawn: str = ""  # the coded letters whose cells hold letters, sorted (empty: all 26)
 
     @property
     def coded(self) -> str:
@@ -140,7 +151,8 @@ def generate_sample(seed: int, split: str, index: int, settings: MessageDecoding
     decoder = "".join(rng.sample(ALPHABET, len(ALPHABET)))
     shuffled = split == "test_ood" and settings.ood_shift == "shuffled"
     columns = "".join(rng.sample(ALPHABET, len(ALPHABET))) if shuffled else ALPHABET
-    return MessageSample(f"{split}-{index:06d}", word, decoder, columns)
+    drawn = "".join(sorted(set(encode(word, decoder)))) if settings.table == "word" else ""
+    return MessageSample(f"{split}-{index:06d}", word, decoder, columns, drawn)
 
 
 def generate_split(seed: int, split: str, count: int,
@@ -152,8 +164,8 @@ def generate_split(seed: int, split: str, count: int,
 
 def write_raw_split(out_dir: Path, split: str, samples: list[MessageSample], width: int, height: int) -> int:
     """{split}.csv and images/{split}/NN.zip for `samples`; returns the rows written."""
-    items = (([s.id, s.coded, s.decoder, s.word, f"{s.id}.jpg"],
-              [(f"{s.id}.jpg", layout.encode_jpeg(render_table(s.decoder, s.columns, width, height)))])
+    items = (([s.id, s.coded, s.decoder, s.word, f"{s.id}.jpg", s.drawn],
+              [(f"{s.id}.jpg", layout.encode_jpeg(render_table(s.decoder, s.columns, width, height, s.drawn)))])
              for s in samples)
     return layout.write_split(out_dir, split, CSV_COLUMNS, items, IMAGES_PER_ZIP)
 

@@ -36,6 +36,7 @@ from vlmgym.config import spec
 from vlmgym.data.rows import SAFE_KEY, Row, RowSchema, RowSkip
 from vlmgym.envs.base import Env, SampleLike, State
 from vlmgym.envs.message_decoding import data as md_data
+from vlmgym.envs.message_decoding.render import place_at
 from vlmgym.envs.think import ThinkParams
 from vlmgym.stats.bootstrap import Statistic
 from vlmgym.stats.fields import record_field, record_where
@@ -120,7 +121,8 @@ def length_group(length: int) -> str:
 
 
 def parse_row(rec: dict[str, str]) -> Row:
-    """One raw row (id, coded, decoder, answer, image) as a sample; anything inconsistent is a counted skip."""
+    """One raw row (id, coded, decoder, answer, image, optional drawn) as a sample; anything inconsistent is a
+    counted skip."""
     sample_id = rec["id"].strip()
     if not SAFE_KEY.match(sample_id):
         raise RowSkip("bad_id", f"id {rec['id']!r} is not a plain token (letters, digits, _ and -)")
@@ -133,8 +135,15 @@ def parse_row(rec: dict[str, str]) -> Row:
     answer = md_data.decode(coded, decoder)
     if rec["answer"].strip() != answer:
         raise RowSkip("bad_answer", f"answer {rec['answer']!r} is not {coded!r} decoded ({answer!r})")
-    return Row(sample_id, (rec["image"].strip(),), {"id": sample_id, "coded": coded, "decoder": decoder,
-                                                    "answer": answer})
+    meta = {"id": sample_id, "coded": coded, "decoder": decoder, "answer": answer}
+    drawn = (rec.get("drawn") or "").strip()
+    if drawn:
+        if not (drawn.isascii() and drawn.isalpha() and drawn == "".join(sorted(set(drawn))) and drawn.islower()
+                and set(coded) <= set(drawn)):
+            raise RowSkip("bad_drawn", f"drawn {rec['drawn']!r} is not sorted distinct letters a-z holding every "
+                                       f"letter of coded {coded!r}")
+        meta["drawn"] = drawn
+    return Row(sample_id, (rec["image"].strip(),), meta)
 
 
 class MessageDecodingEnv(Env):
@@ -145,7 +154,7 @@ class MessageDecodingEnv(Env):
     name = "message_decoding"
     Params = MessageDecodingParams
     DataParams = md_data.MessageDecodingDataParams
-    schema = RowSchema("message_decoding", md_data.CSV_COLUMNS, ("jpg",), parse_row)
+    schema = RowSchema("message_decoding", md_data.REQUIRED_COLUMNS, ("jpg",), parse_row)
     solved_metric = "accuracy"
     metric_rows = {"accuracy": ("accuracy", "rate"), "char_accuracy": ("character accuracy", "rate"),
                    **{length_group(low): (f"accuracy, {low}-{high} letters", "rate") for low, high in LENGTH_GROUPS}}
@@ -209,13 +218,32 @@ class MessageDecodingEnv(Env):
         """The SFT target: the plain word, in the `letters` form."""
         return answer_text(self.params.letters, meta["coded"], meta["answer"])
 
-    # the plain letter (26 classes) under each of the 26 coded letters a-z: the whole table the image draws,
-    # wherever the cells stand (alphabetical, or shuffled out of distribution)
-    perception_heads = (26,) * 26
+    # the plain letter under each of the 26 coded letters a-z (0: its cell is empty, 1-26: a-z): the table the image
+    # draws, wherever the cells stand (alphabetical, or shuffled out of distribution)
+    perception_heads = (27,) * 26
 
     def perception_labels(self, meta: dict[str, Any]) -> list[int]:
-        """The table: decoder[i], the plain letter of coded letter a+i, as 0-25."""
-        return [ord(letter) - ord("a") for letter in meta["decoder"]]
+        """The table: for coded letter a+i, 0 when its cell is empty, else 1 + its plain letter decoder[i] (0-25)."""
+        drawn = meta.get("drawn") or md_data.ALPHABET
+        return [1 + ord(plain) - ord("a") if coded in drawn else 0 for coded, plain in zip(md_data.ALPHABET,
+                                                                                           meta["decoder"])]
+
+    # for each merged image token, the coded and the plain letter of the cell under its centre (0: none, 1-26: a-z),
+    # so a token carries its own cell's pair and the language model can find a coded letter's plain one by content
+    perception_token_heads = (27, 27)
+
+    def perception_token_labels(self, meta: dict[str, Any], rows: int, cols: int) -> list[list[int]]:
+        """(coded, plain) per token, row by row; the cells stand in alphabetical order, as train and test draw them
+        (test_ood's shuffled tables are never warmed up on)."""
+        labels, drawn = [], meta.get("drawn") or md_data.ALPHABET
+        for row in range(rows):
+            for col in range(cols):
+                place = place_at((col + 0.5) / cols, (row + 0.5) / rows)
+                if place is None or place >= len(md_data.ALPHABET) or md_data.ALPHABET[place] not in drawn:
+                    labels.append([0, 0])
+                else:
+                    labels.append([place + 1, ord(meta["decoder"][place]) - ord("a") + 1])
+        return labels
 
     @classmethod
     def corpus(cls) -> list[str]:

@@ -28,9 +28,9 @@ def _font(size: int) -> ImageFont.ImageFont | ImageFont.FreeTypeFont:
     return ImageFont.load_default(size=size)
 
 
-def render_table(decoder: str, columns: str, width: int, height: int) -> Image.Image:
+def render_table(decoder: str, columns: str, width: int, height: int, drawn: str = "") -> Image.Image:
     """The RGB table image: `columns` lists the coded letters in drawing order, `decoder[i]` is the plain letter of
-    coded letter chr(ord('a') + i)."""
+    coded letter chr(ord('a') + i); with `drawn`, only those coded letters' cells hold letters (empty: all)."""
     image = Image.new("RGB", (width, height), PAPER)
     draw = ImageDraw.Draw(image)
     left, top = width * MARGIN, height * MARGIN
@@ -45,7 +45,17 @@ def render_table(decoder: str, columns: str, width: int, height: int) -> Image.I
         draw.rectangle((x0, y0, x0 + cell_w, y0 + half), fill=BAND)
         draw.rectangle((x0, y0, x0 + cell_w, y0 + cell_h), outline=RULE, width=line)
         draw.line((x0, y0 + half, x0 + cell_w, y0 + half), fill=RULE, width=line)
+        if drawn and coded not in drawn:
+            continue
         plain = decoder[ord(coded) - ord("a")]
         draw.text((x0 + cell_w / 2, y0 + half / 2), coded, font=font, fill=INK, anchor="mm")
         draw.text((x0 + cell_w / 2, y0 + half * 1.5), plain, font=font, fill=INK, anchor="mm")
     return image
+
+
+def place_at(x: float, y: float) -> int | None:
+    """The drawing place (row * COLUMNS + column) of the cell under (x, y), given as fractions of the image's width
+    and height; None on the margin."""
+    column = int((x - MARGIN) / (1 - 2 * MARGIN) * COLUMNS) if x >= MARGIN else -1
+    row = int((y - MARGIN) / (1 - 2 * MARGIN) * BLOCKS) if y >= MARGIN else -1
+    return row * COLUMNS + column if 0 <= column < COLUMNS and 0 <= row < BLOCKS else None
