@@ -57,6 +57,18 @@ def test_generator_is_byte_identical_on_rerun(raw):
         assert (raw / "a" / f).read_bytes() == (raw / "b" / f).read_bytes(), f
 
 
+def test_rendering_processes_do_not_change_a_byte(tmp_path):
+    """Each image is seeded by its sample alone, so two rendering processes write what one does."""
+    settings = digits_data.DigitsDataParams()
+    samples = digits_data.generate_split(0, "train", 40, 96, 72, settings)
+    for workers in (1, 2):
+        digits_data.write_raw_split(tmp_path / str(workers), "train", samples, 0, 96, 72, settings, workers)
+    files = sorted(p.relative_to(tmp_path / "1") for p in (tmp_path / "1").rglob("*") if p.is_file())
+    assert [str(f) for f in files] == ["images/train/00.zip", "train.csv"]
+    for f in files:
+        assert (tmp_path / "1" / f).read_bytes() == (tmp_path / "2" / f).read_bytes(), f
+
+
 def test_generator_rows_are_balanced_and_valid(raw):
     for split, count in (("train", 8), ("test", 6), ("test_ood", 4)):
         rows = [dict(zip(header, fields)) for _, header, fields in layout.iter_csv(layout.csv_path(raw / "a", split))]

@@ -1,4 +1,5 @@
-"""The shard stage's image work (decode, upright, resize, re-encode: prepare_image) in a pool of processes.
+"""The shard stage's image work (decode, upright, resize, re-encode: prepare_image) in a pool of processes, and the
+ordered pool itself, which the synthetic generators' rendering uses too.
 
 Results come back in task order whatever the worker count, and the tars are written by the calling process alone,
 so the shards' bytes do not depend on `shard.workers` (tests/data/test_shard_workers.py). Tasks and results are
@@ -15,8 +16,9 @@ import os
 import re
 import zipfile
 import zlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
+from typing import Any
 
 from PIL import Image, ImageOps
 
@@ -75,8 +77,9 @@ def prepare_row(task: Task, reader: ZipReader | None = None) -> Result:
         return None, f"{type(err).__name__}: {MEMORY_ADDRESS.sub('', str(err))}"
 
 
-class ImagePool:
-    """`prepared(tasks)` yields each task's Result in task order, from `workers` processes (1: in this process).
+class OrderedPool:
+    """`map(fn, items)` yields fn(item) for each item in item order, from `workers` processes (1: in this process);
+    `fn` is a module-level function and items and results plain data, which multiprocessing's pipes carry.
 
     Used as a context manager; leaving it (also by an exception or a `break` at a cap) stops the workers."""
 
@@ -97,6 +100,27 @@ class ImagePool:
             self._pool.join()
             self._pool = None
 
+    def map(self, fn: Callable[[Any], Any], items: Iterable[Any]) -> Iterator[Any]:
+        """fn(item) for each of `items`, in order."""
+        if self._pool is None:
+            yield from map(fn, items)
+            return
+        items, pending = iter(items), None
+        while True:
+            # The next block goes to the workers before this one's results are consumed, so they never wait for
+            # the consumer (the tar or zip writer).
+            block = list(itertools.islice(items, self.workers * TASKS_PER_WORKER))
+            submitted = self._pool.imap(fn, block, chunksize=max(1, TASKS_PER_WORKER // 4)) if block else None
+            if pending is not None:
+                yield from pending
+            if submitted is None:
+                return
+            pending = submitted
+
+
+class ImagePool(OrderedPool):
+    """`prepared(tasks)` yields each task's Result in task order (the shard stage's image work)."""
+
     def prepared(self, tasks: Iterable[Task]) -> Iterator[Result]:
         """The Results of `tasks`, in order."""
         if self._pool is None:
@@ -104,14 +128,4 @@ class ImagePool:
                 for task in tasks:
                     yield prepare_row(task, reader)
             return
-        tasks, pending = iter(tasks), None
-        while True:
-            # The next block goes to the workers before this one's results are consumed, so they never wait for
-            # the tar writer.
-            block = list(itertools.islice(tasks, self.workers * TASKS_PER_WORKER))
-            submitted = self._pool.imap(prepare_row, block, chunksize=max(1, TASKS_PER_WORKER // 4)) if block else None
-            if pending is not None:
-                yield from pending
-            if submitted is None:
-                return
-            pending = submitted
+        yield from self.map(prepare_row, tasks)

@@ -21,6 +21,7 @@ Everything is deterministic per (seed, split, index): a rerun writes byte-identi
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import random
@@ -33,6 +34,7 @@ from PIL import Image
 
 from vlmgym.config import DataParams, ParamsError, spec
 from vlmgym.data import layout
+from vlmgym.data.image_pool import OrderedPool, available_cores
 
 TASKS = ("sort", "sum")
 MAX_DIGITS = 4  # the most a canvas holds; metric_rows has a row per count up to this
@@ -42,6 +44,8 @@ REQUIRED_COLUMNS = ("id", "task", "digits", "answer", "image")
 CSV_COLUMNS = (*REQUIRED_COLUMNS, "region")
 REGION_MARGIN = 0.25  # of the digits' own extent, on each side
 IMAGES_PER_ZIP = 10_000
+# a rendering process costs about a second to start (numpy, PIL, the scans): worth it past this many images each
+MIN_IMAGES_PER_WORKER = 2000
 TEST_POOL_PERCENT = 20
 OOD_SHIFTS = ("invert", "rotate")
 ROTATE_DEGREES = (20.0, 40.0)
@@ -203,13 +207,24 @@ def render(sample: DigitsSample, seed: int, split: str, width: int, height: int,
     return Image.fromarray(canvas.clip(0, 255).round().astype(np.uint8), "RGB")
 
 
+def _rendered_row(task: tuple) -> tuple[list[str], list[tuple[str, bytes]]]:
+    """One sample's CSV row and JPEG, from plain data (a pool worker's task): (sample fields, seed, split, width,
+    height, settings fields)."""
+    fields, seed, split, width, height, settings = task
+    s = DigitsSample(*fields)
+    image = layout.encode_jpeg(render(s, seed, split, width, height, DigitsDataParams(**settings)))
+    return ([s.id, s.task, " ".join(map(str, s.digits)), s.answer, f"{s.id}.jpg",
+             " ".join(map(str, s.region(width, height)))], [(f"{s.id}.jpg", image)])
+
+
 def write_raw_split(out_dir: Path, split: str, samples: list[DigitsSample], seed: int, width: int, height: int,
-                    settings: DigitsDataParams) -> int:
-    """{split}.csv and images/{split}/NN.zip for `samples`; returns the rows written."""
-    items = (([s.id, s.task, " ".join(map(str, s.digits)), s.answer, f"{s.id}.jpg",
-               " ".join(map(str, s.region(width, height)))],
-              [(f"{s.id}.jpg", layout.encode_jpeg(render(s, seed, split, width, height, settings)))]) for s in samples)
-    return layout.write_split(out_dir, split, CSV_COLUMNS, items, IMAGES_PER_ZIP)
+                    settings: DigitsDataParams, workers: int = 1) -> int:
+    """{split}.csv and images/{split}/NN.zip for `samples`, rendered by `workers` processes (each image is seeded
+    by its sample alone, so the bytes do not depend on them); returns the rows written."""
+    plain = dataclasses.asdict(settings)
+    tasks = ((dataclasses.astuple(s), seed, split, width, height, plain) for s in samples)
+    with OrderedPool(workers) as renderers:
+        return layout.write_split(out_dir, split, CSV_COLUMNS, renderers.map(_rendered_row, tasks), IMAGES_PER_ZIP)
 
 
 def write_synthetic_raw(params: DataParams, out_dir: str | Path,
@@ -221,9 +236,10 @@ def write_synthetic_raw(params: DataParams, out_dir: str | Path,
     if params.ood_images:
         splits.append(("test_ood", params.ood_images))
     counts: dict[str, Any] = {"train_pool": len(pool("train")), "test_pool": len(pool("test"))}
+    workers = min(available_cores(), max(1, sum(count for _, count in splits) // MIN_IMAGES_PER_WORKER))
     for split, count in splits:
         samples = generate_split(params.seed, split, count, params.image_width, params.image_height, settings)
         counts[f"{split}_samples"] = write_raw_split(out_dir, split, samples, params.seed, params.image_width,
-                                                     params.image_height, settings)
+                                                     params.image_height, settings, workers)
         counts[f"{split}_sort"] = sum(s.task == "sort" for s in samples)
     return counts
