@@ -100,6 +100,13 @@ def split_arrays(env: Any, settings: ImageSettings, what: str, merge: int = 2) -
                  np.asarray(token_labels, np.int32) if token_heads else np.zeros((count, 0, 0), np.int32))
 
 
+def _classes(heads: list[jax.Array], shape: tuple[int, ...]) -> np.ndarray:
+    """Each head's most likely class, heads on the last axis: the labels' `shape` (empty when there are no heads)."""
+    if not heads:
+        return np.zeros(shape, np.int32)
+    return np.stack([np.asarray(head).argmax(-1) for head in heads], axis=-1)
+
+
 class PerceptionWarmup:
     """Trains params["visual"] and a linear head on (images, labels); `run` returns the params with the new tower."""
 
@@ -164,11 +171,8 @@ class PerceptionWarmup:
         image, tokens = [], []
         for start in range(0, len(pixels), size):
             image_logits, token_logits = self._predict(trained, jnp.asarray(pixels[start:start + size]))
-            count = min(size, len(pixels) - start)
-            image.append(np.stack([np.asarray(h).argmax(-1) for h in image_logits], axis=1) if self.heads
-                         else np.zeros((count, 0), np.int32))
-            tokens.append(np.stack([np.asarray(h).argmax(-1) for h in token_logits], axis=-1) if self.token_heads
-                          else np.zeros((count, self.val.token_labels.shape[1], 0), np.int32))
+            image.append(_classes(image_logits, self.val.labels[start:start + size].shape))
+            tokens.append(_classes(token_logits, self.val.token_labels[start:start + size].shape))
         return np.concatenate(image), np.concatenate(tokens)
 
     def evaluate(self, trained: dict) -> dict[str, float]:

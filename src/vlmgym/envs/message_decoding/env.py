@@ -138,8 +138,7 @@ def parse_row(rec: dict[str, str]) -> Row:
     meta = {"id": sample_id, "coded": coded, "decoder": decoder, "answer": answer}
     drawn = (rec.get("drawn") or "").strip()
     if drawn:
-        if not (drawn.isascii() and drawn.isalpha() and drawn == "".join(sorted(set(drawn))) and drawn.islower()
-                and set(coded) <= set(drawn)):
+        if not (md_data.WORD.fullmatch(drawn) and drawn == "".join(sorted(set(drawn))) and set(coded) <= set(drawn)):
             raise RowSkip("bad_drawn", f"drawn {rec['drawn']!r} is not sorted distinct letters a-z holding every "
                                        f"letter of coded {coded!r}")
         meta["drawn"] = drawn
