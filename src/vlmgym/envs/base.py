@@ -20,8 +20,8 @@ Everything else is optional, with a default that works:
   `DataParams` (`data.<name>`, the generator's), `recipe`;
 - samples and episodes: `check_sample` (meta checks; the schema's image count is checked for every env),
   `prepare_truth`, `ideal_tool_calls` and `turn_reward` (with tools), `corpus` (the tokenizer's texts),
-  `perception_heads` / `perception_labels` and `perception_token_heads` / `perception_token_labels`
-  (sft.perception's warm-up of the vision tower);
+  `perception_heads` / `perception_labels`, `perception_token_heads` / `perception_token_labels` and
+  `perception_view` (sft.perception's warm-up of the vision tower);
 - data: `download_hub` (a public dataset); `ood_note` / `describe_ood`, what the out-of-distribution test split
   (test_ood) shifts, when the generator writes one;
 - evaluate: rollout record fields, task metrics and report sections (vlmgym.envs.evaluation.EvaluationParts).
@@ -44,6 +44,8 @@ from vlmgym.envs.evaluation import EvaluationParts
 from vlmgym.envs.tools import BUILTIN_TOOLS, Tool
 
 if TYPE_CHECKING:
+    from PIL import Image
+
     from vlmgym.config import DataParams
     from vlmgym.data.rows import RowSchema
 
@@ -172,6 +174,12 @@ class Env(EvaluationParts, abc.ABC):
         order; the token grid spans the whole image (default: none)."""
         raise MissingPart(f"env {self.name!r} has no perception token labels; implement perception_token_heads and "
                           "perception_token_labels(meta, rows, cols)")
+
+    def perception_view(self, image: Image.Image, meta: dict) -> tuple[Image.Image, dict]:
+        """The image and meta the warm-up learns a sample from (default: the sample's own). An env whose task images
+        show too little for the tower to learn to read (message_decoding's word tables) shows it more here; the
+        labels are then taken from the returned meta."""
+        return image, meta
 
     # --- optional: data --------------------------------------------------------
 

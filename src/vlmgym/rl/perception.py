@@ -78,13 +78,13 @@ def split_arrays(env: Any, settings: ImageSettings, what: str, merge: int = 2) -
         if len(sample.images) != 1:
             raise ValueError(f"sft.perception: {what} sample {sample.key} has {len(sample.images)} images; the "
                              "warm-up reads one per sample")
-        rows, thw = preprocess_images(list(sample.images), settings=settings)
+        image, meta = env.perception_view(sample.images[0], dict(sample.meta))
+        rows, thw = preprocess_images([image], settings=settings)
         if grid is None:
             grid = thw[0]
         elif not np.array_equal(thw[0], grid):
             raise ValueError(f"sft.perception: {what} sample {sample.key} has a {tuple(thw[0])} patch grid, the "
                              f"first sample {tuple(grid)}; the warm-up's head needs one image size")
-        meta = dict(sample.meta)
         where = f"{env.name} {what} sample {sample.key}"
         labels.append(_checked(env.perception_labels(meta), heads, "perception_heads", where) if heads else [])
         if token_heads:
