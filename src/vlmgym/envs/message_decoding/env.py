@@ -72,7 +72,7 @@ class MessageDecodingParams(ThinkParams):
 
     format_weight: float = spec(0.1, ge=0, le=1, doc="share of the reward for an answer of the expected shape "
                                                      "(one word of letters)")
-    letters: str = spec("word", choices=LETTER_FORMS,
+    letters: str = spec("pairs", choices=LETTER_FORMS,
                         doc="how the coded word and the answer are written: word ('piglc' -> 'house'), spaced "
                             "('p i g l c' -> 'h o u s e', r1_vlm's; each letter its own token) or pairs ('p i g l "
                             "c' -> 'p=h i=o g=u l=s c=e', each coded letter then its plain one); the answer must "
@@ -165,7 +165,6 @@ class MessageDecodingEnv(Env):
     recipe = {"data": {"train_images": 4000, "image_width": 288, "image_height": 96,
                        "message_decoding": {"table": "word"}},
               "model": {"max_pixels": 27648},
-              "env": {"message_decoding": {"letters": "pairs"}},
               "sft": {"steps": 3000, "freeze": "vision", "optimizer": {"lr": 0.001},
                       "perception": {"steps": 2000, "optimizer": {"lr": 0.001}}}}
     metric_rows = {"accuracy": ("accuracy", "rate"), "char_accuracy": ("character accuracy", "rate"),
