@@ -166,6 +166,23 @@ def test_word_tables_label_only_the_drawn_cells():
     assert tokens[15] == [16, 1 + ord("h") - ord("a")] and all(t == [0, 0] for t in tokens[16:])
 
 
+def test_the_warm_up_sees_a_word_tables_whole_table():
+    """perception_view draws a word table's sample again as its whole table (through the generator's JPEG) and
+    labels all 26 cells; a whole table's sample is left as it is."""
+    env = MessageDecodingEnv.__new__(MessageDecodingEnv)
+    sample = md_data.generate_split(0, "train", 1, md_data.MessageDecodingDataParams(table="word"))[0]
+    shown = render_table(sample.decoder, sample.columns, 288, 96, sample.drawn)
+    meta = {"coded": sample.coded, "decoder": sample.decoder, "answer": sample.word, "drawn": sample.drawn}
+    image, seen = env.perception_view(shown, meta)
+    whole = Image.open(io.BytesIO(layout.encode_jpeg(render_table(sample.decoder, sample.columns, 288, 96))))
+    assert np.array_equal(np.asarray(image), np.asarray(whole.convert("RGB")))
+    assert seen == {**meta, "drawn": ""} and meta["drawn"] == sample.drawn
+    assert sum(1 for coded, _ in env.perception_token_labels(seen, 3, 9) if coded) == 26
+    assert all(env.perception_labels(seen))
+    del meta["drawn"]
+    assert env.perception_view(shown, meta) == (shown, meta)
+
+
 def test_ood_long_words_and_shuffled_tables():
     assert all(s.columns == string.ascii_lowercase for split in ("train", "test", "test_ood")
                for s in md_data.generate_split(0, split, 20))
@@ -544,8 +561,8 @@ def test_env_serves_the_generated_samples_from_shards(shards):
     for idx, sample in enumerate(expected):
         state, obs = env.reset(idx)
         assert state.meta["id"] == sample.id and state.meta["answer"] == sample.word
-        assert obs["messages"][0]["content"][-1]["text"] == PROMPT.format(coded=sample.coded)
-        assert f'"{sample.coded}"' in obs["messages"][0]["content"][-1]["text"]
+        # the default form: coded=plain pairs, the coded word spaced
+        assert obs["messages"][0]["content"][-1]["text"] == PAIRS_PROMPT.format(coded=spell(sample.coded))
         assert len(obs["images"]) == 1 and obs["images"][0].size == (params.image_width, params.image_height)
         assert env.step_text(state, env.ideal_answer(state.meta))[2] == 1.0
         assert env.step_text(state, "no idea 42")[2] < 1.0 and env.step_text(state, "42")[2] == 0.0

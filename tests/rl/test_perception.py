@@ -123,6 +123,23 @@ def test_token_heads_teach_each_token_its_own_part_of_the_image(tiny_vlm):
     assert summary["perception/val_all_token_labels"] == 1.0
 
 
+class SolidViewEnv(QuadrantsEnv):
+    """Shows the warm-up every sample as one solid colour, labelled so (an env's perception_view)."""
+
+    name = "solid_view_probe"
+
+    def perception_view(self, image, meta):
+        return Image.new("RGB", image.size, COLOURS[2]), {**meta, "quadrants": [2, 2, 2, 2]}
+
+
+def test_the_warm_up_reads_the_envs_view_of_each_sample(tiny_vlm):
+    settings = tiny_vlm.processor.settings
+    samples = quadrant_samples(3, 0)
+    seen, shown = (perception.split_arrays(cls(samples), settings, "train") for cls in (SolidViewEnv, QuadrantsEnv))
+    assert seen.token_labels.tolist() == [[[2]] * 4] * 3 != shown.token_labels.tolist()
+    assert np.array_equal(seen.pixels[0], seen.pixels[2]) and not np.array_equal(seen.pixels[0], shown.pixels[0])
+
+
 def test_token_labels_that_do_not_fit_name_the_sample(tiny_vlm):
     settings = tiny_vlm.processor.settings
     sample = quadrant_samples(1, 0)[0]
