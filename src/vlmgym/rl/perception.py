@@ -72,7 +72,7 @@ def _checked(label: Any, heads: tuple[int, ...], heads_name: str, where: str) ->
 def split_arrays(env: Any, settings: ImageSettings, what: str, merge: int = 2) -> Split:
     """Every sample of `env` as pixel rows and labels (`merge`: the tower's spatial merge size)."""
     heads, token_heads = tuple(env.perception_heads), tuple(env.perception_token_heads)
-    pixels, labels, token_labels, grid = [], [], [], None
+    pixels, labels, token_labels, grid = None, [], [], None
     for index in tqdm(range(len(env)), desc=f"perception {what}", unit="image", leave=False):
         sample = env.samples[index]
         if len(sample.images) != 1:
@@ -81,7 +81,8 @@ def split_arrays(env: Any, settings: ImageSettings, what: str, merge: int = 2) -
         image, meta = env.perception_view(sample.images[0], dict(sample.meta))
         rows, thw = preprocess_images([image], settings=settings)
         if grid is None:
-            grid = thw[0]
+            # filled in place: stacking a list of them would hold the split twice (12,000 digits images: 1.8 GB)
+            grid, pixels = thw[0], np.empty((len(env), *rows.shape), np.float16)
         elif not np.array_equal(thw[0], grid):
             raise ValueError(f"sft.perception: {what} sample {sample.key} has a {tuple(thw[0])} patch grid, the "
                              f"first sample {tuple(grid)}; the warm-up's head needs one image size")
@@ -94,9 +95,11 @@ def split_arrays(env: Any, settings: ImageSettings, what: str, merge: int = 2) -
                 raise ValueError(f"sft.perception: {env.name} gave {len(per_token)} token labels for {what} sample "
                                  f"{sample.key}, whose image has {rows_cols[0]} x {rows_cols[1]} tokens")
             token_labels.append([_checked(t, token_heads, "perception_token_heads", where) for t in per_token])
-        pixels.append(rows.astype(np.float16))
-    count = len(pixels)
-    return Split(np.stack(pixels), np.asarray(grid), np.asarray(labels, np.int32).reshape(count, len(heads)),
+        pixels[index] = rows
+    if pixels is None:
+        raise ValueError(f"sft.perception: the {what} split of {env.name} has no samples to warm up on")
+    count = len(env)
+    return Split(pixels, np.asarray(grid), np.asarray(labels, np.int32).reshape(count, len(heads)),
                  np.asarray(token_labels, np.int32) if token_heads else np.zeros((count, 0, 0), np.int32))
 
 
