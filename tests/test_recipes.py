@@ -55,8 +55,9 @@ def test_the_overrides_are_dvc_exp_run_arguments_that_survive_word_splitting(mon
     words = " ".join(recipes.overrides(recipes.recipe_overlay("nlvr2"))).split()
     assert words == ["-S", "env.name=nlvr2", "-S", "env.recipe=nlvr2", "-S", "sft.optimizer.lr=0.001", "-S",
                      'sft.lora.targets=["q","v"]', "-S", "sft.freeze=none", "-S", "sft.perception.steps=0", "-S",
-                     "sft.steps=600", "-S", "data.train_images=2000", "-S", "train.optimizer.lr=0.0001", "-S",
-                     "train.sampling.temperature=1.0"]
+                     "sft.perception.optimizer.lr=0.003", "-S", "sft.steps=600", "-S", "data.train_images=2000",
+                     "-S", "data.image_width=256", "-S", "data.image_height=192", "-S", "train.optimizer.lr=0.0001",
+                     "-S", "train.sampling.temperature=1.0", "-S", "model.max_pixels=12288"]
 
 
 def test_a_recipe_outside_the_sections_it_may_set_is_an_error(monkeypatch):
