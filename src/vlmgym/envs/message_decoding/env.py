@@ -161,7 +161,8 @@ class MessageDecodingEnv(Env):
     # docs/envs/message_decoding.md, chosen on the val split: 288x96 images at 27,648 pixels make the 3 x 9 table one
     # image token a cell; the warm-up's token labels teach each token its cell's letters on whole tables
     # (perception_view), SFT on word tables, whose plain letters are the answer's, starts the lookup; the letters in
-    # coded=plain pairs put each plain letter right after the coded one it is looked up by.
+    # coded=plain pairs put each plain letter right after the coded one it is looked up by. GRPO keeps the defaults:
+    # neither they nor lr 3e-5 at temperature 0.6 moved val over three seeds (SFT fits the train samples).
     recipe = {"data": {"train_images": 4000, "image_width": 288, "image_height": 96,
                        "message_decoding": {"table": "word"}},
               "model": {"max_pixels": 27648},
