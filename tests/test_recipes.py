@@ -53,11 +53,26 @@ def test_the_overrides_are_dvc_exp_run_arguments_that_survive_word_splitting(mon
     monkeypatch.setattr(NLVR2Env, "recipe", {"sft": {"optimizer": {"lr": 0.001}, "lora": {"targets": ["q", "v"]}}})
     # `$(...)` splits on whitespace and keeps quotes: what dvc receives
     words = " ".join(recipes.overrides(recipes.recipe_overlay("nlvr2"))).split()
-    assert words == ["-S", "env.name=nlvr2", "-S", "env.recipe=nlvr2", "-S", "sft.optimizer.lr=0.001", "-S",
-                     'sft.lora.targets=["q","v"]', "-S", "sft.freeze=none", "-S", "sft.perception.steps=0", "-S",
-                     "sft.perception.optimizer.lr=0.003", "-S", "sft.steps=600", "-S", "data.train_images=2000",
-                     "-S", "data.image_width=256", "-S", "data.image_height=192", "-S", "train.optimizer.lr=0.0001",
-                     "-S", "train.sampling.temperature=1.0", "-S", "model.max_pixels=12288"]
+    assert words[::2] == ["-S"] * len(words[1::2])
+    assert words[1::2] == ["++env.name=nlvr2", "++env.recipe=nlvr2", "++sft.optimizer.lr=0.001",
+                           '++sft.lora.targets=["q","v"]', "++sft.freeze=none", "++sft.perception.steps=0",
+                           "++sft.perception.optimizer.lr=0.003", "++sft.steps=600", "++data.train_images=2000",
+                           "++data.image_width=256", "++data.image_height=192", "++train.optimizer.lr=0.0001",
+                           "++train.sampling.temperature=1.0", "++model.max_pixels=12288"]
+
+
+@pytest.mark.parametrize("env", sorted(registry.names()))
+def test_dvc_applies_every_recipes_overrides_to_the_default_params(env, params_file):
+    """What `dvc exp run $(vlmgym recipe <env> --overrides)` does to params.yaml (dvc's own hydra overrides), also
+    for keys the default params leave out (message_decoding's generator section)."""
+    from dvc.utils.hydra import apply_overrides
+
+    words = recipes.overrides(recipes.recipe_overlay(env))
+    apply_overrides(str(params_file), words[1::2])
+    expected = params_file.with_name("applied.yaml")
+    shutil.copy(REPO / "params.yaml", expected)
+    assert recipes.main([env, "--params", str(expected)]) == 0
+    assert params_mod.load_all(params_file) == params_mod.load_all(expected)
 
 
 def test_a_recipe_outside_the_sections_it_may_set_is_an_error(monkeypatch):

@@ -76,13 +76,15 @@ def recipe_overlay(name: str) -> dict[str, Any]:
 
 
 def overrides(overlay: Mapping[str, Any]) -> list[str]:
-    """The overlay as `dvc exp run` arguments: -S key=value each, values in YAML flow style."""
+    """The overlay as `dvc exp run` arguments: -S ++key=value each, values in YAML flow style. `++` sets a key
+    whether params.yaml holds it or not (a generator's section, e.g. data.message_decoding, is absent until set);
+    a bare key=value fails on an absent one."""
     out = []
     for path, value in _paths(overlay):
         # no spaces, so the line survives the shell's word splitting in `dvc exp run $(...)`
         plain = isinstance(value, str) and value.replace("_", "").replace(":", "").replace(".", "").isalnum()
         text = value if plain else "''" if value == "" else json.dumps(value, separators=(",", ":"))
-        out += ["-S", f"{'.'.join(path)}={text}"]
+        out += ["-S", f"++{'.'.join(path)}={text}"]
     return out
 
 
@@ -106,5 +108,5 @@ def main(argv: list[str]) -> int:
         print(f"error: {err.args[0] if isinstance(err, KeyError) else err}")
         return 1
     print(f"{args.params}: env {args.env} with its recipe "
-          f"({' '.join(overrides(overlay)).replace('-S ', '') or 'the defaults'})")
+          f"({' '.join(overrides(overlay)).replace('-S ++', '') or 'the defaults'})")
     return 0
