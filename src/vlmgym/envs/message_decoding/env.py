@@ -17,8 +17,8 @@ Reward, in [0, 1] for any text: format_weight x format_ok + (1 - format_weight) 
 A wrong word in the format earns the format share and the letters that happen to sit in place; anything else 0.
 `env.message_decoding.letters` sets how the coded word and the answer are written: `word` (the above), `spaced`
 (letter by letter, one space between letters, r1_vlm's `K X I X R S`: the coded word "p i g l c", the answer
-"h o u s e") or `pairs` (the coded word spaced, the answer each coded letter with its plain one: "p=h i=o g=u l=s
-c=e", the word read being the plain letters). The answer's form is the format: another form reads no word.
+"h o u s e") or `pairs` (the default; the coded word spaced, the answer each coded letter with its plain one: "p=h
+i=o g=u l=s c=e", the word read being the plain letters). The answer's form is the format: another form reads no word.
 `n_words` in the info counts the runs of letters of any script in the text (read_word), for diagnosis.
 """
 
