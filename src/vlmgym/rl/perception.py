@@ -81,7 +81,7 @@ def split_arrays(env: Any, settings: ImageSettings, what: str, merge: int = 2) -
         image, meta = env.perception_view(sample.images[0], dict(sample.meta))
         rows, thw = preprocess_images([image], settings=settings)
         if grid is None:
-            # filled in place: stacking a list of them would hold the split twice (12,000 digits images: 1.8 GB)
+            # filled in place: stacking a list of them would hold the split twice (12,000 images of 12 tokens: 1.8 GB)
             grid, pixels = thw[0], np.empty((len(env), *rows.shape), np.float16)
         elif not np.array_equal(thw[0], grid):
             raise ValueError(f"sft.perception: {what} sample {sample.key} has a {tuple(thw[0])} patch grid, the "
