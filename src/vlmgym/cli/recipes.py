@@ -77,7 +77,7 @@ def recipe_overlay(name: str) -> dict[str, Any]:
 
 def overrides(overlay: Mapping[str, Any]) -> list[str]:
     """The overlay as `dvc exp run` arguments: -S ++key=value each, values in YAML flow style. `++` sets a key
-    whether params.yaml holds it or not (a generator's section, e.g. data.message_decoding, is absent until set);
+    whether params.yaml holds it or not (a generator's own section is absent from the default params until set);
     a bare key=value fails on an absent one."""
     out = []
     for path, value in _paths(overlay):
