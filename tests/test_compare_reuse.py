@@ -101,7 +101,13 @@ def test_the_training_data_is_part_of_an_arms_settings(tmp_path):
     first = command.fingerprint("grpo", config, sections)
     assert command.fingerprint("grpo", config, sections) == first
     (shards / "train" / "shard-000000.tar").write_bytes(b"more train images")
-    assert command.fingerprint("grpo", config, sections) != first
+    second = command.fingerprint("grpo", config, sections)
+    assert second != first
+    (shards / "rl").mkdir()  # prompts held out for RL (shard.rl_samples): what the arm samples
+    (shards / "rl" / "shard-000000.tar").write_bytes(b"rl")
+    third = command.fingerprint("grpo", config, sections)
+    (shards / "rl" / "shard-000000.tar").write_bytes(b"other rl prompts")
+    assert len({second, third, command.fingerprint("grpo", config, sections)}) == 3
 
 
 def test_a_deleted_answer_file_is_answered_again(arm):

@@ -78,6 +78,24 @@ def test_val_split_is_held_out_of_train_by_key_hash(tiny_raw, tiny_shards, tmp_p
     assert len(sharding.hold_out(rows, 10 ** 6)[1]) == len(rows) // 4
 
 
+def test_rl_split_is_held_out_after_val_and_leaves_val_as_it_was(tiny_raw, tiny_shards, tmp_path):
+    out, _ = tiny_shards
+    everything = {s.key for s in read_split(out, "train")}
+    only_val = sharding.shard_raw(tiny_raw, tmp_path / "val", GEOSPOT, dataclasses.replace(PARAMS, val_samples=2))
+    both = sharding.shard_raw(tiny_raw, tmp_path / "both", GEOSPOT,
+                              dataclasses.replace(PARAMS, val_samples=2, rl_samples=3))
+    keys = {split: {s.key for s in read_split(tmp_path / "both", split)} for split in ("train", "val", "rl")}
+    assert both["splits"]["rl"]["kept"] == len(keys["rl"]) == 3
+    assert keys["val"] == {s.key for s in read_split(tmp_path / "val", "val")}  # rl takes from what val leaves
+    assert keys["train"] | keys["val"] | keys["rl"] == everything
+    assert not keys["train"] & keys["rl"] and not keys["val"] & keys["rl"]
+    assert both["params"]["rl_samples"] == 3 and "rl_samples" not in only_val["params"]  # 0 leaves the bytes as before
+    assert not (tmp_path / "val" / "rl").exists()
+    # At most half of what val leaves.
+    rows = [sharding.Row(key=k, images=(), meta={}) for k in sorted(everything)]
+    assert len(sharding.hold_out(rows, 10 ** 6, key="rl_samples", share=2)[1]) == len(rows) // 2
+
+
 def test_reader(tiny_shards):
     out, manifest = tiny_shards
     samples = read_split(out, "test")

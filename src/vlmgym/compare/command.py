@@ -150,15 +150,18 @@ def answer(model_dir: Path, split: str, arm: str, sections: dict[str, Any], blan
 
 
 def fingerprint(arm: str, config: SFTParams | TrainParams, sections: dict[str, Any]) -> str:
-    """What an arm's training depends on: its training section and data (train and val shards), the model and env
-    settings, the start model (the model that answers for an untrained control). The held-out splits' data is
-    checked apart (run_arm), so that a changed split is answered again without training again."""
+    """What an arm's training depends on: its training section and data (train, val and, where the shard stage held
+    one out, rl shards), the model and env settings, the start model (the model that answers for an untrained
+    control). The held-out splits' data is checked apart (run_arm), so that a changed split is answered again
+    without training again."""
     from vlmgym.params import to_dict
     from vlmgym.rl.loop import config_fingerprint
     from vlmgym.rl.stage_setup import folder_identity, source_identity
 
     start = sections["train"].init_dir if config is None else config.init_dir
-    data = None if config is None else {split: split_identity(config.shards_dir, split) for split in ("train", "val")}
+    held = ["rl"] if config is not None and (Path(config.shards_dir) / "rl").is_dir() else []
+    data = None if config is None else {split: split_identity(config.shards_dir, split)
+                                        for split in ("train", "val", *held)}
     return config_fingerprint({"arm": arm, "config": None if config is None else to_dict(config), "data": data,
                                "model": to_dict(sections["model"]), "env": to_dict(sections["env"]),
                                "rollout": to_dict(sections["rollout"]), "start": folder_identity(start),

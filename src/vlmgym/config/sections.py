@@ -70,6 +70,9 @@ class ShardParams:
     max_test: int = spec(0, ge=0, doc="cap on test samples, and on test_ood samples (0: all)")
     val_samples: int = spec(256, ge=0, doc="train samples held out as the val split for validation during training (at "
                                           "most a quarter of train; 0: none), chosen by a hash of their key")
+    rl_samples: int = spec(0, ge=0, doc="train samples held out as the rl split, the prompts the train stage samples "
+                                        "(at most half of what val leaves; 0: none, RL samples train's prompts): "
+                                        "prompts SFT never read, so RL does not train on answers SFT has fitted")
     workers: int = spec(0, ge=0, doc="processes that decode, resize and re-encode the images (0: the cores this "
                                      "process may use); the output bytes are the same for any count")
     out_dir: str = spec("data/shards", doc="shard output folder")

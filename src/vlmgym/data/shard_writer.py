@@ -127,14 +127,14 @@ def read_rows(raw_dir: Path, split: str, schema: RowSchema, index: layout.ZipInd
     return sorted(rows, key=lambda r: r.key)
 
 
-def hold_out(rows: list[Row], count: int) -> tuple[list[Row], list[Row]]:
-    """(kept, held out): the `count` rows whose keys hash lowest (at most a quarter of them, so a small dataset
+def hold_out(rows: list[Row], count: int, key: str = "val_samples", share: int = 4) -> tuple[list[Row], list[Row]]:
+    """(kept, held out): the `count` rows whose keys hash lowest (at most 1/`share` of them, so a small dataset
     still trains), so the choice depends on neither the CSV's order nor the other rows' keys beyond their rank;
-    both lists keep the rows' order."""
-    if count > len(rows) // 4:
-        log.warning("shard.val_samples=%d is more than a quarter of the %d valid train rows: holding out %d",
-                    count, len(rows), len(rows) // 4)
-        count = len(rows) // 4
+    both lists keep the rows' order. `key` names the setting in the warning when `count` is cut."""
+    if count > len(rows) // share:
+        log.warning("shard.%s=%d is more than 1/%d of the %d valid train rows: holding out %d",
+                    key, count, share, len(rows), len(rows) // share)
+        count = len(rows) // share
     ranked = sorted(rows, key=lambda r: hashlib.sha256(r.key.encode()).hexdigest())
     held = {r.key for r in ranked[:count]}
     return [r for r in rows if r.key not in held], [r for r in rows if r.key in held]
@@ -142,9 +142,10 @@ def hold_out(rows: list[Row], count: int) -> tuple[list[Row], list[Row]]:
 
 def shard_splits(raw_dir: Path, split: str, schema: RowSchema, params: ShardParams,
                  out_dirs: dict[str, Path], pool: ImagePool | None = None) -> dict[str, dict]:
-    """Write a raw split's tars: into out_dirs[split], and for train with `val_samples` the held-out rows into
-    out_dirs["val"]; returns each written split's manifest entry (the CSV's skips are counted on `split`).
-    `pool` prepares the images (None: this process)."""
+    """Write a raw split's tars: into out_dirs[split], and for train with `val_samples` (`rl_samples`) the held-out
+    rows into out_dirs["val"] (out_dirs["rl"]: the next lowest hashes, so val is the same with or without it);
+    returns each written split's manifest entry (the CSV's skips are counted on `split`). `pool` prepares the
+    images (None: this process)."""
     index = layout.ZipIndex.build(layout.split_zips(raw_dir, split))
     skipped: Counter = Counter()
     examples: dict[str, list[str]] = {}
@@ -152,10 +153,13 @@ def shard_splits(raw_dir: Path, split: str, schema: RowSchema, params: ShardPara
     parts = {split: rows}
     if "val" in out_dirs:
         parts[split], parts["val"] = hold_out(rows, params.val_samples)
-    caps = {"train": params.max_train, "test": params.max_test, "test_ood": params.max_test, "val": 0}
-    if "val" in parts and not parts["val"]:
-        raise ShardError(f"{split}: {len(rows)} valid rows are too few to hold out a val split; "
-                         "set shard.val_samples: 0")
+    if "rl" in out_dirs:
+        parts[split], parts["rl"] = hold_out(parts[split], params.rl_samples, key="rl_samples", share=2)
+    caps = {"train": params.max_train, "test": params.max_test, "test_ood": params.max_test, "val": 0, "rl": 0}
+    for held, key in (("val", "val_samples"), ("rl", "rl_samples")):
+        if held in parts and not parts[held]:
+            raise ShardError(f"{split}: {len(rows)} valid rows are too few to hold out a {held} split; "
+                             f"set shard.{key}: 0")
     entries = {}
     for name in sorted(parts, reverse=True):  # val before train: the same reading order every time
         own_skips: Counter = skipped if name == split else Counter()
@@ -204,11 +208,12 @@ def _write_rows(rows: list[Row], split: str, cap: int, index: layout.ZipIndex, s
 
 
 def shard_raw(raw_dir: Path, out_dir: Path, schema: RowSchema, params: ShardParams) -> dict:
-    """Shard every split of a raw layout (train, test, and test_ood where the generator wrote it; the val split
-    held out of train) into out_dir (swapped in atomically) with manifest.json; returns it. The images are prepared
-    by `params.workers` processes (0: one per available core)."""
-    # `workers` changes how fast, not what: leaving it out keeps the manifest the same bytes for any count.
-    settings = {k: v for k, v in asdict(params).items() if k != "workers"}
+    """Shard every split of a raw layout (train, test, and test_ood where the generator wrote it; the val and rl
+    splits held out of train) into out_dir (swapped in atomically) with manifest.json; returns it. The images are
+    prepared by `params.workers` processes (0: one per available core)."""
+    # `workers` changes how fast, not what: leaving it out keeps the manifest the same bytes for any count; so does
+    # rl_samples at 0, so that shards written before it existed keep their bytes.
+    settings = {k: v for k, v in asdict(params).items() if k != "workers" and (k != "rl_samples" or v)}
     manifest = {"dataset": schema.name, "params": settings, "splits": {}}
     workers = params.workers or available_cores()
     log.info("shard: preparing images with %d worker process%s", workers, "" if workers == 1 else "es")
@@ -217,6 +222,8 @@ def shard_raw(raw_dir: Path, out_dir: Path, schema: RowSchema, params: ShardPara
             out_dirs = {split: tmp / split}
             if split == "train" and params.val_samples:
                 out_dirs["val"] = tmp / "val"
+            if split == "train" and params.rl_samples:
+                out_dirs["rl"] = tmp / "rl"
             manifest["splits"].update(shard_splits(Path(raw_dir), split, schema, params, out_dirs, pool))
         (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
     return manifest

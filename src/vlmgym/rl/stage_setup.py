@@ -64,6 +64,14 @@ def validation_env(stage: str, section: SFTParams | TrainParams, env_params: Env
     return envs.from_params(env_params, shards_dir=section.shards_dir, split="val", tokenizer=tokenizer)
 
 
+def prompt_split(stage: str, shards_dir: str, env_params: EnvParams) -> str:
+    """The split a stage trains on: train, except that the train stage samples the rl split where the shard stage
+    held one out (`shard.rl_samples`): prompts SFT never read."""
+    if stage == "train" and all(folder.is_dir() for folder in envs.split_dirs(env_params, shards_dir, "rl")):
+        return "rl"
+    return "train"
+
+
 def stage_mesh(section: SFTParams | TrainParams) -> tuple[int, ...]:
     """The (data, fsdp, tensor) mesh of a stage section; over several processes an empty `mesh` means data
     parallelism over every process's devices."""
@@ -115,10 +123,13 @@ def trainer_class(stage: str, algorithm: str | None) -> type:
 
 def stage_trainer(stage: str, section: SFTParams | TrainParams, policy: Any, params: Any, env_params: EnvParams,
                   checkpoints: Path, **callbacks: Any) -> Any:
-    """The trainer of stage `stage` (trainer_class) over the train split, validating on the val split when
-    `section.validation.every` says so."""
+    """The trainer of stage `stage` (trainer_class) over its prompt split (prompt_split), validating on the val split
+    when `section.validation.every` says so."""
     tokenizer = policy.processor.tokenizer
-    env = envs.from_params(env_params, shards_dir=section.shards_dir, split="train", tokenizer=tokenizer)
+    split = prompt_split(stage, section.shards_dir, env_params)
+    if split != "train":
+        print(f"{stage}: sampling prompts from the {split} split (shard.rl_samples), which SFT never reads")
+    env = envs.from_params(env_params, shards_dir=section.shards_dir, split=split, tokenizer=tokenizer)
     val_env = validation_env(stage, section, env_params, tokenizer)
     trainer = trainer_class(stage, getattr(section, "algorithm", None))(policy, env, params, section, checkpoints,
                                                                        val_env=val_env, **callbacks)
