@@ -119,12 +119,18 @@ def arm_config(arm: str, sections: dict[str, Any], out: Path, checkpoints: Path 
                    checkpointing=replace(train.checkpointing, dir=checkpoints))
 
 
+def arm_stage(arm: str) -> str:
+    """The stage an arm trains as: sft for sft_longer and the control (which trains only as a seed's SFT start),
+    train for every RL arm."""
+    return "sft" if arm in ("sft_longer", CONTROL) else "train"
+
+
 def train_arm(arm: str, config: SFTParams | TrainParams, sections: dict[str, Any], log_metrics: Any) -> Path:
     """Train one arm as the sft / train stage would and save its model folder; returns it."""
     from vlmgym.rl.stage_setup import resume_dir, save_model, stage_policy, stage_trainer, warm_perception
 
     model, env_params = sections["model"], sections["env"]
-    stage = "sft" if arm in ("sft_longer", CONTROL) else "train"  # the control trains only as a seed's SFT start
+    stage = arm_stage(arm)
     policy, params = stage_policy(stage, config, model)
     checkpoints = resume_dir(config.checkpointing.dir, config, model, env_params, init_dir=config.init_dir)
     if stage == "sft" and config.perception.steps:  # a seed's SFT start, warmed up as the sft stage warms its own
@@ -150,18 +156,19 @@ def answer(model_dir: Path, split: str, arm: str, sections: dict[str, Any], blan
 
 
 def fingerprint(arm: str, config: SFTParams | TrainParams, sections: dict[str, Any]) -> str:
-    """What an arm's training depends on: its training section and data (train, val and, where the shard stage held
-    one out, rl shards), the model and env settings, the start model (the model that answers for an untrained
-    control). The held-out splits' data is checked apart (run_arm), so that a changed split is answered again
-    without training again."""
+    """What an arm's training depends on: its training section and data (train, val, and the rl split where an RL arm
+    samples one: prompt_split), the model and env settings, the start model (the model that answers for an
+    untrained control). The held-out splits' data is checked apart (run_arm), so that a changed split is answered
+    again without training again."""
     from vlmgym.params import to_dict
     from vlmgym.rl.loop import config_fingerprint
-    from vlmgym.rl.stage_setup import folder_identity, source_identity
+    from vlmgym.rl.stage_setup import folder_identity, prompt_split, source_identity
 
     start = sections["train"].init_dir if config is None else config.init_dir
-    held = ["rl"] if config is not None and (Path(config.shards_dir) / "rl").is_dir() else []
-    data = None if config is None else {split: split_identity(config.shards_dir, split)
-                                        for split in ("train", "val", *held)}
+    data = None
+    if config is not None:
+        splits = dict.fromkeys(("train", "val", prompt_split(arm_stage(arm), config.shards_dir, sections["env"])))
+        data = {split: split_identity(config.shards_dir, split) for split in splits}
     return config_fingerprint({"arm": arm, "config": None if config is None else to_dict(config), "data": data,
                                "model": to_dict(sections["model"]), "env": to_dict(sections["env"]),
                                "rollout": to_dict(sections["rollout"]), "start": folder_identity(start),
