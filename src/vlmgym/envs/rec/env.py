@@ -47,6 +47,9 @@ IOU_THRESHOLDS = (0.5, 0.75)  # accuracy at IoU >= 0.5 is RefCOCO's (and VLM-R1'
 # object's centre (with 12 image tokens, about one token's patch of the tiny model's image per cell)
 KINDS = tuple((size, colour, shape) for size in SIZES for colour in sorted(COLOURS) for shape in SHAPES)
 GRID_COLUMNS, GRID_ROWS = 4, 3
+# token labels: the centre's place in 0-1000 units, in bins this wide, so a token carries where its object is
+POSITION_BIN = 25
+POSITION_BINS = SCALE // POSITION_BIN
 MAX_IMAGE_SIDE = 100_000  # a width or height beyond this in a raw row is a broken row, not an image
 
 
@@ -162,6 +165,22 @@ class RecEnv(Env):
             if not labels[kind]:
                 labels[kind] = 1 + (min(int(y * GRID_ROWS), GRID_ROWS - 1) * GRID_COLUMNS
                                     + min(int(x * GRID_COLUMNS), GRID_COLUMNS - 1))
+        return labels
+
+    # for each merged image token: the kind of the object whose centre it holds (0: none, 1-24: KINDS) and that
+    # centre's x and y bins (0: none, 1-POSITION_BINS), so a token carries what it shows and where, and the language
+    # model can find the referred object by content and read its place off the same token
+    perception_token_heads = (1 + len(KINDS), 1 + POSITION_BINS, 1 + POSITION_BINS)
+
+    @staticmethod
+    def perception_token_labels(meta: dict[str, Any], rows: int, cols: int) -> list[list[int]]:
+        """(kind, x bin, y bin) per token, row by row; a token holding two centres keeps the first object's."""
+        RecEnv.perception_labels(meta)  # the same stop for rows without a scene
+        labels = [[0, 0, 0] for _ in range(rows * cols)]
+        for size, colour, shape, x, y in meta["objects"]:
+            token = min(int(y * rows), rows - 1) * cols + min(int(x * cols), cols - 1)
+            if not labels[token][0]:
+                labels[token] = [1 + KINDS.index((size, colour, shape)), 1 + _position_bin(x), 1 + _position_bin(y)]
         return labels
 
     def prompt(self, sample: SampleLike) -> str:
@@ -286,3 +305,8 @@ class RecEnv(Env):
     def report_html(cls, records_by_policy: Mapping[str, Sequence[Mapping[str, Any]]], params: Any) -> str:
         """The legend of the boxes the gallery draws."""
         return report.legend_html(list(records_by_policy))
+
+
+def _position_bin(relative: float) -> int:
+    """The bin (0 to POSITION_BINS - 1) of a place relative to the image's side (0-1)."""
+    return min(max(int(relative * SCALE) // POSITION_BIN, 0), POSITION_BINS - 1)
