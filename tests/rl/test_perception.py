@@ -140,6 +140,20 @@ def test_the_warm_up_reads_the_envs_view_of_each_sample(tiny_vlm):
     assert np.array_equal(seen.pixels[0], seen.pixels[2]) and not np.array_equal(seen.pixels[0], shown.pixels[0])
 
 
+def test_shown_token_accuracy_counts_only_tokens_that_show_something(tiny_vlm, monkeypatch):
+    """Calling every token empty scores the empty tokens' share on the plain accuracy and 0 on the shown one."""
+    env, val = QuadrantsEnv(quadrant_samples(8, 0)), QuadrantsEnv(quadrant_samples(24, 1))
+    warmup = perception.PerceptionWarmup(tiny_vlm.cfg, tiny_vlm.params, tiny_vlm.processor.settings, env, val,
+                                         section(tiny_vlm, steps=1).perception, progress_bar=False)
+    truth = warmup.val.token_labels
+    monkeypatch.setattr(warmup, "val_predictions", lambda trained: (None, np.zeros_like(truth)))
+    metrics = warmup.evaluate({})
+    assert 0 < metrics["perception/val_token_label_accuracy"] == pytest.approx((truth == 0).mean())
+    assert metrics["perception/val_shown_token_label_accuracy"] == 0.0
+    monkeypatch.setattr(warmup, "val_predictions", lambda trained: (None, np.where(truth > 0, truth, 1)))
+    assert warmup.evaluate({})["perception/val_shown_token_label_accuracy"] == 1.0
+
+
 def test_token_labels_that_do_not_fit_name_the_sample(tiny_vlm):
     settings = tiny_vlm.processor.settings
     sample = quadrant_samples(1, 0)[0]
