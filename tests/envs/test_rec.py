@@ -228,13 +228,13 @@ def test_token_labels_name_each_centres_kind_and_place():
     env = RecEnv
     labels = env.perception_token_labels(meta, 3, 4)
     assert len(labels) == 12 and all(len(t) == len(RecEnv.perception_token_heads) == 3 for t in labels)
-    assert RecEnv.perception_token_heads == (25, 41, 41)
+    assert RecEnv.perception_token_heads == (25, 21, 21)
     kinds = list(rec_env.KINDS)
-    # (96, 72) of 256x192: x 0.375 -> 375 units, bin 15; y 0.375 -> bin 15; column 1, row 1 -> token 5; the second
+    # (96, 72) of 256x192: x 0.375 -> 375 units, bin 7; y 0.375 -> bin 7; column 1, row 1 -> token 5; the second
     # small red circle (70, 72) shares that token and is not labelled over the first
-    assert labels[5] == [1 + kinds.index(("small", "red", "circle")), 16, 16]
-    # (255, 10): x 0.9961 -> 996 units, the last bin 39; y 0.0521 -> 52 units, bin 2; column 3, row 0 -> token 3
-    assert labels[3] == [1 + kinds.index(("large", "blue", "square")), 40, 3]
+    assert labels[5] == [1 + kinds.index(("small", "red", "circle")), 8, 8]
+    # (255, 10): x 0.9961 -> 996 units, the last bin 19; y 0.0521 -> 52 units, bin 1; column 3, row 0 -> token 3
+    assert labels[3] == [1 + kinds.index(("large", "blue", "square")), 20, 2]
     assert sum(t != [0, 0, 0] for t in labels) == 2
     # a finer grid puts the two circles in tokens of their own
     assert sum(t != [0, 0, 0] for t in env.perception_token_labels(meta, 6, 8)) == 3

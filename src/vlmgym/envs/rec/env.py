@@ -48,7 +48,7 @@ IOU_THRESHOLDS = (0.5, 0.75)  # accuracy at IoU >= 0.5 is RefCOCO's (and VLM-R1'
 KINDS = tuple((size, colour, shape) for size in SIZES for colour in sorted(COLOURS) for shape in SHAPES)
 GRID_COLUMNS, GRID_ROWS = 4, 3
 # token labels: the centre's place in 0-1000 units, in bins this wide, so a token carries where its object is
-POSITION_BIN = 25
+POSITION_BIN = 50
 POSITION_BINS = SCALE // POSITION_BIN
 MAX_IMAGE_SIDE = 100_000  # a width or height beyond this in a raw row is a broken row, not an image
 
