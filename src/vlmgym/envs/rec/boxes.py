@@ -85,6 +85,10 @@ def iou(a: Sequence[float], b: Sequence[float]) -> float:
     return min(1.0, max(0.0, inter / (area_a + area_b - inter)))
 
 
-def answer_json(box: Sequence[int], label: str) -> str:
-    """The canonical answer: `[{"bbox_2d": [x1, y1, x2, y2], "label": label}]` with 0-1000 integers."""
-    return json.dumps([{"bbox_2d": [int(v) for v in box], "label": label}], ensure_ascii=False)
+def answer_json(box: Sequence[int], label: str, label_first: bool = False) -> str:
+    """The canonical answer: `[{"bbox_2d": [x1, y1, x2, y2], "label": label}]` with 0-1000 integers (with
+    label_first, the same object with the label first)."""
+    item = {"bbox_2d": [int(v) for v in box], "label": label}
+    if label_first:
+        item = {"label": label, "bbox_2d": item["bbox_2d"]}
+    return json.dumps([item], ensure_ascii=False)

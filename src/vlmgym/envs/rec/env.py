@@ -42,6 +42,9 @@ ZOOM_CONTEXT = 1.0  # the ideal zoom's margin around the object, in units of its
 # doubled the cost of every SFT and GRPO step; tests/envs/test_prompt_buckets.py).
 PROMPT = ('Locate "{expression}" and report its bbox coordinates in JSON format: '
           '[{{"bbox_2d": [x1, y1, x2, y2], "label": "..."}}], 0-1000 relative to the image.')
+# the same request with the label first (env.rec.label_first), in the order the ideal answer then writes
+LABEL_FIRST_PROMPT = ('Locate "{expression}" and report its bbox coordinates in JSON format: '
+                      '[{{"label": "...", "bbox_2d": [x1, y1, x2, y2]}}], 0-1000 relative to the image.')
 IOU_THRESHOLDS = (0.5, 0.75)  # accuracy at IoU >= 0.5 is RefCOCO's (and VLM-R1's) headline metric
 # perception labels: per kind of object, none or the cell of a GRID_COLUMNS x GRID_ROWS grid holding its first
 # object's centre (with 12 image tokens, about one token's patch of the tiny model's image per cell)
@@ -59,6 +62,9 @@ class RecParams(ThinkParams, ToolParams):
 
     format_weight: float = spec(0.1, ge=0, le=1, doc="share of the reward for an answer in Qwen3-VL's form: a JSON "
                                                      "list of one bbox_2d of four integers 0-1000 (and a label)")
+    label_first: bool = spec(False, doc="the prompt and the SFT target put the label (the object's whole "
+                                        "description) before bbox_2d, so the box is written after the answer has "
+                                        "named the object it looks up; the reward reads either order")
 
 
 def parse_row(rec: dict[str, str]) -> Row:
@@ -185,7 +191,7 @@ class RecEnv(Env):
 
     def prompt(self, sample: SampleLike) -> str:
         """The expression and the answer format."""
-        return PROMPT.format(expression=sample.meta["expression"])
+        return (LABEL_FIRST_PROMPT if self.params.label_first else PROMPT).format(expression=sample.meta["expression"])
 
     def prepare_truth(self, sample: SampleLike) -> tuple[int, int, int, int]:
         """The true box, 0-1000."""
@@ -211,10 +217,10 @@ class RecEnv(Env):
         }
         return reward, info
 
-    @staticmethod
-    def ideal_answer(meta: dict[str, Any]) -> str:
-        """The SFT target: `[{"bbox_2d": [x1, y1, x2, y2], "label": "<label>"}]` with the true box."""
-        return answer_json(meta["bbox_2d"], meta["label"])
+    def ideal_answer(self, meta: dict[str, Any]) -> str:
+        """The SFT target: `[{"bbox_2d": [x1, y1, x2, y2], "label": "<label>"}]` with the true box (the label first
+        with env.rec.label_first)."""
+        return answer_json(meta["bbox_2d"], meta["label"], label_first=self.params.label_first)
 
     def ideal_tool_calls(self, meta: dict[str, Any]) -> list[dict]:
         """With the zoom tool: one zoom onto the referred object with ZOOM_CONTEXT of its size around it on each
