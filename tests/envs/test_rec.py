@@ -26,7 +26,7 @@ from vlmgym.envs.rec import data as rec_data
 from vlmgym.envs.rec import env as rec_env
 from vlmgym.envs.rec import report as rec_report
 from vlmgym.envs.rec import scene as rec_scene
-from vlmgym.envs.rec.env import PROMPT, parse_row
+from vlmgym.envs.rec.env import LABEL_FIRST_PROMPT, PROMPT, parse_row
 from vlmgym.eval.report import THUMBNAIL_PX
 from vlmgym.params import DataParams, ParamsError, ShardParams
 from vlmgym.stats.bootstrap import Statistic
@@ -530,7 +530,7 @@ def test_env_serves_the_generated_samples_from_shards(shards):
         state, obs = env.reset(idx)
         assert state.meta["id"] == sample.id and state.meta["expression"] == sample.expression
         assert state.meta["bbox_2d"] == list(pixels_to_qwen(sample.box, 256, 192))
-        assert obs["messages"][0]["content"][-1]["text"] == PROMPT.format(expression=sample.expression)
+        assert obs["messages"][0]["content"][-1]["text"] == LABEL_FIRST_PROMPT.format(expression=sample.expression)
         assert len(obs["images"]) == 1 and obs["images"][0].size == (256, 192)
         assert env.step_text(state, env.ideal_answer(state.meta))[2] == 1.0
         assert env.step_text(state, "no idea")[2] == 0.0

@@ -77,7 +77,7 @@ def test_iou_by_hand():
 
 
 def test_ideal_answer_scores_the_maximum():
-    answer = RecEnv(samples=[_sample()]).ideal_answer(_sample().meta)
+    answer = RecEnv(samples=[_sample()], params=RecParams(label_first=False)).ideal_answer(_sample().meta)
     assert answer == '[{"bbox_2d": [100, 100, 300, 300], "label": "small red circle"}]'
     reward, info = _score(answer)
     assert reward == 1.0 and info["format_ok"] and info["iou"] == 1.0 and info["n_boxes"] == 1
@@ -85,11 +85,12 @@ def test_ideal_answer_scores_the_maximum():
 
 
 def test_label_first_writes_the_label_before_the_box_and_scores_the_same():
-    env = RecEnv(samples=[_sample()], params=RecParams(label_first=True))
+    env = RecEnv(samples=[_sample()])  # the default
     answer = env.ideal_answer(_sample().meta)
     assert answer == '[{"label": "small red circle", "bbox_2d": [100, 100, 300, 300]}]'
     assert '[{"label": "...", "bbox_2d": [x1, y1, x2, y2]}]' in env.prompt(_sample())
-    assert '[{"bbox_2d": [x1, y1, x2, y2], "label": "..."}]' in RecEnv(samples=[_sample()]).prompt(_sample())
+    qwen_order = RecEnv(samples=[_sample()], params=RecParams(label_first=False))
+    assert '[{"bbox_2d": [x1, y1, x2, y2], "label": "..."}]' in qwen_order.prompt(_sample())
     reward, info = _score(answer)  # the reward reads either order, whatever the setting
     assert reward == 1.0 and info["format_ok"]
     assert json.loads(answer_json((1, 2, 3, 4), 'a "quoted" label')) == [{"bbox_2d": [1, 2, 3, 4],

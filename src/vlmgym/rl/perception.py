@@ -188,7 +188,7 @@ class PerceptionWarmup:
                             "perception/val_all_labels": float(correct.all(axis=1).mean())})
         if self.token_heads:
             correct = tokens == self.val.token_labels
-            # where few tokens show anything (rec's objects), calling every token empty scores high on the first
+            # where few tokens show anything (a few objects in a scene), calling every token empty scores high there
             shown = self.val.token_labels > 0
             metrics.update({"perception/val_token_label_accuracy": float(correct.mean()),
                             "perception/val_shown_token_label_accuracy": float(correct[shown].mean()) if shown.any()
