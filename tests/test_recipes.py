@@ -56,7 +56,8 @@ def test_the_overrides_are_dvc_exp_run_arguments_that_survive_word_splitting(mon
     assert words[::2] == ["-S"] * len(words[1::2])
     assert words[1::2] == ["++env.name=nlvr2", "++env.recipe=nlvr2", "++sft.optimizer.lr=0.001",
                            '++sft.lora.targets=["q","v"]', "++sft.freeze=none", "++sft.perception.steps=0",
-                           "++sft.perception.optimizer.lr=0.003", "++sft.steps=600", "++data.train_images=2000",
+                           "++sft.perception.optimizer.lr=0.003", "++sft.steps=600", "++sft.validation.every=100",
+                           "++data.train_images=2000",
                            "++data.image_width=256", "++data.image_height=192", "++train.optimizer.lr=0.0001",
                            "++train.sampling.temperature=1.0", "++model.max_pixels=12288"]
 
