@@ -88,7 +88,6 @@ def iou(a: Sequence[float], b: Sequence[float]) -> float:
 def answer_json(box: Sequence[int], label: str, label_first: bool = False) -> str:
     """The canonical answer: `[{"bbox_2d": [x1, y1, x2, y2], "label": label}]` with 0-1000 integers (with
     label_first, the same object with the label first)."""
-    item = {"bbox_2d": [int(v) for v in box], "label": label}
-    if label_first:
-        item = {"label": label, "bbox_2d": item["bbox_2d"]}
+    box = [int(v) for v in box]
+    item = {"label": label, "bbox_2d": box} if label_first else {"bbox_2d": box, "label": label}
     return json.dumps([item], ensure_ascii=False)

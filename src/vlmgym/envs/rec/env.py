@@ -174,15 +174,11 @@ class RecEnv(Env):
     @staticmethod
     def perception_labels(meta: dict[str, Any]) -> list[int]:
         """Per kind: 0 when the scene has none, else 1 + the cell (row-major) of its first object's centre."""
-        if not meta.get("objects"):
-            raise ValueError(f"rec: sample {meta.get('id')!r} has no scene objects (the hub's rows carry none), so "
-                             "sft.perception has no labels for it; set sft.perception.steps: 0")
         labels = [0] * len(KINDS)
-        for size, colour, shape, x, y in meta["objects"]:
+        for size, colour, shape, x, y in _scene(meta):
             kind = KINDS.index((size, colour, shape))
             if not labels[kind]:
-                labels[kind] = 1 + (min(int(y * GRID_ROWS), GRID_ROWS - 1) * GRID_COLUMNS
-                                    + min(int(x * GRID_COLUMNS), GRID_COLUMNS - 1))
+                labels[kind] = 1 + _cell(x, y, GRID_ROWS, GRID_COLUMNS)
         return labels
 
     # for each merged image token: the kind of the object whose centre it holds (0: none, 1-24: KINDS) and that
@@ -193,10 +189,9 @@ class RecEnv(Env):
     @staticmethod
     def perception_token_labels(meta: dict[str, Any], rows: int, cols: int) -> list[list[int]]:
         """(kind, x bin, y bin) per token, row by row; a token holding two centres keeps the first object's."""
-        RecEnv.perception_labels(meta)  # the same stop for rows without a scene
         labels = [[0, 0, 0] for _ in range(rows * cols)]
-        for size, colour, shape, x, y in meta["objects"]:
-            token = min(int(y * rows), rows - 1) * cols + min(int(x * cols), cols - 1)
+        for size, colour, shape, x, y in _scene(meta):
+            token = _cell(x, y, rows, cols)
             if not labels[token][0]:
                 labels[token] = [1 + KINDS.index((size, colour, shape)), 1 + _position_bin(x), 1 + _position_bin(y)]
         return labels
@@ -323,6 +318,19 @@ class RecEnv(Env):
     def report_html(cls, records_by_policy: Mapping[str, Sequence[Mapping[str, Any]]], params: Any) -> str:
         """The legend of the boxes the gallery draws."""
         return report.legend_html(list(records_by_policy))
+
+
+def _scene(meta: dict[str, Any]) -> list:
+    """The sample's scene objects (size, colour, shape, x, y), or a stop naming the sample when it has none."""
+    if not meta.get("objects"):
+        raise ValueError(f"rec: sample {meta.get('id')!r} has no scene objects (the hub's rows carry none), so "
+                         "sft.perception has no labels for it; set sft.perception.steps: 0")
+    return meta["objects"]
+
+
+def _cell(x: float, y: float, rows: int, cols: int) -> int:
+    """The row-major cell of a rows x cols grid that holds the place (x, y), relative to the image (0-1)."""
+    return min(int(y * rows), rows - 1) * cols + min(int(x * cols), cols - 1)
 
 
 def _position_bin(relative: float) -> int:
