@@ -53,10 +53,9 @@ def main() -> None:
     parser.add_argument("model_dir", help="a vlmgym model folder (models/jax/sft, models/jax/grpo)")
     parser.add_argument("--samples", type=int, default=256, help="val samples answered (the first ones)")
     args = parser.parse_args()
-    env_params, model = load_section("env", "params.yaml"), load_section("model", "params.yaml")
-    policy, params = load_policy(args.model_dir, model, load_section("sft", "params.yaml").max_target_tokens)
-    env = envs.from_params(env_params, shards_dir=load_section("sft", "params.yaml").shards_dir, split="val",
-                           tokenizer=policy.processor.tokenizer)
+    env_params, model, sft = (load_section(name, "params.yaml") for name in ("env", "model", "sft"))
+    policy, params = load_policy(args.model_dir, model, sft.max_target_tokens)
+    env = envs.from_params(env_params, shards_dir=sft.shards_dir, split="val", tokenizer=policy.processor.tokenizer)
     count, rows = min(args.samples, len(env)), []
     for start in range(0, count, BATCH):
         resets = [env.reset(i) for i in range(start, min(start + BATCH, count))]
