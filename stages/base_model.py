@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from vlmgym.envs import corpus, parts
+from vlmgym.envs import corpus, env_class, part_params, parts
 from vlmgym.envs.tools import tool_corpus
 from vlmgym.models.qwen3_vl.base_model import build_base_model
 from vlmgym.params import load_section
@@ -21,6 +21,17 @@ from vlmgym.tracking import stage_runs as tracking
 
 # Figures of the built checkpoint logged as metrics (the dimensions go to base_model.json).
 FIGURES = ("params_total", "params_vision", "params_text", "vocab_size", "image_tokens_256x192")
+
+
+def tool_texts(env_params) -> list[str]:
+    """With the tools option (vlmgym.envs.multiturn): the calls and replies of the tools the configured env offers
+    (a mixture: each sub-env's), so a call is a few tokens. Each env names its tools from its own `tool_classes`,
+    so a plug-in's tool is known here as it is in an episode."""
+    texts = []
+    for name in parts(env_params):
+        tools = tuple(getattr(part_params(env_params, name).settings(), "tools", ()) or ())
+        texts += tool_corpus(tools, env_class(name).tool_classes)
+    return texts
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -36,9 +47,7 @@ def main(argv: list[str] | None = None) -> int:
                             params_file=args.params) as run:
         # the built-in envs' texts, plus the active env's (a mixture's: each sub-env's) when it is another one
         # (vlmgym.envs.corpus)
-        # and with the tools option (vlmgym.envs.multiturn) the tool calls and replies, so a call is a few tokens
-        tools = tuple(getattr(env_params.settings(), "tools", ()) or ())
-        summary = build_base_model(params, corpus=corpus(active=parts(env_params)) + tool_corpus(tools))
+        summary = build_base_model(params, corpus=corpus(active=parts(env_params)) + tool_texts(env_params))
         run.log_metrics({k: summary[k] for k in FIGURES if k in summary})
         run.log_dict(summary, "base_model.json")
     print(f"base_model: {summary['source']} -> {params.hf_dir} "

@@ -1,6 +1,7 @@
 """docs/multi-turn.md: its example is tests/envs/mirror_env.py word for word, and the plug-in's tool works in an
 episode, in SFT's turns and in its settings; the guide's command names a preset that exists."""
 
+import importlib.util
 import re
 from pathlib import Path
 
@@ -9,8 +10,11 @@ import pytest
 from PIL import ImageOps
 
 from vlmgym import envs
-from vlmgym.config import ParamsError
+from vlmgym.config import ParamsError, from_dict
 from vlmgym.envs import multiturn
+from vlmgym.envs.tools import tool_corpus
+from vlmgym.models.qwen3_vl.base_model import train_tokenizer
+from vlmgym.params import EnvParams
 
 REPO = Path(__file__).resolve().parents[2]
 GUIDE = REPO / "docs" / "multi-turn.md"
@@ -52,3 +56,30 @@ def test_the_plug_in_settings_name_its_own_tools():
     assert [tool.name for tool in both.tools] == ["mirror", "zoom"]
     with pytest.raises(ParamsError, match="max_turns >= 2"):
         cls.Params(tools=("mirror",), max_turns=1)
+
+
+def base_model_stage():
+    spec = importlib.util.spec_from_file_location("base_model_stage", REPO / "stages" / "base_model.py")
+    stage = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(stage)
+    return stage
+
+
+@pytest.mark.usefixtures("scoped_envs")
+def test_the_base_model_tokenizer_learns_the_plug_in_tool():
+    tool_texts = base_model_stage().tool_texts
+    texts = tool_texts(EnvParams(name="mirror_env:MirrorColourEnv"))
+    mirror = envs.env_class("mirror_env:MirrorColourEnv").tool_classes["mirror"]()
+    assert set(mirror.corpus()) < set(texts)
+    both = from_dict(EnvParams, {"name": "mirror_env:MirrorColourEnv",
+                                 "mirror_colour": {"tools": ["mirror", "zoom"], "max_turns": 3}}, where="p: env")
+    assert tool_texts(both) == tool_corpus(("mirror", "zoom"), {"mirror": type(mirror),
+                                                                "zoom": multiturn.BUILTIN_TOOLS["zoom"]})
+    assert tool_texts(EnvParams()) == []  # the default env has no tools: its tokenizer is as before
+    mixture = from_dict(EnvParams, {"name": "mixture", "mixture": {"envs": {"rec": 1, "digits": 1}},
+                                    "digits": {"tools": ["zoom"], "max_turns": 2}}, where="p: env")
+    assert tool_texts(mixture) == tool_corpus(("zoom",))  # each sub-env's own tools
+    # learned, a call takes fewer tokens than from the environments' texts alone
+    call = multiturn.call_text("mirror", {})
+    corpus = envs.corpus(active="mirror_env:MirrorColourEnv")
+    assert len(train_tokenizer(corpus + texts).tokenize(call)) < len(train_tokenizer(corpus).tokenize(call))

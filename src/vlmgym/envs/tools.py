@@ -251,8 +251,10 @@ def tool_message(outcome: ToolOutcome) -> dict:
     return {"role": "tool", "content": [*image, {"type": "text", "text": outcome.result.text}]}
 
 
-def tool_corpus(names: Sequence[str]) -> list[str]:
-    """The tokenizer texts of the named built-in tools (none: no texts), with the tool reply's tags."""
+def tool_corpus(names: Sequence[str], catalogue: Mapping[str, type[Tool]] | None = None) -> list[str]:
+    """The tokenizer texts of the named tools from `catalogue` (default: the built-in ones; an env passes its
+    `tool_classes`), with the tool reply's tags; no names, no texts."""
     if not names:
         return []
-    return ["<tool_response>\n</tool_response>", *[text for tool in make_tools(names) for text in tool.corpus()]]
+    return ["<tool_response>\n</tool_response>",
+            *[text for tool in make_tools(names, catalogue) for text in tool.corpus()]]
