@@ -2,7 +2,9 @@
 
 FORMATS holds one well-formed answer of each env; an env's test adds the others' (adversarial(name)), since a
 right answer to one task is junk to another. JUNK is shared: tags, digit and word spam, JSON with non-finite or
-missing numbers, empty and whitespace-only text, very long text and non-ASCII digits and letters."""
+missing numbers, empty and whitespace-only text, very long text, non-ASCII digits and letters, names of nothing
+(emoji or punctuation only), negations, both answer words and hedges. wordings(answer, other) turns an env's right
+answer into the same negated, two-answer (negated()) and hedged (hedged()) forms."""
 
 from __future__ import annotations
 
@@ -13,6 +15,18 @@ FORMATS = {
     "digits": "1, 3, 7",
     "message_decoding": "house",
 }
+
+# Names of nothing: text that normalises to no letter or digit, alone and as geospot's name lines
+NAMELESS = ["💩", "!!!", "-", "—", "…", "🙂🙂🙂", "?!", "*", "City: 💩", "City: !!!", "City: -", "City: —",
+            "Region: 🙂\nCity: ?!", "Country: 💩\nRegion: !!!\nCity: —", "💩, !!!, —", "Country: ...\nCity: ~~"]
+# Answers that do not say one thing: negations, both words, hedges (every env's right answer gets these too:
+# wordings())
+NEGATIONS = ["not true", "The statement is not true", "isn't true", "It isn't true.", "not false",
+             "The statement is not false.", "No, not true", "never true"]
+BOTH_WORDS = ["True or False", "true and false", "True/False", "yes and no", "True, False", "either true or false"]
+HEDGES = ["probably true", "maybe false", "I think true", "Perhaps True.", "likely false", "I guess yes",
+          "possibly no", "true?"]
+WORDING = [*NAMELESS, *NEGATIONS, *BOTH_WORDS, *HEDGES]
 
 JUNK = [
     # empty and whitespace
@@ -33,6 +47,8 @@ JUNK = [
     "x" * 100_000, "\n" * 50_000,
     # digits and letters of other scripts
     "١, ٣, ٧", "١١", "१, ३, ७", "１, ３, ７", "１１", "①②③", "٣", "hôuse", "ΗΟΥΣΕ", "ℌ𝔬𝔲𝔰𝔢",
+    # names of nothing, negations, both words, hedges
+    *WORDING,
 ]
 
 
@@ -42,6 +58,22 @@ CONSTANTS = ["null", "NaN", "inf", "Infinity"]
 # before the env sees the answer
 TAGGED = ("<think>{}</think>".format, "<answer><answer>{}</answer>".format,
           "<think>{}</think><answer></answer>".format, "<answer>{}</answer>".format)
+
+
+def negated(answer: str, other: str) -> list[str]:
+    """`answer` (right) negated, or beside `other` (a wrong answer): neither says the answer."""
+    return [f"not {answer}", f"It is not {answer}.", f"not: {answer}", f"{answer} or {other}",
+            f"{other} or {answer}", f"{answer} and {other}", f"{answer}/{other}", f"either {answer} or {other}"]
+
+
+def hedged(answer: str) -> list[str]:
+    """`answer` (right) with a hedge: not the answer's form."""
+    return [f"probably {answer}", f"maybe {answer}", f"I think {answer}", f"perhaps: {answer}", f"{answer}?"]
+
+
+def wordings(answer: str, other: str) -> list[str]:
+    """negated() and hedged(): the right answer in forms that do not say it alone."""
+    return [*negated(answer, other), *hedged(answer)]
 
 
 def adversarial(name: str) -> list[str]:

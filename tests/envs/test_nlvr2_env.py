@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import pytest
-from adversarial import TAGGED, adversarial
+from adversarial import BOTH_WORDS, HEDGES, NEGATIONS, TAGGED, adversarial, wordings
 from PIL import Image
 
 from vlmgym.envs.nlvr2 import NLVR2Env, parse_answer
@@ -30,6 +30,13 @@ def make_samples(labels: list[bool]) -> list[FakeSample]:
     ("The answer: **True**", True), ("(false)", False),
     ("untrue", None), ("falsehood", None), ("known", None), ("nothing", None), ("trueish", None),
     ("true or false", None), ("Yes... no", None), ("True. Actually False.", None),
+    # framings of the one word are read; a yes / no that disagrees with it is no verdict
+    ("It's true.", True), ("The answer is: no", False), ("Verdict: FALSE", False), ("Yes, false", None),
+    ("No, the statement is true.", None),
+    # negations, both words and hedges say no one truth value
+    ("The statement is not true", None), ("isn't true", None), ("not false", None), ("It is not false.", None),
+    ("True or False", None), ("true and false", None), ("probably true", None), ("maybe false", None),
+    ("I think true", None), ("Definitely true", None), ("true?", None),
     ("", None), ("   ", None), ("maybe", None), ("1", None),
     # not a short verdict: spam, an essay, tags, a trace's lookup
     ("true " * 13, None), ("The left image shows " + "a shape " * 10 + "so it is true.", None),
@@ -157,11 +164,12 @@ def test_a_trace_comes_before_the_verdict_in_the_prompt_and_the_target():
     ("left: red. right: red. True", 1.0, True, "left: red. right: red."),  # a wrong description: the verdict scores
     ("left: blue, red. right: green. False", 0.0, True, "left: blue, red. right: green."),
     ("True", 1.0, False, None),  # the verdict alone is right but not the asked form
-    ("left: blue, red. True", 1.0, False, None),
+    # a broken trace is no trace: the words before the verdict are not the answer's form
+    ("left: blue, red. True", 0.0, False, None),
     ("left: blue, red. right: green.", 0.0, False, "left: blue, red. right: green."),
     ("left: red. right: blue. red object: left yes, right no. True", 1.0, True,
      "left: red. right: blue. red object: left yes, right no."),
-    ("left: red. right: blue. red object: left maybe. True", 1.0, False, "left: red. right: blue."),
+    ("left: red. right: blue. red object: left maybe. True", 0.0, False, "left: red. right: blue."),
     # the lookup's yes / no are not read as the verdict
     ("left: red. right: blue. red object: left yes, right no. no", 0.0, False,
      "left: red. right: blue. red object: left yes, right no."),
@@ -196,6 +204,21 @@ def test_trace_exact_counts_the_descriptions_of_samples_with_a_trace():
 VERDICT_JUNK = [*adversarial("nlvr2"), *(tagged(t) for t in ("True", "False", "yes") for tagged in TAGGED),
                 "red object: left yes, right yes.", "left: red. right: blue. red object: left yes, right yes",
                 "left: red. right: blue. " + "True " * 20, "True " + "x " * 50, "yes " * 1000]
+
+
+def test_negations_both_words_and_hedges_score_zero():
+    """Each truth value's answer words negated, beside the other value or hedged score 0 on both labels, alone and
+    after the trace: read out of such an answer, the word would pay for what the answer does not say."""
+    env = NLVR2Env(samples=traced([True, False]) + make_samples([True, False]))
+    texts = [*NEGATIONS, *BOTH_WORDS, *HEDGES, *(text for right, wrong in (("True", "False"), ("False", "True"),
+                                                                           ("yes", "no"), ("no", "yes"))
+                                                 for text in wordings(right, wrong))]
+    for index in range(len(env)):
+        state = env.reset(index)[0]
+        for text in texts:
+            for answer in (text, f"{state.meta.get('trace', '')} {text}".strip()):
+                reward, info = env.score(state, answer)
+                assert reward == 0.0 and info["answer"] is None, (state.truth, answer)
 
 
 def test_answers_that_are_no_verdict_score_zero():

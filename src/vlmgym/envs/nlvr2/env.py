@@ -25,11 +25,7 @@ from vlmgym.envs.think import ThinkParams
 from vlmgym.stats.bootstrap import Statistic
 from vlmgym.stats.fields import record_field, record_where
 
-# Whole words only: "untrue" is not "true", "known" is not "no".
-ANSWER_PATTERN = re.compile(r"\b(true|false|yes|no)\b", re.IGNORECASE)
 ANSWER_VALUES = {"true": True, "yes": True, "false": False, "no": False}
-# A well-formatted answer is exactly the one word asked for, optionally followed by a full stop; with a trace, the
-# description of both images in the trace's form comes first.
 FORMAT_PATTERN = re.compile(r"\s*(true|false)\s*\.?\s*", re.IGNORECASE)
 TRACE = re.compile(r"\s*left:[a-z\s,]+\.\s*right:[a-z\s,]+\.(?:\s*[a-z\s]+:\s*left (?:yes|no),\s*right (?:yes|no)\.)?",
                    re.IGNORECASE)
@@ -45,19 +41,28 @@ TRACE_PROMPT = PROMPT.replace("Answer with one word: True or False.",
                               "Say what each image holds, then answer True or False.")
 
 
-# A verdict is a word or a short sentence ("Yes, the statement is true."). Past this, or holding markup or a trace
-# lookup's "left yes", the text is not one: an answer word somewhere in it would pay for spam, essays and traces.
-MAX_VERDICT_WORDS = 12
-NOT_A_VERDICT = re.compile(r"</?[A-Za-z][^<>]*>|\b(?:left|right)\s+(?:yes|no)\b", re.IGNORECASE)
+# The verdict: one answer word, alone or in a plain statement of it, optionally after a yes / no that agrees
+# ("True", "Yes, the statement is true.", "The answer: **False**", "No, it is false!"). Anything else -- a negation
+# ("not true"), both words ("true or false"), a hedge ("probably true", "I think true"), more words, tags, a trace's
+# "left yes" -- is no verdict: reading the answer word out of it would pay for what the answer does not say.
+_WORD = r"(true|false|yes|no)"
+_LEAD = r"(?:(?:the\s+)?(?:answer|verdict|statement)(?:\s+is\s*:?|\s*:)|(?:it|this|that)(?:\s+is|'s))"
+VERDICT = re.compile(rf"(?:{_WORD}\s*[,.!:]?\s+)?(?:{_LEAD}\s*)?{_WORD}\s*[.!]?", re.IGNORECASE)
+MAX_VERDICT_CHARS = 80  # the longest verdict is under 40 characters; longer text is not read (bounds regex work)
+_DECORATION = str.maketrans({c: "" for c in "*_`\"()[]"})  # markdown emphasis, quotes, brackets: no words
+_APOSTROPHE = str.maketrans({"’": "'", "ʼ": "'"})
 
 
 def parse_answer(text: str) -> bool | None:
-    """True / False from the answer words in `text`; None when it has none or both (never guess a side), or when
-    `text` is not a short verdict (MAX_VERDICT_WORDS words at most, no tags, no trace lookup)."""
+    """True / False when `text` is a verdict (VERDICT: one answer word, maybe in a plain sentence stating it);
+    None for anything else, and when a leading yes / no disagrees with the word."""
     text = text if isinstance(text, str) else ""
-    if len(text.split(maxsplit=MAX_VERDICT_WORDS)) > MAX_VERDICT_WORDS or NOT_A_VERDICT.search(text):
+    if len(text) > MAX_VERDICT_CHARS:
         return None
-    values = {ANSWER_VALUES[word.lower()] for word in ANSWER_PATTERN.findall(text)}
+    match = VERDICT.fullmatch(" ".join(text.translate(_DECORATION).translate(_APOSTROPHE).split()))
+    if match is None:
+        return None
+    values = {ANSWER_VALUES[word.lower()] for word in match.groups() if word}
     return values.pop() if len(values) == 1 else None
 
 
@@ -140,8 +145,8 @@ class NLVR2Env(Env):
         return sample.meta["label"]
 
     def score(self, state: State, text: str) -> tuple[float, dict]:
-        """1 when the answer names the right truth value unambiguously in a short verdict (parse_answer), else 0;
-        a leading trace is not read for it (its lookup says yes and no)."""
+        """1 when the answer is a verdict (parse_answer) naming the right truth value, alone or after a trace, else
+        0; the trace is not read for it (its lookup says yes and no)."""
         text = text if isinstance(text, str) else ""
         trace, asked = TRACE.match(text), self.uses_trace(state.meta)
         answer = parse_answer(text[trace.end():] if trace else text)
