@@ -65,6 +65,53 @@ def test_unknown_section_is_an_error(tmp_path):
         params.load_all(write(tmp_path, "trian:\n  lr: 0.1\n"))
 
 
+@pytest.mark.parametrize(("text", "key"), [
+    ("train:\n  optimizer:\n    lr: .inf\n", "train.optimizer.lr"),
+    ("sft:\n  optimizer:\n    lr: .nan\n", "sft.optimizer.lr"),
+    ("train:\n  epsilon_high: -.inf\n", "train.epsilon_high"),
+    ("train:\n  optimizer:\n    max_grad_norm: 1e999\n", "train.optimizer.max_grad_norm"),  # a string, read as inf
+    ("sft:\n  perception:\n    optimizer:\n      lr: .inf\n", "sft.perception.optimizer.lr"),
+    ("env:\n  geospot:\n    tau_km: [1.0, .inf, 1.0, 1.0]\n", "env.geospot.tau_km[1]"),
+])
+def test_non_finite_numbers_are_refused_naming_the_key(tmp_path, text, key):
+    path = write(tmp_path, text)
+    for load in (params.load_all, lambda p: params.load_section("tracking", p)):
+        with pytest.raises(params.ParamsError) as err:
+            load(path)
+        message = str(err.value)
+        assert f"{key}: value" in message and "not a finite number" in message and "\n" not in message, message
+
+
+@pytest.mark.parametrize(("algorithm", "filter_groups", "refused"), [
+    ("grpo", False, True), ("rloo", False, True), ("online_dpo", False, True), ("ppo", False, False),
+    ("ppo", True, True)])
+def test_group_size_one_is_refused_where_groups_are_compared(tmp_path, algorithm, filter_groups, refused):
+    path = write(tmp_path, f"train:\n  algorithm: {algorithm}\n  group_size: 1\n"
+                           f"  filter_groups: {str(filter_groups).lower()}\n")
+    if not refused:
+        assert params.load_section("train", path).group_size == 1
+        return
+    with pytest.raises(params.ParamsError, match=r"train.group_size=1: .* needs train.group_size >= 2"):
+        params.load_section("train", path)
+
+
+def test_any_sections_load_validates_the_whole_file(tmp_path):
+    path = write(tmp_path, "foo: 1\ntracking:\n  experiment: x\n")
+    with pytest.raises(params.ParamsError, match=r"unknown section\(s\) \['foo'\]"):
+        params.load_section("tracking", path)
+    path.write_text("tracking:\n  experiment: x\neval:\n  seed: -1\n")  # another section's bad value
+    with pytest.raises(params.ParamsError, match="eval.seed"):
+        params.load_section("tracking", path)
+    path.write_text("tracking:\n  experiment: y\n")  # a changed file is read again, not the cached one
+    assert params.load_section("tracking", path).experiment == "y"
+
+
+def test_a_loaded_section_is_a_copy_of_the_cached_one(tmp_path):
+    path = write(tmp_path, "sft:\n  mesh: [1, 1, 1]\n")
+    params.load_section("sft", path).mesh.append(2)
+    assert params.load_section("sft", path).mesh == [1, 1, 1]
+
+
 def test_ints_are_accepted_for_floats(tmp_path):
     model = params.load_section("model", write(tmp_path, "model:\n  parity_tolerance: 1\n"))
     assert model.parity_tolerance == 1.0 and isinstance(model.parity_tolerance, float)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import math
 import re
 import types
 import typing
@@ -306,10 +307,10 @@ def _coerce(value: Any, hint: Any, where: str) -> Any:
     if hint is float:
         # PyYAML follows YAML 1.1, which reads `3e-5` (no dot) as a string; DVC writes `-S train.lr=3e-5` so.
         if isinstance(value, str) and _FLOAT_TEXT.fullmatch(value.strip()):
-            return float(value)
+            value = float(value)
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise ParamsError(f"{where}: expected a number, got {value!r} ({type(value).__name__})")
-        return float(value)
+        return _finite(float(value), where)
     if hint is str:
         if not isinstance(value, str):
             raise ParamsError(f"{where}: expected a string, got {value!r} ({type(value).__name__})")
@@ -319,6 +320,15 @@ def _coerce(value: Any, hint: Any, where: str) -> Any:
             raise ParamsError(f"{where}: expected a mapping, got {value!r}")
         return from_dict(hint, value, where)
     raise ParamsError(f"{where}: unsupported type {hint}")
+
+
+def _finite(value: float, where: str) -> float:
+    """Every float of a params file passes here: YAML reads `.inf` and `.nan` as numbers, and an lr of inf trains
+    a model of NaNs without any other error."""
+    if not math.isfinite(value):
+        raise ParamsError(f"{where}: value {value!r} is not a finite number (inf and nan are refused); give a "
+                          "finite one")
+    return value
 
 
 def _check_range(value: Any, meta: typing.Mapping, where: str) -> None:
