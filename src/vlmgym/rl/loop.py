@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, NamedTuple, Protocol
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from tqdm import tqdm
 
@@ -19,6 +20,31 @@ from vlmgym.runtime import distributed
 
 MetricsCallback = Callable[[int, dict[str, float]], None]
 RECENT_METRICS = 10
+# The step figures whose non-finite value stops a run (the params themselves are checked too): past them every
+# later step only spreads the NaN, and a checkpoint of it would be resumed.
+WATCHED_FIGURES = ("loss", "grad_norm")
+
+
+class NonFiniteError(ValueError):
+    """A training step made its loss, gradient norm or params non-finite; the run stopped before saving that
+    state (its message names the stage, the step, the figure and the last good checkpoint)."""
+
+
+@jax.jit
+def _finite_leaves(tree: Any) -> list[jax.Array]:
+    """Whether each floating leaf of `tree` is all finite (one reduction per leaf, outside the training step)."""
+    return [jnp.isfinite(leaf).all() for leaf in jax.tree.leaves(tree) if jnp.issubdtype(leaf.dtype, jnp.inexact)]
+
+
+def first_non_finite_leaf(tree: Any) -> tuple[str, int, int] | None:
+    """(the path of the first floating leaf holding an inf or a nan, how many such leaves, how many floating
+    leaves) of a params tree; None when every value is finite."""
+    paths = [jax.tree_util.keystr(path) for path, leaf in jax.tree_util.tree_leaves_with_path(tree)
+             if jnp.issubdtype(leaf.dtype, jnp.inexact)]
+    finite = np.asarray(jax.device_get(_finite_leaves(tree)), bool)
+    if finite.all():
+        return None
+    return paths[int(np.argmin(finite))], int((~finite).sum()), len(paths)
 
 
 class Samples(NamedTuple):
@@ -139,6 +165,7 @@ class TrainingLoop(abc.ABC):
     """Resume from the latest checkpoint, run the remaining steps with a progress bar, checkpoint, report."""
 
     name = "train"
+    section = "train"  # the params section (and stage) the loop's settings come from, as its errors name it
 
     def __init__(self, *, total_steps: int, checkpoint_dir: str | Path, save_every: int, keep: int,
                  metrics_callback: MetricsCallback | None = None, progress_bar: bool = True):
@@ -214,6 +241,7 @@ class TrainingLoop(abc.ABC):
             for step in range(start, end):
                 started = time.perf_counter()
                 metrics = self.step(step)
+                self.check_finite(step + 1, metrics)  # before anything logs, validates or saves the step
                 metrics["step_time_s"] = time.perf_counter() - started
                 metrics["compile_count"] = float(self.compiles.count)
                 done = step + 1
@@ -251,6 +279,15 @@ class TrainingLoop(abc.ABC):
         selected, self.final_step = validator.selected(self.model_params(), done)
         return selected
 
+    def check_finite(self, step: int, metrics: dict[str, float]) -> None:
+        """Raise NonFiniteError when step `step` (1-based) left a non-finite loss, gradient norm or param."""
+        figure = next((f"{name} is {metrics[name]} (non-finite)" for name in WATCHED_FIGURES
+                       if name in metrics and not np.isfinite(metrics[name])), None)
+        figure = figure or non_finite_params(self.checkpoint_params())
+        if figure is not None:
+            raise NonFiniteError(non_finite_message(f"{self.section}: step {step}", figure,
+                                                    last_checkpoint(self.checkpoints), self.section))
+
     def _sparse(self) -> bool:
         return getattr(getattr(self, "optimizer", None), "sparse", False)
 
@@ -269,3 +306,32 @@ class TrainingLoop(abc.ABC):
     def postfix(self, metrics: dict[str, float]) -> dict[str, str]:
         """The figures shown next to the progress bar."""
         return {"loss": f"{metrics.get('loss', float('nan')):.4f}"}
+
+
+def non_finite_params(params: Any) -> str | None:
+    """What is wrong with a params tree that holds an inf or a nan, for a NonFiniteError; None when all is finite."""
+    bad = first_non_finite_leaf(params)
+    return None if bad is None else f"params hold inf or nan ({bad[1]} of {bad[2]} arrays, first {bad[0]})"
+
+
+def last_checkpoint(checkpoints: CheckpointManager) -> str:
+    """Which checkpoint a stopped run keeps, in words."""
+    latest = checkpoints.latest_step()
+    if latest is None:
+        return "no checkpoint was saved before it"
+    return f"the last good checkpoint is {_shown(checkpoints.directory / str(latest))}"
+
+
+def non_finite_message(where: str, figure: str, kept: str, settings: str) -> str:
+    """One line: where training went non-finite (`where`: "train: step 3"), what is kept, and what to change in
+    the params section `settings`."""
+    return (f"{where}: {figure}; stopped without saving it or writing outputs, {kept}; lower "
+            f"{settings}.optimizer.lr or set {settings}.optimizer.max_grad_norm > 0 and run the stage again")
+
+
+def _shown(path: Path) -> str:
+    """A path relative to the working directory when it lies under it (shorter in a one-line error)."""
+    try:
+        return str(path.relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)

@@ -34,6 +34,7 @@ from vlmgym.envs.base import MissingPart
 from vlmgym.models.qwen3_vl.convert import load_checkpoint, save_checkpoint
 from vlmgym.models.qwen3_vl.processor import ImageSettings, preprocess_images
 from vlmgym.models.qwen3_vl.vision import encode_patches, patch_layout
+from vlmgym.rl.loop import NonFiniteError, non_finite_message, non_finite_params
 
 Log = Callable[[int, dict[str, float]], None]
 SUMMARY_FILE = "perception.json"  # the warm-up's last figures, beside its checkpoint: a resumed SFT reports them
@@ -206,6 +207,15 @@ class PerceptionWarmup:
             yield np.asarray(queue[:size])
             queue = queue[size:]
 
+    def check_finite(self, step: int, loss: float, trained: dict) -> None:
+        """Stop with a NonFiniteError at the first step whose loss or weights hold an inf or a nan (the warm-up
+        saves nothing until it ends, so nothing of it is kept)."""
+        figure = f"loss is {loss} (non-finite)" if not np.isfinite(loss) else non_finite_params(trained)
+        if figure is not None:
+            raise NonFiniteError(non_finite_message(f"sft: perception warm-up step {step}", figure,
+                                                    "the warm-up keeps no checkpoint before its end",
+                                                    "sft.perception"))
+
     def run(self) -> tuple[Any, dict[str, float]]:
         """Train for section.steps; (params with the warmed tower, the last evaluation or the last loss)."""
         trained = {"visual": self.params["visual"], "head": self.head}
@@ -218,6 +228,7 @@ class PerceptionWarmup:
             trained, state, loss = self._step(trained, state, jnp.asarray(train.pixels[index]),
                                               jnp.asarray(train.labels[index]), jnp.asarray(train.token_labels[index]))
             metrics = {"perception/loss": float(loss)}
+            self.check_finite(step, metrics["perception/loss"], trained)
             if self.val is not None and (step == self.section.steps or every and step % every == 0):
                 metrics.update(self.evaluate(trained))
             summary.update(metrics)

@@ -42,6 +42,7 @@ class SFTTrainer(TrainingLoop):
     """
 
     name = "sft"
+    section = "sft"
 
     def __init__(self, policy: Policy, env: Any, params: Any, config: SFTParams, checkpoint_dir: str | Path, *,
                  metrics_callback: MetricsCallback | None = None, progress_bar: bool = True, val_env: Any = None):
