@@ -49,4 +49,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from vlmgym.runtime.errors import guarded
+
+    sys.exit(guarded("shard", main))

@@ -96,4 +96,6 @@ def _train(args: argparse.Namespace) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from vlmgym.runtime.errors import guarded
+
+    sys.exit(guarded("train", main))

@@ -41,7 +41,10 @@ def dispatch(prog: str, table: Table, argv: list[str], what: str = "command") ->
         print(f"{prog}: unknown {what} {name!r}\n\n{usage(prog, table, what)}", file=sys.stderr)
         return 2
     module_name, func_name = table[name][0].split(":")
-    return int(getattr(importlib.import_module(module_name), func_name)(rest) or 0)
+    from vlmgym.runtime.errors import guarded
+
+    # a user's error (a params value, a YAML typo, a missing file) is one line naming the command, not a traceback
+    return guarded(f"{prog} {name}", lambda: getattr(importlib.import_module(module_name), func_name)(rest))
 
 
 def main(argv: list[str] | None = None) -> int:
