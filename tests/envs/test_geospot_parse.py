@@ -97,6 +97,15 @@ def test_unknown_values_and_namibia():
     assert "region: missing" in parsed.failures
 
 
+@pytest.mark.parametrize("name", ["💩", "!!!", "—", "…", "?!", "🙂 🙂", "~~", "(*)"])
+def test_a_name_without_a_letter_or_digit_is_missing(name):
+    parsed = parse_answer(f"Country: {name}\nRegion: {name}\nCity: {name}\nLatitude: 35.2\nLongitude: 36.0")
+    assert (parsed.country, parsed.region, parsed.city) == (None, None, None)
+    assert {"country: missing", "region: missing", "city: missing"} <= set(parsed.failures)
+    assert parsed.format_ok  # a missing name is content, not format
+    assert parse_answer(f"City: {name}1").city and parse_answer(f"City: {name} Aş").city  # one is enough
+
+
 def test_first_occurrence_of_a_field_wins_and_long_beach_stays_a_city():
     parsed = parse_answer("City: Long Beach, Long: -118.19, Lat: 33.77\nCity: Paris")
     assert (parsed.city, parsed.latitude, parsed.longitude) == ("Long Beach", 33.77, -118.19)

@@ -6,7 +6,7 @@ import random
 from dataclasses import dataclass, field
 
 import pytest
-from adversarial import adversarial
+from adversarial import NAMELESS, adversarial, hedged, negated
 from geographiclib.geodesic import Geodesic
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -153,6 +153,48 @@ def test_other_answers_and_junk_score_nothing(env, states):
         for state in states:
             value, info = reward(env, state, text)
             assert value < 1e-3 and not info["format_ok"], (state.meta["id"], text[:80], value)
+
+
+BANIYAS = sample_at("baniyas", 35.18, 35.95, "SY", "Tartus", "Baniyas")  # near the table's nameless row in Tartus
+
+
+@pytest.mark.parametrize("name", ["💩", "!!!", "—", "…", "?!", "🙂 🙂", "~~", "*-*"])
+def test_names_of_nothing_score_nothing_at_any_level(name):
+    """A name without a letter or digit is a missing name: no level resolves it (the table's nameless rows
+    included), so it adds nothing to the reward that the answer without it gets."""
+    env = make("geospot", samples=[BANIYAS])
+    state = env.reset(0)[0]
+    coords = "Latitude: 35.2\nLongitude: 36.0"
+    for names in ([name, None, None], [None, name, None], [None, None, name], [name, name, name]):
+        lines = [f"{key}: {value}" for key, value in zip(("Country", "Region", "City"), names) if value]
+        missing = [f"{key}:" for key, value in zip(("Country", "Region", "City"), names) if value]
+        for tail in ("", coords):
+            value, info = reward(env, state, "\n".join([*lines, tail]))
+            assert all(info[f"k_{level}"] == 0.0 for level in ("country", "region", "city")), (names, tail)
+            assert info["pred_city"] is None and info["pred_region"] is None and info["pred_country"] is None
+            assert value == reward(env, state, "\n".join([*missing, tail]))[0]
+            assert tail or value == 0.0
+
+
+def test_nameless_answers_in_the_shared_junk_score_zero():
+    env = make("geospot", samples=[BANIYAS])
+    state = env.reset(0)[0]
+    for text in NAMELESS:
+        assert reward(env, state, text)[0] == 0.0, text
+
+
+@pytest.mark.parametrize("level, right, wrong", [("Country", "France", "Spain"), ("City", "Paris", "Lyon"),
+                                                 ("Region", "Ile-de-France", "Normandy")])
+def test_negated_two_and_hedged_names_earn_no_more_than_the_name(level, right, wrong):
+    """A negated name or two names on one line name no place; a hedge never earns more than the bare name does."""
+    env = make("geospot", samples=[sample_at("paris", 48.8566, 2.3522, "FR", "Ile-de-France", "Paris")])
+    state = env.reset(0)[0]
+    bare = reward(env, state, f"{level}: {right}")[0]
+    assert bare > 0  # the right name alone is paid: the zeros below are the wording's doing
+    for text in negated(right, wrong):
+        assert reward(env, state, f"{level}: {text}")[0] == 0.0, text
+    for text in hedged(right):
+        assert reward(env, state, f"{level}: {text}")[0] <= bare, text
 
 
 garbage = st.text(st.characters(blacklist_characters="0123456789:=：-–—,;|\n", blacklist_categories=("Nd",)))

@@ -174,3 +174,24 @@ def test_the_table_loads_as_reverse_geocoders_own_rows(gaz):
     assert np.array_equal(by_rows.lat, gaz.lat) and np.array_equal(by_rows.lon, gaz.lon)
     assert by_rows.city_places == gaz.city_places
     assert all(name_key(name) == "".join(name_tokens(name)) for name in gaz.names)
+
+
+NAMELESS = ["💩", "!!!", "-", "—", "…", "  ", "?!", "(💩)", "🙂 🙂", "'", "~~"]
+
+
+@pytest.mark.parametrize("text", NAMELESS)
+def test_text_without_a_letter_or_digit_names_nothing(gaz, text):
+    """Its key is empty, and the table's nameless rows (one in Tartus, Syria) must not answer to it at any level,
+    with or without a country, region or nearby point."""
+    assert name_key(text) == "" and lookup_country(text) is None and gaz.resolve_country(text) is None
+    tartus = (35.08638, 36.20605)
+    for cc, admin1, near in ((None, None, None), ("SY", "Tartus", tartus), (None, None, tartus)):
+        assert gaz.resolve_city(text, cc, admin1, near) is None
+        assert gaz.resolve_region(text, cc, near) is None
+
+
+def test_nameless_rows_are_only_found_by_reverse_geocoding(gaz):
+    nameless = [i for i, name in enumerate(gaz.names) if not name_key(name)]
+    assert nameless  # the table has them: the test above would otherwise prove nothing
+    assert "" not in gaz.city_places
+    assert all(gaz.reverse(gaz.lat[i], gaz.lon[i]).index == i for i in nameless)

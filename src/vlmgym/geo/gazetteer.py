@@ -84,7 +84,9 @@ class Gazetteer:
         for i, (cc_i, admin1_i, name) in enumerate(zip(self.cc, self.admin1, self.names)):
             by_country[cc_i].append(i)
             by_region[(cc_i, admin1_i)].append(i)
-            by_city[name_key(name)].append(i)
+            key = name_key(name)
+            if key:  # a nameless row (two in the table) is found by reverse geocoding only, never by a name
+                by_city[key].append(i)
         self.country_places = {k: np.array(v) for k, v in by_country.items()}
         self.region_places = {k: np.array(v) for k, v in by_region.items()}
         self.city_places = {k: tuple(v) for k, v in by_city.items()}
@@ -94,7 +96,7 @@ class Gazetteer:
         for cc_i, admin1_i in self.region_places:
             if not admin1_i:
                 continue
-            for key in {name_key(admin1_i), "~" + area_key(admin1_i)}:
+            for key in _area_keys(admin1_i):
                 self._regions_in[cc_i][key].add(admin1_i)
                 self._regions_anywhere[key].add((cc_i, admin1_i))
         self._representative: dict[tuple[str, str] | str, int] = {}
@@ -192,7 +194,7 @@ class Gazetteer:
     @lru_cache(maxsize=65536)  # noqa: B019
     def _region_candidates(self, text: str, cc: str | None) -> tuple[tuple[str, str], ...]:
         for candidate in dict.fromkeys((text, strip_parenthetical(text))):
-            keys = (name_key(candidate), "~" + area_key(candidate))
+            keys = _area_keys(candidate)
             if cc in self._regions_in:
                 for key in keys:
                     found = self._regions_in[cc].get(key)
@@ -258,8 +260,15 @@ class Gazetteer:
 
 @lru_cache(maxsize=65536)
 def _city_keys(text: str) -> tuple[tuple[str, ...], ...]:
-    """Lookup keys of a city name as written, then without its parenthetical aside."""
-    return tuple((name_key(c), *city_alias_keys(c)) for c in dict.fromkeys((text, strip_parenthetical(text))))
+    """Lookup keys of a city name as written, then without its parenthetical aside (none for a nameless text)."""
+    candidates = dict.fromkeys((text, strip_parenthetical(text)))
+    return tuple(keys for keys in ((name_key(c), *city_alias_keys(c)) for c in candidates) if keys[0])
+
+
+def _area_keys(text: str) -> tuple[str, ...]:
+    """A region's lookup keys: the exact key, then '~' and the key without generic words (none if nameless)."""
+    exact = name_key(text)
+    return (exact, "~" + area_key(text)) if exact else ()
 
 
 def _haversine(lat1: float, lon1: float, lat2: float, lon2: float) -> float:

@@ -34,7 +34,10 @@ def name_tokens(text: str) -> list[str]:
 
 
 def name_key(text: str) -> str:
-    """The lookup key of a name: its tokens joined without spaces (so 'Saint-Etienne' == 'Saint Etienne')."""
+    """The lookup key of a name: its tokens joined without spaces (so 'Saint-Etienne' == 'Saint Etienne').
+
+    Text with no letter or digit ('💩', '!!!', '—') has the empty key, which names nothing: every lookup refuses it.
+    """
     if text.isascii() and text.isalnum():  # one plain word, three names in four: the same key, half the time
         word = text.lower()
         return _ABBREVIATIONS.get(word, word)
@@ -152,6 +155,8 @@ def lookup_country(text: str) -> str | None:
     keys = country_keys()
     for candidate in (text, strip_parenthetical(text)):
         key = name_key(candidate)
+        if not key:
+            continue
         if key in keys:
             return keys[key]
         tokens = name_tokens(candidate)

@@ -49,6 +49,7 @@ _COORD = re.compile(
 # "None" and "Nan" are not here: they are real places (None, Piedmont; Nan, Thailand)
 EMPTY_VALUES = {"", "unknown", "n/a", "-", "--", "?", "null", "not sure", "unsure", "tbd"}
 _TRIM = " \t*_`\"'.,;:[](){}<>"
+_NAME_CHAR = re.compile(r"[^\W_]")
 
 
 @dataclass(frozen=True)
@@ -125,7 +126,8 @@ def _field_of(key: str) -> str | None:
 
 def _clean_name(value: str) -> str | None:
     value = value.strip(_TRIM).strip()
-    return None if value.casefold() in EMPTY_VALUES else value
+    # a value without one letter or digit ('💩', '!!!', '—') names no place: it is missing, not unresolved
+    return None if value.casefold() in EMPTY_VALUES or not _NAME_CHAR.search(value) else value
 
 
 def _from_keyed(values: dict[str, str]) -> ParsedAnswer:
