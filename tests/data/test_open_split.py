@@ -1,8 +1,13 @@
-"""open_split: the lazy reader serves what read_split decodes (keys, order, meta, pixels) without holding images."""
+"""open_split: the lazy reader serves what read_split decodes (keys, order, meta, pixels) without holding images,
+and checks every tar it indexes against the sha256 the shard stage recorded."""
 
 from __future__ import annotations
 
+import hashlib
 import io
+import json
+import os
+import shutil
 import tarfile
 
 import numpy as np
@@ -11,7 +16,7 @@ from data_helpers import jpeg_bytes, make_raw
 
 from vlmgym import envs
 from vlmgym.data import shard_writer as sharding
-from vlmgym.data.shards import StoredSample, StoredSplit, open_split, read_split
+from vlmgym.data.shards import ShardIntegrityError, StoredSample, StoredSplit, open_split, read_split, split_identity
 from vlmgym.params import ShardParams
 
 PARAMS = ShardParams(max_pixels=96 * 72, shard_max_bytes=64 * 1024, val_samples=0, workers=1)
@@ -122,3 +127,90 @@ def test_opening_a_split_allocates_a_small_fraction_of_its_pixels(shards):
     # About 1 kB per sample (key, json bytes, tar offsets) against 20 kB of pixels of these 96x72 test images (the
     # default's 256x192 images hold 147 kB).
     assert peak / len(lazy) < 2048 and peak < pixel_bytes / 10, (peak, pixel_bytes)
+
+
+def test_the_manifest_holds_each_tars_sha256(shards):
+    manifest = json.loads((shards / "manifest.json").read_text())
+    for split, entry in manifest["splits"].items():
+        for shard in entry["shards"]:
+            assert shard["sha256"] == hashlib.sha256((shards / split / shard["name"]).read_bytes()).hexdigest()
+
+
+def flip_bytes_keeping_size_and_mtime(path, at):
+    """What the shard stage's own output looks like after a disk or a tool changed it behind DVC's back."""
+    stat = path.stat()
+    data = bytearray(path.read_bytes())
+    data[at:at + 64] = bytes(b ^ 0xFF for b in data[at:at + 64])
+    path.write_bytes(bytes(data))
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert path.stat().st_size == stat.st_size
+
+
+def second_sample_offsets(tar):
+    """(header offset, data offset) of the second sample's first member in a tar."""
+    with tarfile.open(tar) as opened:
+        first, *rest = opened.getmembers()
+        member = next(m for m in rest if m.name.split(".")[0] != first.name.split(".")[0])
+        return member.offset, member.offset_data
+
+
+RECORDED = r"sha256 .* is not the .* the shard stage recorded"
+RECOVER = r"dvc checkout --relink data/shards.*dvc repro -f -s shard"
+
+
+@pytest.mark.parametrize(("limit", "where"), [(None, "data"), (1, "data"), (None, "header")])
+def test_a_tar_changed_at_the_same_size_is_an_error(shards, tmp_path, limit, where):
+    copy = tmp_path / "shards"
+    shutil.copytree(shards, copy)
+    tar = copy / "train" / "shard-000000.tar"
+    header, data = second_sample_offsets(tar)  # past the first sample: `limit` 1 never shows it
+    flip_bytes_keeping_size_and_mtime(tar, data + 100 if where == "data" else header)
+    with pytest.raises(ShardIntegrityError, match=rf"shard-000000\.tar: {RECORDED} .*{RECOVER}"):
+        open_split(copy, "train", limit)
+    with pytest.raises(ShardIntegrityError, match="shard-000000.tar"):
+        envs.make("geospot", shards_dir=str(copy), split="train")
+    assert len(open_split(copy, "test")) == len(open_split(shards, "test"))  # the other splits still read
+
+
+def test_tars_the_manifest_does_not_list_are_errors(shards, tmp_path):
+    copy = tmp_path / "shards"
+    shutil.copytree(shards, copy)
+    extra = copy / "train" / "shard-000099.tar"
+    shutil.copy(copy / "train" / "shard-000000.tar", extra)
+    with pytest.raises(ShardIntegrityError, match=r"shard-000099\.tar is not in .*manifest\.json.*dvc checkout"):
+        open_split(copy, "train")
+    extra.unlink()
+    (copy / "train" / "shard-000001.tar").unlink()
+    with pytest.raises(ShardIntegrityError, match=r"shard-000001\.tar is listed in .*manifest\.json but missing"):
+        open_split(copy, "train")
+
+
+def test_shards_without_checksums_are_read_with_a_warning(shards, tmp_path, caplog):
+    copy = tmp_path / "shards"
+    shutil.copytree(shards, copy)
+    manifest = json.loads((copy / "manifest.json").read_text())
+    for entry in manifest["splits"].values():
+        for shard in entry["shards"]:
+            del shard["sha256"]
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    with caplog.at_level("WARNING", logger="vlmgym.data.shards"):
+        same(read_split(shards, "train"), open_split(copy, "train"))
+    assert "no sha256 per tar" in caplog.text and "dvc repro -f -s shard" in caplog.text
+
+
+def test_split_identity_follows_the_tars_content(shards, tmp_path):
+    copy = tmp_path / "shards"
+    shutil.copytree(shards, copy)
+    recorded = split_identity(copy, "train")
+    assert recorded == split_identity(shards, "train") and split_identity(copy, "absent") is None
+    manifest = json.loads((copy / "manifest.json").read_text())
+    manifest["splits"]["train"]["shards"][0]["sha256"] = "0" * 64  # as a rewritten tar would record
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    assert split_identity(copy, "train") != recorded
+    # without checksums (shards from before they were recorded) every byte is hashed instead
+    for shard in manifest["splits"]["train"]["shards"]:
+        del shard["sha256"]
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    unchecked = split_identity(copy, "train")
+    flip_bytes_keeping_size_and_mtime(copy / "train" / "shard-000000.tar", 1024)
+    assert split_identity(copy, "train") != unchecked

@@ -37,14 +37,35 @@ class ShardError(ValueError):
     """The raw data cannot be sharded at all (missing file, missing columns, nothing valid)."""
 
 
+class _HashingFile:
+    """A file being written whose bytes pass through sha256 on their way: the manifest's checksum of a tar costs no
+    second read."""
+
+    def __init__(self, path: Path):
+        self._handle = path.open("wb")
+        self.digest = hashlib.sha256()
+
+    def write(self, data: bytes) -> int:
+        self.digest.update(data)
+        return self._handle.write(data)
+
+    def tell(self) -> int:
+        return self._handle.tell()
+
+    def close(self) -> None:
+        self._handle.close()
+
+
 class RollingTarWriter:
-    """Writes samples into shard-NNNNNN.tar files of at most max_bytes (one sample may exceed it alone)."""
+    """Writes samples into shard-NNNNNN.tar files of at most max_bytes (one sample may exceed it alone); each one's
+    manifest entry holds its sha256, which the reader (vlmgym.data.shards) checks as it indexes the tar."""
 
     def __init__(self, out_dir: Path, max_bytes: int):
         self.out_dir, self.max_bytes = Path(out_dir), max_bytes
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self.shards: list[dict] = []
         self._tar: tarfile.TarFile | None = None
+        self._file: _HashingFile | None = None
         self._tmp: Path | None = None
         self._bytes = self._samples = 0
 
@@ -55,7 +76,9 @@ class RollingTarWriter:
             self._finish()
         if self._tar is None:
             self._tmp = self.out_dir / f".shard-{len(self.shards):06d}.tar.tmp"
-            self._tar = tarfile.open(self._tmp, "w", format=tarfile.USTAR_FORMAT)  # noqa: SIM115 (closed in _finish)
+            self._file = _HashingFile(self._tmp)
+            # closed in _finish
+            self._tar = tarfile.open(fileobj=self._file, mode="w", format=tarfile.USTAR_FORMAT)  # noqa: SIM115
             self._bytes = self._samples = 0
         for ext, data in files.items():
             # Fixed header fields: identical samples give identical tars, so DVC hashes are stable.
@@ -68,12 +91,14 @@ class RollingTarWriter:
         self._samples += 1
 
     def _finish(self) -> None:
-        assert self._tar is not None and self._tmp is not None
-        self._tar.close()
+        assert self._tar is not None and self._file is not None and self._tmp is not None
+        self._tar.close()  # a tar given a file object leaves closing it to the caller
+        self._file.close()
         final = self.out_dir / f"shard-{len(self.shards):06d}.tar"
         os.replace(self._tmp, final)
-        self.shards.append({"name": final.name, "samples": self._samples, "bytes": final.stat().st_size})
-        self._tar = self._tmp = None
+        self.shards.append({"name": final.name, "samples": self._samples, "bytes": final.stat().st_size,
+                            "sha256": self._file.digest.hexdigest()})
+        self._tar = self._file = self._tmp = None
 
     def close(self) -> None:
         """Finish the open tar, if any."""
@@ -84,8 +109,9 @@ class RollingTarWriter:
         """Drop the tar being written."""
         if self._tar is not None:
             self._tar.close()
+            self._file.close()
             self._tmp.unlink(missing_ok=True)
-            self._tar = self._tmp = None
+            self._tar = self._file = self._tmp = None
 
 
 def read_rows(raw_dir: Path, split: str, schema: RowSchema, index: layout.ZipIndex,
