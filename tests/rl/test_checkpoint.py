@@ -4,13 +4,14 @@ import os
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from vlmgym.rl.checkpoint import ORBAX_TEMP_GLOB, CheckpointManager
+from vlmgym.rl.checkpoint import ORBAX_TEMP_GLOB, CheckpointDamaged, CheckpointManager
 from vlmgym.rl.optim import Optimizer, OptimizerConfig, trainable_mask
 from vlmgym.runtime import killpoint
 
@@ -68,7 +69,7 @@ KILLED_SAVE = """
 import sys
 import jax, jax.numpy as jnp
 from vlmgym.runtime import killpoint
-from vlmgym.rl.checkpoint import ORBAX_TEMP_GLOB, CheckpointManager
+from vlmgym.rl.checkpoint import ORBAX_TEMP_GLOB, CheckpointDamaged, CheckpointManager
 params = {"w": jnp.arange(200_000.0)}
 with CheckpointManager(sys.argv[1], save_every=1, keep=3) as manager:
     for step in (1, 2):
@@ -111,3 +112,82 @@ def test_restore_without_a_checkpoint_is_a_clear_error(tmp_path, state):
             manager.restore(*state)
     with pytest.raises(ValueError, match="save_every"):
         CheckpointManager(tmp_path, save_every=0, keep=1)
+
+
+def _cut_largest_file(step_dir, size=1000):
+    """Cut the biggest file of a checkpoint step to `size` bytes (or to half when it is smaller), as a full disk or
+    a copy stopped short would."""
+    largest = max((p for p in step_dir.rglob("*") if p.is_file()), key=lambda p: p.stat().st_size)
+    os.truncate(largest, min(size, largest.stat().st_size // 2))
+    return largest
+
+
+@pytest.fixture(scope="module")
+def big_state():
+    """Params large enough that their data file is well over 1,000 bytes after compression."""
+    params = {"w": jax.random.normal(jax.random.key(0), (64, 64)), "b": jnp.arange(8.0)}
+    return params, {"m": jax.tree.map(jnp.zeros_like, params)}
+
+
+def test_a_damaged_latest_checkpoint_falls_back_to_the_one_before_and_is_removed(tmp_path, big_state, capsys):
+    params, opt_state = big_state
+    with CheckpointManager(tmp_path, save_every=1, keep=3) as manager:
+        for step in (1, 2, 3):
+            manager.save(step, jax.tree.map(lambda x, s=step: x + s, params), opt_state, jax.random.key(step),
+                         {"position": step})
+    _cut_largest_file(tmp_path / "3")
+    with CheckpointManager(tmp_path, save_every=1, keep=3) as manager:
+        restored = manager.restore_latest(params, opt_state)
+        assert restored.step == 2 and restored.loop_state == {"position": 2}
+        np.testing.assert_array_equal(restored.params["w"], params["w"] + 2)
+        assert manager.all_steps() == [1, 2]
+        assert manager.save(3, params, opt_state, jax.random.key(3))  # the resumed run saves step 3 again
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1, lines
+    assert lines[0].startswith(f"vlmgym: warning: checkpoint {tmp_path / '3'} cannot be restored (")
+    assert lines[0].endswith("removed it, resuming from step 2")
+
+
+def test_when_no_checkpoint_restores_the_error_names_the_folder_to_delete(tmp_path, big_state):
+    params, opt_state = big_state
+    with CheckpointManager(tmp_path, save_every=1, keep=3) as manager:
+        assert manager.restore_latest(params, opt_state) is None  # an empty folder: a fresh start
+        for step in (1, 2):
+            manager.save(step, params, opt_state, jax.random.key(step))
+    for step in (1, 2):
+        _cut_largest_file(tmp_path / str(step))
+    with CheckpointManager(tmp_path, save_every=1, keep=3) as manager:
+        with pytest.raises(CheckpointDamaged) as err:
+            manager.restore_latest(params, opt_state)
+        assert manager.all_steps() == [1, 2]  # nothing removed: the user decides
+    message = str(err.value)
+    assert message.startswith(f"{tmp_path}: none of its checkpoints (steps 2, 1) can be restored (step 2: ")
+    assert message.endswith("delete that folder to run this stage again from step 0") and "\n" not in message
+
+
+def test_a_trainer_resumes_past_a_damaged_checkpoint_exactly(tmp_path):
+    sys.path.insert(0, str(Path(__file__).parent))
+    from toy import ToyEnv, ToyPolicy
+
+    from vlmgym.config.spec import with_values
+    from vlmgym.params import TrainParams
+    from vlmgym.rl.grpo_trainer import GRPOTrainer
+
+    policy = ToyPolicy()
+    config = with_values(TrainParams(steps=4, batch_prompts=2, group_size=4), {
+        "validation.every": 0, "validation.select": "last", "optimizer.lr": 0.02, "checkpointing.every": 1,
+        "checkpointing.keep": 3})
+
+    def trainer(name):
+        return GRPOTrainer(policy, ToyEnv(), policy.init(jax.random.key(0)), config, tmp_path / name,
+                           progress_bar=False)
+
+    full = trainer("full")
+    full.run()
+    trainer("cut").run(stop_after=3)
+    _cut_largest_file(tmp_path / "cut" / "3")
+    resumed = trainer("cut")
+    resumed.run()
+    assert resumed.resumed_from == 2 and len(resumed.history) == 2
+    for a, b in zip(jax.tree.leaves(full.params), jax.tree.leaves(resumed.params)):
+        np.testing.assert_array_equal(a, b)

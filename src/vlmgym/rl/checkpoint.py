@@ -27,6 +27,10 @@ from vlmgym.runtime import distributed, janitor, temps, write_hooks
 ORBAX_TEMP_GLOB = "*.orbax-checkpoint-tmp*"
 
 
+class CheckpointDamaged(ValueError):
+    """None of the checkpoints in a run's folder can be restored (the message names the folder to delete)."""
+
+
 @dataclass
 class Restored:
     """What a checkpoint gives back."""
@@ -60,6 +64,17 @@ def _key_from_json(data: dict) -> jax.Array:
     if data["typed"]:
         return jax.random.wrap_key_data(raw, impl=data["impl"])
     return jax.numpy.asarray(raw)
+
+
+def _brief(err: BaseException) -> str:
+    """An exception as one short line: its root cause's first line (orbax wraps tensorstore's plain "Requested byte
+    range ... is not valid for value of size 1000" in many lines of specs)."""
+    while (err.__cause__ or err.__context__) is not None:
+        err = err.__cause__ or err.__context__
+    text = str(err).strip().splitlines()[0] if str(err).strip() else ""
+    text = text.split(" See full TensorStore details")[0]
+    text = text if len(text) <= 240 else text[:237] + "..."
+    return f"{type(err).__name__}: {text}" if text else type(err).__name__
 
 
 def remove_unfinished_saves(directory: Path) -> None:
@@ -142,6 +157,32 @@ class CheckpointManager:
             raise ValueError(f"{self.directory}/{step}: loop state records step {loop['step']}, expected {step}")
         return Restored(step=step, params=restored["params"], opt_state=restored["opt_state"],
                         rng=_key_from_json(loop["rng"]), loop_state=loop["state"])
+
+    def restore_latest(self, params_template: Any, opt_state_template: Any) -> Restored | None:
+        """Restore the newest checkpoint that restores, None when the folder holds none.
+
+        A newer one that fails (a file cut short or corrupted on disk) is reported on stderr, one line each, and
+        removed once an older one restores: the resumed run saves those steps again. When none restores, raise
+        CheckpointDamaged naming the folder to delete (nothing is removed then: a failure common to every
+        checkpoint may not be damage)."""
+        failures: list[tuple[int, Exception]] = []
+        for step in reversed(self.all_steps()):
+            try:
+                restored = self.restore(params_template, opt_state_template, step)
+            except Exception as err:  # noqa: BLE001 (orbax and tensorstore raise many kinds for a damaged file)
+                failures.append((step, err))
+                continue
+            for bad, err in failures:
+                self._manager.delete(bad)
+                print(f"vlmgym: warning: checkpoint {self.directory / str(bad)} cannot be restored ({_brief(err)}); "
+                      f"removed it, resuming from step {step}", file=sys.stderr, flush=True)
+            return restored
+        if failures:
+            step, err = failures[0]
+            raise CheckpointDamaged(f"{self.directory}: none of its checkpoints (steps "
+                                    f"{', '.join(str(s) for s, _ in failures)}) can be restored (step "
+                                    f"{step}: {_brief(err)}); delete that folder to run this stage again from step 0")
+        return None
 
     def wait(self) -> None:
         """Block until any asynchronous save has finished."""

@@ -199,11 +199,12 @@ class TrainingLoop(abc.ABC):
         """Run training step `step` (0-based) and return its metrics."""
 
     def resume(self) -> int:
-        """Restore the latest checkpoint if there is one; returns the step to continue from."""
-        latest = self.checkpoints.latest_step()
-        if latest is None:
+        """Restore the latest checkpoint that restores (a damaged newer one is reported and removed) if there is
+        one; returns the step to continue from."""
+        restored = self.checkpoints.restore_latest(self.checkpoint_params(), self.opt_state)
+        if restored is None:
             return 0
-        restored = self.checkpoints.restore(self.checkpoint_params(), self.opt_state)
+        latest = restored.step
         self.params, self.opt_state, self.rng = self._with_saved(restored.params), restored.opt_state, restored.rng
         state = dict(restored.loop_state)
         saved_base = state.pop("lora_base", None)
