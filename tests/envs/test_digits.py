@@ -9,7 +9,7 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
-from adversarial import TAGGED, adversarial
+from adversarial import TAGGED, adversarial, wordings
 from shard_helpers import build_shards
 
 from vlmgym import envs
@@ -273,7 +273,9 @@ def test_score_never_raises_and_stays_in_range():
 
 
 DIGITS_JUNK = [*adversarial("digits"), *(tagged(t) for t in ("1, 3, 7", "11", "3") for tagged in TAGGED),
-               "The digits are 1, 3, 7", "1 + 3 + 7 = 11", "sum: 11", "3 (three)", "[1, 3, 7]", "1, 3, 7, 1, 3, 7"]
+               "The digits are 1, 3, 7", "1 + 3 + 7 = 11", "sum: 11", "3 (three)", "[1, 3, 7]", "1, 3, 7, 1, 3, 7",
+               # the right answers negated, hedged or beside a wrong one
+               *wordings("1, 3, 7", "7, 3, 1"), *wordings("11", "12"), *wordings("3", "4")]
 
 
 @pytest.mark.parametrize("task", ["sort", "sum"])

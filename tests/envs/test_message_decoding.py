@@ -12,7 +12,7 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
-from adversarial import TAGGED, adversarial
+from adversarial import TAGGED, adversarial, wordings
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from PIL import Image
@@ -442,7 +442,9 @@ WORD_JUNK = [*adversarial("message_decoding"), *(tagged("house") for tagged in T
              "house house", "answer: house", "house!", "house..", "h-o-u-s-e", "HOUSE\nHOUSE",
              "house" + "x" * 60, "Ηouse",  # a Greek capital eta
              "<answer>h o u s e</answer>", "h o u s e h o u s e h o u s e", "The letters: h=o u=s e=x.", "h=o=u=s",
-             "{\"h\": \"o\"}", "a=h b=o <think>c=u</think>"]
+             "{\"h\": \"o\"}", "a=h b=o <think>c=u</think>",
+             # the right answers negated, hedged or beside a wrong one
+             *wordings("house", "mouse"), *wordings("true", "false"), *wordings("h o u s e", "m o u s e")]
 
 
 @pytest.mark.parametrize("letters", ["word", "spaced", "pairs"])

@@ -9,6 +9,7 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
+from adversarial import JUNK, wordings
 
 from vlmgym import envs
 from vlmgym.data.download import build_raw_parts
@@ -99,6 +100,21 @@ def test_reset_step_and_sft_target_go_to_the_sub_env(parts):
         assert mix.step_text(state, "\x00 nonsense")[2] < 1.0
         seen.add(name)
     assert seen == set(NAMES)
+
+
+def test_junk_and_wordings_of_the_right_answer_score_zero_on_every_sub_env(parts):
+    """The mixture pays what its sub-env pays: nothing for the shared junk, for another sample's answer, or for the
+    right answer negated, hedged or beside a wrong one."""
+    mix = _mix(parts)
+    states = [mix.reset(i)[0] for i in range(len(mix))]
+    targets = [mix.sft_target(state.meta) for state in states]
+    assert {mix.part_of(state.meta) for state in states} == set(NAMES)
+    for state, right in zip(states, targets):
+        wrong = next(t for t in targets if t != right and mix.score(state, t)[0] == 0.0)
+        for text in [*JUNK, *wordings(right, wrong)]:
+            reward, info = mix.score(state, text)
+            assert reward == 0.0 and not info["format_ok"], (mix.part_of(state.meta), right, text[:80])
+        assert mix.score(state, right)[0] == 1.0  # the zeros above are the wording's doing
 
 
 def test_progress_reaches_every_sub_env(parts):

@@ -8,7 +8,7 @@ import math
 import random
 
 import pytest
-from adversarial import adversarial
+from adversarial import adversarial, wordings
 
 from vlmgym.envs.rec import RecEnv, RecParams, iou, parse_answer, pixels_to_qwen, qwen_to_pixels
 from vlmgym.envs.rec.boxes import answer_json, ordered, xywh_to_xyxy
@@ -213,6 +213,22 @@ BOX_JUNK = [*adversarial("rec"), "[-1e999, -1e999, 1e999, 1e999]", '[{"bbox_2d":
             "[" + ", ".join(["-" + "9" * 400] * 2 + ["9" * 400] * 2) + "]",  # beyond a float: inf
             '<think>[{"bbox_2d": [100, 100, 300, 300]}]</think>', '<think>[{"bbox_2d": [0, 0, 1000, 1000]}]',
             '{"bbox_2d": [null, null, null, null]}', '{"bbox_2d": ["0", "0", "1000", "1000"]}']
+
+
+@pytest.mark.parametrize("box", ['[{"bbox_2d": [100, 100, 300, 300], "label": "small red circle"}]',
+                                 "[100, 100, 300, 300]"])
+def test_worded_boxes_earn_no_more_than_the_bare_box(box):
+    """The box is read wherever it stands (the module docstring), so a negated or hedged box, or the right box
+    before a wrong one, earns its IoU share as a box outside the format does -- never the format share, never
+    more; a wrong box first scores that wrong box."""
+    bare = _score("[100, 100, 300, 300]")[0]
+    assert bare == pytest.approx(0.9)  # the IoU share alone: the format-invalid reward of the right box
+    wrong = box.replace("100, 100, 300, 300", "500, 500, 900, 900")
+    for text in wordings(box, wrong):
+        reward, info = _score(text)
+        assert reward <= bare and not info["format_ok"] and info["reward_components"]["format"] == 0.0, text
+    for text in (f"{wrong} or {box}", f"either {wrong} or {box}"):
+        assert _score(text)[0] == 0.0
 
 
 def test_answers_without_a_finite_box_score_zero():
