@@ -104,3 +104,60 @@ def test_the_stages_write_the_paths_dvc_yaml_names():
     for stage in ("sft", "train"):
         assert step_curve.curve_file(stage) in stages[stage]["outs"], stage
     assert step_curve.curve_file("train") in stages["evaluate"]["deps"]
+
+
+def test_replay_hands_the_restored_steps_on_in_order_without_journaling_them_again(tmp_path):
+    folder = tmp_path / "ckpt"
+    train(folder, range(0, 5))
+    lines = (folder / JOURNAL).read_text()
+    handed = []
+    callback = StepJournal(folder).callback(lambda step, metrics: handed.append((step, dict(metrics))))
+    assert callback.replay_through(3) == 4
+    assert [step for step, _ in handed] == [0, 1, 2, 3]  # the steps after the checkpoint are trained again
+    assert handed[2][1] == read_journal(folder / JOURNAL)[2]
+    assert (folder / JOURNAL).read_text() == lines
+    assert StepJournal(folder).callback(None).replay_through(3) == 0
+
+
+def test_a_forced_rerun_over_a_finished_checkpoint_logs_every_step_to_its_new_run(tmp_path, monkeypatch):
+    """`dvc repro -f` over a finished checkpoint resumes at the last step and trains none: its new MLflow run still
+    gets every step's figures, from the journal."""
+    import sys
+    from pathlib import Path
+
+    import jax
+    from mlflow.tracking import MlflowClient
+
+    sys.path.insert(0, str(Path(__file__).parent / "rl"))
+    from toy import ToyEnv, ToyPolicy
+
+    from vlmgym.config.spec import with_values
+    from vlmgym.params import SFTParams
+    from vlmgym.rl.sft_trainer import SFTTrainer
+    from vlmgym.tracking.stage_runs import stage_run
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    monkeypatch.setenv("DVC_ROOT", str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    config = with_values(SFTParams(steps=4, batch_size=4), {"validation.every": 0, "optimizer.lr": 0.03,
+                                                           "checkpointing.every": 2})
+    folder = tmp_path / "checkpoints" / "sft"
+
+    def stage():
+        with stage_run("sft", {"a": 1}, experiment="rerun", resume_folder=folder) as run:
+            journal = StepJournal(folder)
+            trainer = SFTTrainer(ToyPolicy(), ToyEnv(), ToyPolicy().init(jax.random.key(0)), config, folder,
+                                 progress_bar=False, metrics_callback=journal.callback(
+                                     lambda step, metrics: run.log_metrics(metrics, step=step)))
+            trainer.run()
+        return trainer, run.run_id
+
+    first, first_id = stage()
+    rerun, rerun_id = stage()
+    assert rerun.resumed_from == 4 and rerun.history == [] and rerun_id != first_id
+    client = MlflowClient(uri)
+    for key in ("loss", "grad_norm", "target_length"):
+        trained = [(m.step, m.value) for m in client.get_metric_history(first_id, key)]
+        assert [step for step, _ in trained] == [1, 2, 3, 4]
+        assert [(m.step, m.value) for m in client.get_metric_history(rerun_id, key)] == trained, key

@@ -18,6 +18,8 @@ from tqdm import tqdm
 from vlmgym.rl.checkpoint import CheckpointManager
 from vlmgym.runtime import distributed
 
+# Called with each step's figures. One that also has `replay_through(step)` is called with that after a resume, to
+# hand on the figures it kept of the steps before it (vlmgym.tracking.step_curve.JournalCallback).
 MetricsCallback = Callable[[int, dict[str, float]], None]
 RECENT_METRICS = 10
 # The step figures whose non-finite value stops a run (the params themselves are checked too): past them every
@@ -224,6 +226,7 @@ class TrainingLoop(abc.ABC):
         the policy params the run ends with: the last ones, or with validation's `select: best_val` the best
         validated."""
         start = self.resume()
+        self._replay_restored()
         validator = self.validator
         if validator is not None and validator.stopped_at is not None:
             start = validator.stopped_at  # stopped early before a restart: nothing left to run
@@ -253,14 +256,8 @@ class TrainingLoop(abc.ABC):
                 if self.metrics_callback is not None:
                     self.metrics_callback(done, metrics)
                 stopping = validator is not None and validator.stopped_at == done
-                recent = (self.restored_history + self.history)[-RECENT_METRICS:]
-                state = {**self.loop_state(), "recent_metrics": recent}
-                if self.base_identity is not None:
-                    state["lora_base"] = self.base_identity
-                if validator is not None:
-                    state["validation"] = validator.state()
                 # A validation step is saved: its best params on disk then always match a checkpoint's state.
-                self.checkpoints.save(done, self.checkpoint_params(), self.opt_state, self.rng, state,
+                self.checkpoints.save(done, self.checkpoint_params(), self.opt_state, self.rng, self._saved_state(),
                                       force=done == self.total_steps or stopping or validated)
                 bar.set_postfix(self.postfix(metrics), refresh=False)
                 bar.update(1)
@@ -279,6 +276,22 @@ class TrainingLoop(abc.ABC):
             return self.model_params()
         selected, self.final_step = validator.selected(self.model_params(), done)
         return selected
+
+    def _saved_state(self) -> dict:
+        """The loop state a checkpoint holds: the subclass's, the recent figures, the LoRA base, validation's."""
+        state = {**self.loop_state(), "recent_metrics": (self.restored_history + self.history)[-RECENT_METRICS:]}
+        if self.base_identity is not None:
+            state["lora_base"] = self.base_identity
+        if self.validator is not None:
+            state["validation"] = self.validator.state()
+        return state
+
+    def _replay_restored(self) -> None:
+        """After a resume, the restored steps' figures to a metrics callback that keeps them (StepJournal's): the
+        stage's new MLflow run then holds every step, even when nothing is left to train."""
+        replay = getattr(self.metrics_callback, "replay_through", None)
+        if self.resumed_from is not None and replay is not None:
+            replay(self.resumed_from)
 
     def check_finite(self, step: int, metrics: dict[str, float]) -> None:
         """Raise NonFiniteError when step `step` (1-based) left a non-finite loss, gradient norm or param."""

@@ -107,18 +107,38 @@ class StepJournal:
             handle.flush()
             os.fsync(handle.fileno())
 
-    def callback(self, then: Callable[[int, Mapping[str, Any]], None] | None = None
-                 ) -> Callable[[int, Mapping[str, Any]], None]:
+    def callback(self, then: Callable[[int, Mapping[str, Any]], None] | None = None) -> JournalCallback:
         """A trainer's metrics callback that records each step here, then calls `then` (e.g. the MLflow log)."""
-        def record_then(step: int, metrics: Mapping[str, Any]) -> None:
-            self.record(step, metrics)
-            if then is not None:
-                then(step, metrics)
-        return record_then
+        return JournalCallback(self, then)
 
     def entries(self) -> Curve:
         """{step: figures} recorded so far by this run and the runs it resumed."""
         return read_journal(self.path)
+
+
+class JournalCallback:
+    """A metrics callback that records each step in a StepJournal and then hands it on (`then`: e.g. the MLflow
+    log). A resumed trainer calls `replay_through` with the step it resumed at, and the figures of the steps before
+    it go from the journal to `then`: a forced rerun over a finished checkpoint (`dvc repro -f`), which trains no
+    step, still logs every step to its new MLflow run (a continued run skips the steps it holds already)."""
+
+    def __init__(self, journal: StepJournal, then: Callable[[int, Mapping[str, Any]], None] | None = None):
+        self.journal, self.then = journal, then
+
+    def __call__(self, step: int, metrics: Mapping[str, Any]) -> None:
+        self.journal.record(step, metrics)
+        if self.then is not None:
+            self.then(step, metrics)
+
+    def replay_through(self, step: int) -> int:
+        """Hand the journal's figures of every step up to `step` to `then` (not to the journal again), in step
+        order; how many steps went."""
+        if self.then is None:
+            return 0
+        restored = {k: v for k, v in self.journal.entries().items() if k <= step}
+        for k in sorted(restored):
+            self.then(k, restored[k])
+        return len(restored)
 
 
 def write_curve(path: str | Path, curve: Mapping[int, Mapping[str, float]]) -> Path:
