@@ -158,11 +158,12 @@ def answer(model_dir: Path, split: str, arm: str, sections: dict[str, Any], blan
 def fingerprint(arm: str, config: SFTParams | TrainParams, sections: dict[str, Any]) -> str:
     """What an arm's training depends on: its training section and data (train, val, and the rl split where an RL arm
     samples one: prompt_split), the model and env settings, the start model (the model that answers for an
-    untrained control). The held-out splits' data is checked apart (run_arm), so that a changed split is answered
+    untrained control), as content (every byte of the start model, the shards' recorded checksums), and vlmgym's and
+    the env's own sources. The held-out splits' data is checked apart (run_arm), so that a changed split is answered
     again without training again."""
     from vlmgym.params import to_dict
     from vlmgym.rl.loop import config_fingerprint
-    from vlmgym.rl.stage_setup import folder_identity, prompt_split, source_identity
+    from vlmgym.rl.stage_setup import env_source_identity, folder_identity, prompt_split, source_identity
 
     start = sections["train"].init_dir if config is None else config.init_dir
     data = None
@@ -171,15 +172,17 @@ def fingerprint(arm: str, config: SFTParams | TrainParams, sections: dict[str, A
         data = {split: split_identity(config.shards_dir, split) for split in splits}
     return config_fingerprint({"arm": arm, "config": None if config is None else to_dict(config), "data": data,
                                "model": to_dict(sections["model"]), "env": to_dict(sections["env"]),
-                               "rollout": to_dict(sections["rollout"]), "start": folder_identity(start),
-                               "code": source_identity()})
+                               "rollout": to_dict(sections["rollout"]),
+                               "start": folder_identity(start, every_byte=True), "code": source_identity(),
+                               "env_code": env_source_identity(sections["env"])})
 
 
-def split_identity(shards_dir: str, split: str) -> str:
-    """A hash of a split's shard files (names and bytes): answers on a split are stale once its data changed."""
-    from vlmgym.rl.stage_setup import folder_identity
+def split_identity(shards_dir: str, split: str) -> str | None:
+    """A hash of a split's shard files' content (vlmgym.data.shards.split_identity): answers on a split are stale once
+    its data changed."""
+    from vlmgym.data.shards import split_identity as content
 
-    return folder_identity(Path(shards_dir) / split, every_byte=True)
+    return content(shards_dir, split)
 
 
 def run_arm(arm: str, config: SFTParams | TrainParams, sections: dict[str, Any], folder: Path, splits: list[str],

@@ -78,23 +78,29 @@ def split_checksums(shards_dir: str | Path, split: str, tars: list[Path]) -> dic
                     "`dvc repro -f -s shard` to have them checked", Path(shards_dir) / split,
                     Path(shards_dir) / MANIFEST)
         return None
+    _same_tars(shards_dir, split, tars, recorded)
+    return recorded
+
+
+def _same_tars(shards_dir: str | Path, split: str, tars: list[Path], recorded: dict[str, str]) -> None:
     names = {tar.name for tar in tars}
     for name in sorted(names ^ set(recorded)):
         state = "is not in" if name in names else "is listed in"
         raise ShardIntegrityError(f"{Path(shards_dir) / split / name} {state} {Path(shards_dir) / MANIFEST}"
                                   f"{'' if name in names else ' but missing'}: the shards and their manifest come "
                                   f"from different runs; {RECOVER}")
-    return recorded
 
 
 def split_identity(shards_dir: str | Path, split: str) -> str | None:
-    """A hash of the content of a split's tars: from the manifest's checksums where it has them (which the reader
+    """A hash of the content of a split's tars: from the manifest's checksums where it has them (which `open_split`
     holds the tars to), else from every byte of the tars; None when the split is not there."""
     folder = Path(shards_dir) / split
     if not folder.is_dir():
         return None
     tars = split_shards(shards_dir, split)
-    recorded = split_checksums(shards_dir, split, tars)
+    recorded = recorded_checksums(shards_dir, split)
+    if recorded is not None:
+        _same_tars(shards_dir, split, tars, recorded)
     digest = hashlib.sha256()
     for tar in tars:
         digest.update(tar.name.encode())

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import hashlib
+import inspect
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +14,9 @@ import numpy as np
 
 from vlmgym import envs
 from vlmgym.config import EnvParams, ModelParams, SFTParams, TrainParams
+from vlmgym.data import shards
+from vlmgym.envs.base import Env
+from vlmgym.envs.tools import Tool
 from vlmgym.models.qwen3_vl import lora
 from vlmgym.models.qwen3_vl.config import load_hf_config
 from vlmgym.models.qwen3_vl.convert import load_checkpoint, save_checkpoint
@@ -156,20 +161,81 @@ def folder_identity(folder: str | Path, every_byte: bool = False) -> str:
     return digest.hexdigest()[:16]
 
 
+PACKAGE = Path(__file__).resolve().parents[1]  # src/vlmgym
+
+
 def source_identity() -> str:
     """A hash of the vlmgym package's Python sources: a run is only resumed by the code that started it."""
+    return _sources_identity({str(path.relative_to(PACKAGE)): path for path in PACKAGE.rglob("*.py")})
+
+
+def _sources_identity(files: dict[str, Path]) -> str:
     digest = hashlib.sha256()
-    package = Path(__file__).resolve().parents[1]
-    for path in sorted(package.rglob("*.py")):
-        digest.update(str(path.relative_to(package)).encode())
+    for name, path in sorted(files.items()):
+        digest.update(name.encode())
         digest.update(path.read_bytes())
     return digest.hexdigest()[:16]
 
 
-def resume_dir(base: str | Path, *sections: Any, init_dir: str | Path) -> Path:
-    """The checkpoint folder of this exact configuration and code: a changed param, start model or source file
-    never resumes it (DVC reruns a stage when its code changes; resuming a finished run would skip the training)."""
-    config = {"sections": [to_dict(s) for s in sections], "init": folder_identity(init_dir), "code": source_identity()}
+def env_source_identity(env_params: EnvParams) -> str:
+    """A hash of the configured env's own sources outside vlmgym (env_sources)."""
+    return _sources_identity(env_sources(env_params))
+
+
+def env_sources(env_params: EnvParams) -> dict[str, Path]:
+    """The Python files outside vlmgym that define the configured env, by a name that stays the same wherever the
+    checkout lies: for the env (a mixture's sub-envs), its tool classes and their base classes, every .py file of the
+    package that holds each one's module, or the module file alone where it is in no package (a module beside
+    params.yaml)."""
+    classes: list[type] = []
+    for name in dict.fromkeys([env_params.name, *envs.parts(env_params)]):
+        cls = envs.env_class(name)
+        classes += [base for base in cls.__mro__ if issubclass(base, Env)]
+        for tool in cls.tool_classes.values():
+            classes += [base for base in tool.__mro__ if issubclass(base, Tool)]
+    files: dict[str, Path] = {}
+    for cls in classes:
+        files.update(_module_sources(cls))
+    return files
+
+
+def _module_sources(cls: type) -> dict[str, Path]:
+    try:
+        path = Path(inspect.getfile(cls)).resolve()
+    except (TypeError, OSError):  # a class made in memory (a notebook's): no file to hash
+        return {}
+    if path.is_relative_to(PACKAGE):
+        return {}  # source_identity's
+    top = cls.__module__.partition(".")[0]
+    folders = [Path(folder).resolve() for folder in getattr(sys.modules.get(top), "__path__", [])]
+    if not folders:
+        return {path.name: path}
+    return {f"{top}/{p.relative_to(folder)}": p for folder in folders for p in folder.rglob("*.py")}
+
+
+def stage_splits(section: SFTParams | TrainParams, env_params: EnvParams) -> list[str]:
+    """The splits a stage reads: the one it trains on (prompt_split) and val (validation, the perception
+    warm-up's measure)."""
+    stage = "sft" if isinstance(section, SFTParams) else "train"
+    return list(dict.fromkeys([prompt_split(stage, section.shards_dir, env_params), "val"]))
+
+
+def data_identity(section: SFTParams | TrainParams, env_params: EnvParams) -> dict[str, str | None]:
+    """{split folder: hash of its tars' content} over the splits a stage reads (None: the folder is not there)."""
+    return {str(folder): shards.split_identity(folder.parent, folder.name)
+            for split in stage_splits(section, env_params)
+            for folder in envs.split_dirs(env_params, section.shards_dir, split)}
+
+
+def resume_dir(base: str | Path, section: SFTParams | TrainParams, model: ModelParams, env_params: EnvParams, *,
+               init_dir: str | Path) -> Path:
+    """The checkpoint folder of this exact run: its params, the content of its start model (weights, config,
+    tokenizer) and of the shards it reads, vlmgym's sources and the env's own outside vlmgym (env_sources). A run
+    whose inputs changed in any way never resumes it: DVC reruns a stage when an input changes, and resuming that
+    stage's finished run would write the old model again."""
+    config = {"sections": [to_dict(s) for s in (section, model, env_params)],
+              "init": folder_identity(init_dir, every_byte=True), "data": data_identity(section, env_params),
+              "code": source_identity(), "env_code": env_source_identity(env_params)}
     return Path(base) / config_fingerprint(config)
 
 
