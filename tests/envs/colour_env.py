@@ -14,11 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 from PIL import Image
 
-from vlmgym.data import layout
-from vlmgym.data.rows import SAFE_KEY, Row, RowSchema, RowSkip
-from vlmgym.envs import Env
-from vlmgym.params import spec
-from vlmgym.stats.bootstrap import Statistic
+from vlmgym.api import SAFE_KEY, Env, Row, RowSchema, RowSkip, Statistic, layout, spec
 
 COLOURS = {"red": (220, 30, 30), "green": (30, 170, 60), "blue": (30, 60, 220), "yellow": (230, 210, 40)}
 PROMPT = "What colour is this image? Answer with one word."

@@ -8,9 +8,7 @@ from dataclasses import dataclass
 from colour_env import ColourEnv, ColourParams
 from PIL import Image, ImageOps
 
-from vlmgym.config import spec
-from vlmgym.envs.multiturn import ToolParams
-from vlmgym.envs.tools import BUILTIN_TOOLS, Tool, ToolError, ToolResult
+from vlmgym.api import BUILTIN_TOOLS, Tool, ToolError, ToolParams, ToolResult, spec
 
 
 class Mirror(Tool):
