@@ -168,13 +168,18 @@ def test_token_labels_that_do_not_fit_name_the_sample(tiny_vlm):
 
 def test_warm_up_is_kept_and_reused_by_a_resumed_run(tiny_vlm, tmp_path):
     env, val = ColourEnv(colour_samples(12, 0)), ColourEnv(colour_samples(6, 1))
-    sft = section(tiny_vlm, steps=10)
-    first, summary = perception.warm_up(policy_of(tiny_vlm), tiny_vlm.params, env, val, sft, tmp_path)
+    sft = section(tiny_vlm, steps=10, eval_every=5)
+    logged, logged_again = [], []
+    first, summary = perception.warm_up(policy_of(tiny_vlm), tiny_vlm.params, env, val, sft, tmp_path,
+                                        log=lambda step, metrics: logged.append((step, dict(metrics))))
     assert (tmp_path / "perception" / perception.SUMMARY_FILE).is_file()
     # a resumed run reads the stored tower and figures; labels that would fail show it does not train again
     broken = ColourEnv([Sample(s.key, s.images, {"colour": 7}) for s in env.samples])
-    again, summary_again = perception.warm_up(policy_of(tiny_vlm), tiny_vlm.params, broken, val, sft, tmp_path)
+    again, summary_again = perception.warm_up(policy_of(tiny_vlm), tiny_vlm.params, broken, val, sft, tmp_path,
+                                              log=lambda step, metrics: logged_again.append((step, dict(metrics))))
     assert summary_again == summary
+    # ... and logs every step's figures again, from the journal (a forced rerun's new MLflow run gets them all)
+    assert [step for step, _ in logged] == list(range(1, 11)) and logged_again == logged
     assert jax.tree.all(jax.tree.map(lambda a, b: bool(np.array_equal(a, b)), first["visual"], again["visual"]))
 
 

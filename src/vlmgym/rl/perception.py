@@ -35,9 +35,11 @@ from vlmgym.models.qwen3_vl.convert import load_checkpoint, save_checkpoint
 from vlmgym.models.qwen3_vl.processor import ImageSettings, preprocess_images
 from vlmgym.models.qwen3_vl.vision import encode_patches, patch_layout
 from vlmgym.rl.loop import NonFiniteError, non_finite_message, non_finite_params
+from vlmgym.tracking.step_curve import StepJournal
 
 Log = Callable[[int, dict[str, float]], None]
 SUMMARY_FILE = "perception.json"  # the warm-up's last figures, beside its checkpoint: a resumed SFT reports them
+CURVE_DIR = "perception_curve"  # in the SFT checkpoint folder: the warm-up's step journal (StepJournal)
 
 
 def check_supported(section: SFTParams, env: Any, processes: int) -> None:
@@ -252,12 +254,16 @@ def warm_up(policy: Any, params: Any, env: Any, val_env: Any, section: SFTParams
     settings = section.perception
     check_supported(section, env, processes)
     done = folder / "perception"
+    # Each step's figures, kept beside the checkpoint: a run that skips the warm-up logs them again (a forced rerun
+    # starts a new MLflow run, which would otherwise lack them).
+    journal = StepJournal(folder / CURVE_DIR).callback(log)
     if (done / SUMMARY_FILE).is_file():  # written last, inside the checkpoint's atomic folder
         _, stored = load_checkpoint(done)
         params = dict(params)
         params["visual"] = stored["visual"]
+        journal.replay_through(settings.steps)
         return params, json.loads((done / SUMMARY_FILE).read_text())
-    warmup = PerceptionWarmup(policy.cfg, params, policy.processor.settings, env, val_env, settings, log=log)
+    warmup = PerceptionWarmup(policy.cfg, params, policy.processor.settings, env, val_env, settings, log=journal)
     params, summary = warmup.run()
     save_checkpoint(done, policy.cfg, params, hf_config=_stored_config(section.init_dir),
                     extra=lambda tmp: (tmp / SUMMARY_FILE).write_text(json.dumps(summary, sort_keys=True) + "\n"))
