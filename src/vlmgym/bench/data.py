@@ -4,10 +4,12 @@ For each scale it writes a synthetic geospot world of `scale x --train-images` t
 shards it, and runs the train stage's data side in a fresh process: the env over the shards (the lazy reader),
 a seeded walk of `--batches` batches of `--batch-size` resets (decoding the images) and, with `--model`, the
 processor that turns them into model inputs (resize, patchify, tokenize). That process reports samples/s and its
-peak RSS; `--reader eager` decodes the whole split up front instead (the reader before the lazy one), for
-comparison. Prints one JSON object; nothing is left behind.
+peak RSS, and the seconds the lazy reader took to index the split (`index_s`); `--reader eager` decodes the whole
+split up front instead (the reader before the lazy one), and `--reader unverified` is the lazy reader without
+checking each tar against the manifest's sha256 (seeking over the images instead of reading them), for comparison.
+Prints one JSON object; nothing is left behind.
 
-    vlmgym bench data [--model models/hf/base | none] [--scales 1 10] [--reader lazy eager]
+    vlmgym bench data [--model models/hf/base | none] [--scales 1 10] [--reader lazy unverified eager]
 """
 
 from __future__ import annotations
@@ -26,11 +28,18 @@ from pathlib import Path
 def child(shards: str, reader: str, model: str, batches: int, batch_size: int, seed: int) -> dict:
     """The data side of a training run over `shards` (in this process); its figures."""
     from vlmgym import envs
-    from vlmgym.data.shards import read_split
+    from vlmgym.data.shards import open_split, read_split
     from vlmgym.rl.loop import DataOrder
 
     started = time.perf_counter()
-    samples = read_split(shards, "train") if reader == "eager" else None
+    index_s = None
+    if reader == "eager":
+        samples = read_split(shards, "train")
+    else:  # the split the env would open itself, timed alone
+        indexing = time.perf_counter()
+        samples = open_split(shards, "train", image_exts=envs.env_class("geospot").schema.image_exts,
+                             verify=reader == "lazy")
+        index_s = round(time.perf_counter() - indexing, 3)
     env = envs.make("geospot", samples=samples, shards_dir=shards, split="train")
     processor = None
     if model != "none":
@@ -45,7 +54,7 @@ def child(shards: str, reader: str, model: str, batches: int, batch_size: int, s
         if processor is not None:
             processor([o["messages"] for o in observations], [o["images"] for o in observations])
     seconds = time.perf_counter() - started
-    return {"reader": reader, "samples": len(env), "open_s": round(opened, 2),
+    return {"reader": reader, "samples": len(env), "open_s": round(opened, 2), "index_s": index_s,
             "samples_per_s": round(batches * batch_size / seconds, 1),
             "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)}
 
@@ -86,6 +95,11 @@ def run(train_images: int, scales: list[int], readers: list[str], model: str, ba
     lazy = [r for r in out["runs"] if r["reader"] == "lazy"]
     if len(lazy) > 1:
         out["lazy_rss_growth"] = round(lazy[-1]["peak_rss_mb"] / lazy[0]["peak_rss_mb"] - 1, 3)
+    # what checking the tars' sha256 adds to indexing the split, per scale
+    unverified = {r["scale"]: r["index_s"] for r in out["runs"] if r["reader"] == "unverified"}
+    if unverified and lazy:
+        out["verify_index_s"] = {r["scale"]: round(r["index_s"] - unverified[r["scale"]], 3) for r in lazy
+                                 if r["scale"] in unverified}
     return out
 
 
@@ -94,8 +108,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="vlmgym bench data", description=__doc__.splitlines()[0])
     parser.add_argument("--train-images", type=int, default=2000, help="train images at scale 1 (the default's)")
     parser.add_argument("--scales", type=int, nargs="+", default=[1, 10], help="multiples of --train-images")
-    parser.add_argument("--reader", nargs="+", default=["lazy", "eager"], choices=("lazy", "eager"),
-                        help="lazy: the env's reader; eager: decode the split up front (the old reader)")
+    parser.add_argument("--reader", nargs="+", default=["lazy", "eager"], choices=("lazy", "unverified", "eager"),
+                        help="lazy: the env's reader; unverified: lazy without checking the tars' sha256; eager: "
+                             "decode the split up front (the old reader)")
     parser.add_argument("--model", default="models/hf/base",
                         help="model folder whose processor prepares the inputs ('none': decode only)")
     parser.add_argument("--batches", type=int, default=50, help="batches walked per run")

@@ -249,10 +249,11 @@ def _check(path: Path, actual: str, recorded: str, cause: Exception | None = Non
 
 
 def open_split(shards_dir: str | Path, split: str, limit: int | None = None,
-               image_exts: tuple[str, ...] | None = None) -> StoredSplit:
+               image_exts: tuple[str, ...] | None = None, verify: bool = True) -> StoredSplit:
     """The first `limit` samples (all when None) of a split, with `read_split`'s keys, order, image order and meta,
     keeping only the tars' headers and json members now; images are decoded when a sample's are indexed. Each tar
-    opened is read whole once and checked against the manifest's sha256 (ShardIntegrityError on a mismatch)."""
+    opened is read whole once and checked against the manifest's sha256 (ShardIntegrityError on a mismatch);
+    `verify` False seeks over the images unchecked instead (`vlmgym bench data` measures what checking costs)."""
     order = tuple(image_exts or ())
 
     def rank(ext: str) -> tuple[int, str]:
@@ -297,7 +298,7 @@ def open_split(shards_dir: str | Path, split: str, limit: int | None = None,
                 files[ext] = (number, member.offset_data, member.size)
         finish(key, files, meta, path)
 
-    checksums = split_checksums(shards_dir, split, tars)
+    checksums = split_checksums(shards_dir, split, tars) if verify else None
     for number, path in enumerate(tars):
         if limit is not None and len(keys) >= limit:
             break
