@@ -30,6 +30,8 @@ ORBAX_TEMP_GLOB = "*.orbax-checkpoint-tmp*"
 class CheckpointDamaged(ValueError):
     """None of the checkpoints in a run's folder can be restored (the message names the folder to delete)."""
 
+    user_error = True  # the stages print its message as one line (vlmgym.runtime.errors)
+
 
 @dataclass
 class Restored:

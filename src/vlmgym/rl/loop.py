@@ -31,6 +31,8 @@ class NonFiniteError(ValueError):
     """A training step made its loss, gradient norm or params non-finite; the run stopped before saving that
     state (its message names the stage, the step, the figure and the last good checkpoint)."""
 
+    user_error = True  # the stages print its message as one line (vlmgym.runtime.errors)
+
 
 @jax.jit
 def _finite_leaves(tree: Any) -> list[jax.Array]:
