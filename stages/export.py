@@ -4,7 +4,9 @@ Writes safetensors + config + tokenizer/preprocessor files with the model-core e
 every exported tensor equals the JAX parameter it came from bit for bit, and transformers loads the folder
 offline with no missing or unexpected weights. A failed check removes the folder and exits 1. Then (with
 `export.register`) the folder is logged as an MLflow model and registered as `vlmgym-<env>`
-(vlmgym.tracking.model_registry).
+(vlmgym.tracking.model_registry), through the run's spool: with the tracking server down the stage still ends
+with its folder written (status 0) and the registration waits in mlflow-spool/ for the next stage or
+`vlmgym tracking sync`.
 
     python stages/export.py [--params params.yaml]
 """
@@ -36,10 +38,13 @@ def main(argv: list[str] | None = None) -> int:
             out, figures = export_and_check(export.jax_dir, export.hf_dir)
             run.log_metrics(figures)
             if export.register:
-                version = registry.log_and_register(out, env_name, max_new_tokens=max_new_tokens,
-                                                    client=run.client, lineage=run.lineage(export.hf_dir))
-                print(f"export: registered {version.name} version {version.version} "
-                      f"(mlflow.pyfunc.load_model('models:/{version.name}/{version.version}'))")
+                # Through the run's spool: the folder is complete whatever the server does, and a registration
+                # the server cannot take now waits for the next stage or `vlmgym tracking sync`.
+                run.register_model(out, env_name, max_new_tokens=max_new_tokens)
+                if not run.wait_sent():
+                    print(f"export: the MLflow server ({run.spool.tracking_uri}) did not take the registration of "
+                          f"{out} as {registry.registered_name(env_name)}; it waits in {run.spool.folder}: the "
+                          "next stage sends it, or `vlmgym tracking sync`", file=sys.stderr, flush=True)
     except ExportCheckFailed as err:
         print(f"export: check FAILED: {err}", file=sys.stderr)
         return 1

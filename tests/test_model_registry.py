@@ -120,18 +120,40 @@ def test_an_unreachable_registry_warns_and_does_not_raise(monkeypatch, capsys):
     assert len(captured.err.strip().splitlines()) == 1
 
 
+class QueuingRun(SimpleNamespace):
+    """A stage run whose spool is a list; send() plays it to the registry as the spool's thread would."""
+
+    def queue_model_entry(self, kind, **fields):
+        self.queued.append({"kind": kind, "run_id": self.run_id, **fields})
+
+    def send(self):
+        for entry in self.queued:
+            registry.send_entry(self.client, None, entry)
+
+
 def test_the_evaluate_stage_judges_the_exported_folder_on_the_policy_mean_reward(client, tmp_path):
     version = register(client, "geospot", "folder-hash")
-    run = SimpleNamespace(client=client, run_id="eval-run", tags={"dvc.dep.models/hf/grpo": "folder-hash"},
-                          output_hash=lambda path: pytest.fail("the dep tag has the hash"))
+    run = QueuingRun(client=client, run_id="eval-run", tags={"dvc.dep.models/hf/grpo": "folder-hash"}, queued=[],
+                     output_hash=lambda path: pytest.fail("the dep tag has the hash"))
     results = {"grpo": {"mean_reward": 0.42, "geoscore": 1900.0}, "sft": {"mean_reward": 0.9}}
-    promotion = registry.promote_evaluated(run, "geospot", "models/hf/grpo", "grpo", results)
-    assert promotion.version == version and promotion.figure == 0.42 and champion(client, "geospot") == version
+    registry.promote_evaluated(run, "geospot", "models/hf/grpo", "grpo", results)
+    assert champion(client, "geospot") is None  # queued, not sent
+    assert run.queued == [{"kind": "promote", "run_id": "eval-run", "env_name": "geospot",
+                           "model_hash": "folder-hash", "value": 0.42, "figure": "mean_reward"}]
+    run.send()
+    assert champion(client, "geospot") == version and recorded(client, "geospot", version) == 0.42
     # Without the dep tag the folder's hash is computed.
     other = register(client, "geospot", "computed")
-    run = SimpleNamespace(client=client, run_id="eval-run-2", tags={}, output_hash=lambda path: "computed")
-    assert registry.promote_evaluated(run, "geospot", tmp_path / "hf", "grpo", {"grpo": {"mean_reward": 0.5}}).moved
+    run = QueuingRun(client=client, run_id="eval-run-2", tags={}, queued=[], output_hash=lambda path: "computed")
+    registry.promote_evaluated(run, "geospot", tmp_path / "hf", "grpo", {"grpo": {"mean_reward": 0.5}})
+    run.send()
     assert champion(client, "geospot") == other
+
+
+def test_a_figure_that_is_not_a_number_queues_no_promotion(client, capsys):
+    run = QueuingRun(client=client, run_id="eval-run", tags={"dvc.dep.h": "x"}, queued=[])
+    registry.promote_evaluated(run, "geospot", "h", "grpo", {"grpo": {"mean_reward": float("nan")}})
+    assert run.queued == [] and "no finite mean_reward" in capsys.readouterr().err
 
 
 def test_the_signature_describes_what_predict_takes():

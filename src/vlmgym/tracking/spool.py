@@ -7,7 +7,11 @@ with backoff, with one warning per outage, while the steps go on. `sent.json` re
 server has, so an entry is sent once; after an outage the entries at the resume point are first looked up on the
 server (a batch the server stored before its answer was lost is not sent twice). The folder is removed once all
 of it is sent. When the stage ends with the server still down, the journal stays: the next stage of the same store
-sends it, or `vlmgym tracking sync`.
+sends it, or `vlmgym tracking sync`, oldest journal first.
+
+The model registry's calls go through the journal too: the export stage's registration of its folder and the
+evaluate stage's decision on the `champion` alias (entries `register` and `promote`, sent by
+vlmgym.tracking.model_registry.send_entry), so an outage delays them and never loses them.
 """
 
 from __future__ import annotations
@@ -50,9 +54,17 @@ class Spool:
         self._lock_file: Any = None
 
     def set_uri(self, tracking_uri: str) -> None:
-        """Where the journal goes (written once claimed: `sync` passes over a spool without it)."""
-        write_text_atomically(self.folder / META, json.dumps({"tracking_uri": tracking_uri}) + "\n")
+        """Where the journal goes (written once claimed: `sync` passes over a spool without it), and when the
+        spool was first made (`sync` sends the oldest first)."""
+        write_text_atomically(self.folder / META, json.dumps({"tracking_uri": tracking_uri,
+                                                              "created": self.created() or time.time()}) + "\n")
         self.tracking_uri = tracking_uri
+
+    def created(self) -> float | None:
+        try:
+            return float(json.loads((self.folder / META).read_text())["created"])
+        except (OSError, ValueError, KeyError):
+            return None
 
     def _drop_torn_tail(self) -> None:
         """A process killed inside a write leaves a partial last line: cut it, so appends start on a new line."""
@@ -188,7 +200,7 @@ def _batches(entries: list[tuple[int, dict[str, Any]]]) -> Iterator[tuple[int, l
         yield end, group
 
 
-def _send(client: Any, folder: Path, group: list[dict[str, Any]]) -> None:
+def _send(client: Any, folder: Path, group: list[dict[str, Any]], tracking_uri: str | None) -> None:
     from mlflow.entities import Metric, Param, RunTag
 
     first = group[0]
@@ -220,6 +232,10 @@ def _send(client: Any, folder: Path, group: list[dict[str, Any]]) -> None:
                              timestamp=first["timestamp"], synchronous=True)
     elif kind == "terminate":
         client.set_terminated(run_id, status=first["status"], end_time=first["timestamp"])
+    elif kind in ("register", "promote"):  # the model registry's calls (the export and evaluate stages')
+        from vlmgym.tracking import model_registry
+
+        model_registry.send_entry(client, tracking_uri, first)
     else:
         raise ValueError(f"unknown spool entry kind {kind!r} in {folder / JOURNAL}")
 
@@ -252,7 +268,7 @@ def send_pending(spool: Spool, client: Any, *, check_first: bool, say: Callable[
                 group = [e for e in group if e not in stored]
             check_first = False
         try:
-            _send(client, spool.folder, group)
+            _send(client, spool.folder, group, spool.tracking_uri)
         except Exception as err:
             if not refused(err):
                 raise
@@ -351,12 +367,16 @@ def sync(store_root: Path, *, client_for: Callable[[str], Any] | None = None, on
             return MlflowClient(tracking_uri=uri)
 
     done = left = 0
+    failed: set[str | None] = set()  # servers that failed: their later spools wait, so the order holds
     root = spool_root(store_root)
-    for folder in sorted(p for p in root.glob("*") if p.is_dir()) if root.exists() else []:
-        if not (folder / META).exists():
-            continue  # being set up by a starting stage, which sends it
-        spool = Spool(folder)
+    # Oldest first: an export's registration goes before the evaluate stage's promotion of the version it makes.
+    spools = [Spool(p) for p in root.glob("*") if p.is_dir() and (p / META).exists()] if root.exists() else []
+    for spool in sorted(spools, key=lambda s: (s.created() or 0.0, s.folder.name)):
+        folder = spool.folder
         if only_uri is not None and spool.tracking_uri != only_uri:
+            continue
+        if spool.tracking_uri in failed:
+            left += 1
             continue
         try:
             spool.claim()
@@ -367,6 +387,7 @@ def sync(store_root: Path, *, client_for: Callable[[str], Any] | None = None, on
             sent = send_pending(spool, client_for(spool.tracking_uri), check_first=True, say=say)
         except Exception as err:
             say(f"{folder}: not sent ({type(err).__name__}: {_first_line(err)})")
+            failed.add(spool.tracking_uri)
             spool.release()
             left += 1
             continue

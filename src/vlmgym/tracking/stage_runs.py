@@ -310,6 +310,27 @@ class StageRun:
                    "reward_components": [json.dumps(r["reward_components"], sort_keys=True) for r in table]}
         self._queue("table", data=columns, artifact_file=f"samples/table_step_{step:06d}.json")
 
+    def queue_model_entry(self, kind: str, **fields: Any) -> None:
+        """Queue a model registry call, `register` or `promote` (vlmgym.tracking.model_registry.send_entry)."""
+        self._queue(kind, **fields)
+
+    def register_model(self, hf_dir: str | Path, env_name: str, *, max_new_tokens: int) -> None:
+        """Queue the registration of the exported folder `hf_dir` as a version of `vlmgym-<env>`, with lineage."""
+        from vlmgym.tracking import model_registry
+
+        self._queue("register", **model_registry.registration(hf_dir, env_name, max_new_tokens,
+                                                              self.lineage(hf_dir)))
+
+    def wait_sent(self) -> bool:
+        """Wait while the server takes what is queued: True once it has it all, False as soon as a send fails (the
+        entries stay queued and are retried). No time limit: a large model's upload takes the time it takes."""
+        self.sender.notify()
+        while not self.spool.is_sent():
+            if self.sender.outage_since is not None:
+                return False
+            time.sleep(0.05)
+        return True
+
     def set_tags(self, tags: Mapping[str, str]) -> None:
         if tags:
             self._queue("tags", values={k: str(v) for k, v in tags.items()})
