@@ -28,10 +28,10 @@ DEBUG_ENV = "VLMGYM_DEBUG"
 USER_ERROR_STATUS = 2
 NO_SPACE_TEXT = "no space left on device"
 # Texts of a connection that failed, as requests, urllib3 and MLflow's REST client word them.
-# Library errors that are the user's to fix, by module and class: raw data a stage cannot read, a training run
-# that stopped on a non-finite loss.
+# Library errors that are the user's to fix, by module and class (those that do not set `user_error`): raw data a
+# stage cannot read, shards whose bytes are not the ones their manifest records.
 KNOWN_USER_ERRORS = (("vlmgym.data.shard_writer", "ShardError"), ("vlmgym.data.layout", "RawLayoutError"),
-                     ("vlmgym.rl.loop", "NonFiniteError"))
+                     ("vlmgym.data.shards", "ShardIntegrityError"))
 UNREACHABLE_TEXTS = ("max retries exceeded", "failed to establish a new connection", "connection refused",
                      "connectionerror", "remotedisconnected", "connection aborted")
 
