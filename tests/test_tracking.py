@@ -39,7 +39,7 @@ def make_repo(tmp_path: Path) -> Path:
     repo = tmp_path / "repo"
     repo.mkdir()
     (repo / "stage.py").write_text(STAGE_SCRIPT)
-    (repo / "params.yaml").write_text("data:\n  seed: 3\ntracking:\n  experiment: unit\nother:\n  lr: [1, 2]\n")
+    (repo / "params.yaml").write_text("data:\n  seed: 3\ntracking:\n  experiment: unit\nsft:\n  mesh: [1, 2]\n")
     (repo / "data").mkdir()
     (repo / "data" / "words.txt").write_text("hello\n")
     (repo / "dvc.yaml").write_text(textwrap.dedent(
@@ -104,7 +104,7 @@ def test_one_parent_run_holds_the_pipeline(repro):
     stages = _stage_runs(runs)
     assert {r.data.tags[pipeline_run.PARENT_TAG] for r in stages} == {parent.info.run_id}
     assert parent.data.tags["vlmgym.pipeline_id"] == stages[0].data.tags["vlmgym.pipeline_id"]
-    assert parent.data.params == {"data.seed": "3", "tracking.experiment": "unit", "other.lr": "[1, 2]"}
+    assert parent.data.params == {"data.seed": "3", "tracking.experiment": "unit", "sft.mesh": "[1, 2]"}
     assert parent.info.status == "FINISHED" and parent.info.run_name.startswith("pipeline-")
     # The parent's writer is the dvc process, which has exited, so a later stage would close it if it had
     # been left RUNNING; the stage runs' writers are the stage processes.
