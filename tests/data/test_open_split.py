@@ -155,7 +155,7 @@ def second_sample_offsets(tar):
 
 
 RECORDED = r"sha256 .* is not the .* the shard stage recorded"
-RECOVER = r"dvc checkout --relink data/shards.*dvc repro -f -s shard"
+RECOVER = r"dvc checkout --relink --force data/shards.*dvc repro -f -s shard"
 
 
 @pytest.mark.parametrize(("limit", "where"), [(None, "data"), (1, "data"), (None, "header")])

@@ -27,8 +27,10 @@ MANIFEST = "manifest.json"
 # Bytes read at a time where tarfile would seek over member data: small, because an index of many small samples is
 # meant to cost about a kilobyte each (tests/data/test_open_split.py), and larger reads were no faster.
 SKIP_BUFFER = 1 << 14
-# How to get shards that match their manifest again: DVC's copy, or the shard stage's own output afresh.
-RECOVER = "restore the shards with `dvc checkout --relink data/shards` or write them again with `dvc repro -f -s shard`"
+# How to get shards that match their manifest again: DVC's copy (--relink copies it whatever the modification time
+# says; --force lets it replace a file DVC sees as changed), or the shard stage's own output afresh.
+RECOVER = ("restore the shards with `dvc checkout --relink --force data/shards` or write them again with "
+           "`dvc repro -f -s shard`")
 
 log = logging.getLogger(__name__)
 
