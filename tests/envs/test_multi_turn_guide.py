@@ -83,3 +83,14 @@ def test_the_base_model_tokenizer_learns_the_plug_in_tool():
     call = multiturn.call_text("mirror", {})
     corpus = envs.corpus(active="mirror_env:MirrorColourEnv")
     assert len(train_tokenizer(corpus + texts).tokenize(call)) < len(train_tokenizer(corpus).tokenize(call))
+
+
+def test_the_guide_counts_a_zoom_call_in_tiny_tokens():
+    # the per-turn token budget: 36 tokens plus one per digit of the box, 48 for the episode's example, at most 50
+    tokenizer = train_tokenizer(envs.corpus(active="digits") + tool_corpus(("zoom",)))
+    example = re.search(r"```\n(<tool_call>.*?</tool_call>)\n```", GUIDE.read_text(), re.S).group(1)
+    assert len(tokenizer.tokenize(example)) == 48
+    for box in ({"x1": 0, "y1": 0, "x2": 5, "y2": 5}, {"x1": 999, "y1": 999, "x2": 1000, "y2": 1000}):
+        digits = sum(len(str(value)) for value in box.values())
+        assert len(tokenizer.tokenize(multiturn.call_text("zoom", box))) == 36 + digits <= 50
+    assert "a zoom call is 36 tokens plus one per digit of its box: 48" in " ".join(GUIDE.read_text().split())
