@@ -49,6 +49,9 @@ def test_every_stage_ran_on_the_plug_in(colour_pipeline):
     assert json.loads(checked)["env"]["colour"] == {"format_weight": 0.2}
     manifest = json.loads((root / "data" / "shards" / "manifest.json").read_text())
     assert manifest["dataset"] == "colour" and manifest["splits"]["test"]["kept"] == 16
+    # docs/writing-an-env.md's layout: per split, the samples kept and the rows skipped, counted by reason
+    for split in ("train", "val", "test"):
+        assert manifest["splits"][split]["skipped"] == {} and manifest["splits"][split]["examples"] == {}
 
 
 def test_the_sft_stage_warmed_the_tower_on_the_plug_in_labels(colour_pipeline):
