@@ -2,7 +2,9 @@
 
 "Can import" is the static closure of the stage script's `vlmgym` imports, function-level ones included (a lazy
 import still runs the module), plus the built-in envs for stages that build an env by name (the registry imports
-them from strings). Imports under `if TYPE_CHECKING:` never run and are left out.
+them from strings). Imports under `if TYPE_CHECKING:` never run and are left out, and so are those inside the
+functions of the registered model's code (tracking/pyfunc_model.py): they run in the process that serves the model,
+never in a stage (a stage only logs that file).
 """
 
 from __future__ import annotations
@@ -27,11 +29,16 @@ def module_file(name: str) -> Path | None:
     return None
 
 
+SERVED_ONLY = SRC / "vlmgym" / "tracking" / "pyfunc_model.py"
+
+
 def _imports(path: Path) -> set[str]:
     tree = ast.parse(path.read_text(), str(path))
     skipped: set[int] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            skipped.update(id(n) for child in node.body for n in ast.walk(child))
+        if path == SERVED_ONLY and isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
             skipped.update(id(n) for child in node.body for n in ast.walk(child))
     names: set[str] = set()
     for node in ast.walk(tree):
