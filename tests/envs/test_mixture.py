@@ -144,7 +144,7 @@ def test_a_sub_env_meta_key_that_collides_is_an_error(parts):
     ({"envs": {"digits": 1.0, "nope": 1.0}}, r"envs\.nope: unknown env"),
     ({"envs": {"digits": 1.0, "rec": 0.0}}, r"envs\.rec: weight must be a positive"),
     ({"envs": {"digits": 1.0, "rec": -2}}, r"envs\.rec: weight must be a positive"),
-    ({"envs": {"digits": 1.0, "rec": float("inf")}}, r"envs\.rec: weight must be a positive"),
+    ({"envs": {"digits": 1.0, "rec": float("inf")}}, r"envs\.rec: value inf is not a finite number"),
     ({"envs": {"digits": "heavy", "rec": 1.0}}, r"env\.mixture\.envs\.digits: expected a number"),
     ({"envs": ["digits", "rec"]}, r"env\.mixture\.envs: expected a mapping"),
     ({"weights": {"digits": 1.0}}, r"env\.mixture\.weights: unknown key"),
