@@ -184,7 +184,7 @@ def env_source_identity(env_params: EnvParams) -> str:
 
 def env_sources(env_params: EnvParams) -> dict[str, Path]:
     """The Python files outside vlmgym that define the configured env, by a name that stays the same wherever the
-    checkout lies: for the env (and each env it is made of), its tool classes and their base classes, every .py file of the
+    checkout lies: for the env (and each env it combines), its tools and their base classes, every .py file of the
     package that holds each one's module, or the module file alone where it is in no package (a module beside
     params.yaml)."""
     classes: list[type] = []
