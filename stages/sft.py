@@ -1,8 +1,9 @@
 """sft stage: supervised warm start of the base model on the env's ideal answers -> models/jax/sft/.
 
 Teacher-forced cross entropy on the answer tokens only (prompt and padding masked), AdamW with warmup and
-cosine decay. Checkpoints go to `sft.checkpointing.dir/<config hash>/` every `sft.checkpointing.every` steps, so a
-killed run started again with the same params resumes exactly where the last checkpoint left it. Every step's figures go
+cosine decay. Checkpoints go to `sft.checkpointing.dir/<inputs hash>/` (params, start model, shards, code) every
+`sft.checkpointing.every` steps, so a killed run started again with the same inputs resumes exactly where the last
+checkpoint left it. Every step's figures go
 to MLflow and, less the timings and compile counts, to metrics/curves/sft.jsonl (vlmgym.tracking.step_curve).
 With `sft.perception.steps` > 0 the vision tower is first warmed up on the env's image labels
 (vlmgym.rl.perception), once per checkpoint folder. `sft.steps: 0` copies the start model through unchanged (the

@@ -6,7 +6,7 @@ updates. Every step's figures go to MLflow (reward and its components, clip frac
 sampler-vs-learner mismatch, gradient norm, lr, throughput, compiles), and all but the timings and compile counts
 to metrics/curves/train.jsonl (vlmgym.tracking.step_curve), which the evaluate stage draws its training curves from;
 every `train.samples_every` steps a table of sample rollouts (image, answer, reward components) is logged as an
-artifact. Checkpoints in `train.checkpointing.dir/<config hash>/` make a killed run resume exactly.
+artifact. Checkpoints in `train.checkpointing.dir/<inputs hash>/` make a killed run resume exactly.
 
 Over several processes (hosts), each runs this script with the same params and code (docs/scaling.md, "Scale out"):
 JAX_COORDINATOR_ADDRESS / JAX_NUM_PROCESSES / JAX_PROCESS_ID or the flags below; process 0 logs to MLflow and

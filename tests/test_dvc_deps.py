@@ -1,4 +1,5 @@
-"""dvc.yaml's deps stay true: every vlmgym module a stage can import is among its deps, and every dep exists.
+"""dvc.yaml's deps stay true both ways: every vlmgym module a stage can import is among its deps, no dep is code the
+stage cannot import, and every dep exists.
 
 "Can import" is the static closure of the stage script's `vlmgym` imports, function-level ones included (a lazy
 import still runs the module), plus the built-in envs for stages that build an env by name (the registry imports
@@ -67,8 +68,22 @@ def closure(script: Path) -> set[Path]:
                     if path.parent.name == "envs" and path.name == "registry.py":
                         from vlmgym.envs.registry import BUILTIN
 
-                        todo.extend(module_file(t.split(":")[0]) for t in BUILTIN.values())
+                        builtin = {module_file(t.split(":")[0]) for t in BUILTIN.values()} - seen
+                        seen.update(builtin)
+                        todo.extend(builtin)
     return seen
+
+
+def exact_deps(stage: str) -> list[str]:
+    """The code deps stage `stage` should list: each file of its closure, or the highest folder above it whose every
+    .py file is in the closure (one line for a whole package the stage uses)."""
+    imported = closure(REPO / "stages" / f"{stage}.py")
+    deps = set()
+    for path in imported:
+        while path.parent != SRC and all(f in imported for f in path.parent.rglob("*.py")):
+            path = path.parent
+        deps.add(path)
+    return [f"stages/{stage}.py", *sorted(str(p.relative_to(REPO)) for p in deps)]
 
 
 @pytest.mark.parametrize("stage", sorted(DVC["stages"]))
@@ -81,6 +96,17 @@ def test_stage_deps_cover_its_imports(stage):
     missing = sorted(str(p.relative_to(REPO)) for p in closure(script)
                      if not any(p == d or d in p.parents for d in deps))
     assert not missing, f"dvc.yaml stage {stage!r} imports modules its deps do not list: {missing}"
+
+
+@pytest.mark.parametrize("stage", sorted(DVC["stages"]))
+def test_stage_deps_are_exactly_its_code(stage):
+    """No dep a stage cannot import: an edit there would rerun the stage (and everything after it) for nothing."""
+    listed = [d for d in DVC["stages"][stage]["deps"]
+              if (REPO / d).is_relative_to(SRC) or (REPO / d).is_relative_to(REPO / "stages")]
+    expected = exact_deps(stage)
+    assert sorted(listed) == sorted(expected), (
+        f"dvc.yaml stage {stage!r}: deps to add {sorted(set(expected) - set(listed))}, "
+        f"to remove {sorted(set(listed) - set(expected))}")
 
 
 def test_no_stage_depends_on_the_benchmarks():
