@@ -36,6 +36,8 @@ MAX_MEMBER_BYTES = 64 * 1024 * 1024  # OSV-5M images are 20-65 kB
 class RawLayoutError(ValueError):
     """The raw layout is broken in a way that cannot be skipped row by row."""
 
+    user_error = True  # the stages print its message as one line (vlmgym.runtime.errors)
+
 
 def csv_path(raw_dir: Path, split: str) -> Path:
     """Path of a split's CSV in the raw layout."""

@@ -36,6 +36,8 @@ MAX_EXAMPLES = 5  # example rows per skip reason kept in the manifest
 class ShardError(ValueError):
     """The raw data cannot be sharded at all (missing file, missing columns, nothing valid)."""
 
+    user_error = True  # the stages print its message as one line (vlmgym.runtime.errors)
+
 
 class _HashingFile:
     """A file being written whose bytes pass through sha256 on their way: the manifest's checksum of a tar costs no

@@ -38,6 +38,8 @@ log = logging.getLogger(__name__)
 class ShardIntegrityError(ValueError):
     """A split's tars are not the ones its manifest describes (changed bytes, a tar added or missing)."""
 
+    user_error = True  # the stages print its message as one line (vlmgym.runtime.errors)
+
 
 @dataclass
 class Sample:

@@ -28,10 +28,6 @@ DEBUG_ENV = "VLMGYM_DEBUG"
 USER_ERROR_STATUS = 2
 NO_SPACE_TEXT = "no space left on device"
 # Texts of a connection that failed, as requests, urllib3 and MLflow's REST client word them.
-# Library errors that are the user's to fix, by module and class (those that do not set `user_error`): raw data a
-# stage cannot read, shards whose bytes are not the ones their manifest records.
-KNOWN_USER_ERRORS = (("vlmgym.data.shard_writer", "ShardError"), ("vlmgym.data.layout", "RawLayoutError"),
-                     ("vlmgym.data.shards", "ShardIntegrityError"))
 UNREACHABLE_TEXTS = ("max retries exceeded", "failed to establish a new connection", "connection refused",
                      "connectionerror", "remotedisconnected", "connection aborted")
 
@@ -175,8 +171,7 @@ def _unreachable(err: BaseException) -> str | None:
 
 
 def _marked(err: BaseException) -> str | None:
-    known = tuple(cls for module, name in KNOWN_USER_ERRORS if (cls := _loaded(module, name)) is not None)
-    if getattr(type(err), "user_error", False) or isinstance(err, known):
+    if getattr(type(err), "user_error", False):
         return str(err).splitlines()[0] if str(err) else type(err).__name__
     return None
 
