@@ -143,16 +143,10 @@ def train_arm(arm: str, config: SFTParams | TrainParams, sections: dict[str, Any
 def answer(model_dir: Path, split: str, arm: str, sections: dict[str, Any], blank_images: bool = False) -> list[dict]:
     """Greedy answers of a model folder on a split, as the rollout stage writes them (`blank_images`: every image
     grey, the text-only baseline)."""
-    from vlmgym import envs
-    from vlmgym.eval.rollouts import answer_split, load_engine
+    from vlmgym.eval.answering import greedy_answers
 
-    rollout, model = sections["rollout"], sections["model"]
-    engine, params = load_engine(model_dir, max_new_tokens=rollout.max_new_tokens, dtype=model.dtype,
-                                 param_dtype=model.param_dtype)
-    env = envs.from_params(sections["env"], shards_dir=rollout.shards_dir, split=split,
-                           tokenizer=engine.processor.tokenizer, limit=rollout.limit, progress=rollout.progress)
-    return answer_split(engine, params, env, policy=arm, batch_size=rollout.batch_size,
-                        blank_images=blank_images)[0]
+    return greedy_answers(model_dir, sections["rollout"], sections["model"], sections["env"], split, arm,
+                          blank_images=blank_images)
 
 
 def fingerprint(arm: str, config: SFTParams | TrainParams, sections: dict[str, Any]) -> str:
@@ -225,30 +219,26 @@ def run_arm(arm: str, config: SFTParams | TrainParams, sections: dict[str, Any],
 def constant_answers(sections: dict[str, Any], splits: list[str], folder: Path) -> dict[str, list] | None:
     """The constant baseline's records on every split (one answer, chosen on val: the same for every seed); None
     when the env has no ideal answer to propose."""
-    from vlmgym import envs
-    from vlmgym.eval import blind
+    from vlmgym.eval import answering, blind
     from vlmgym.eval.records import read_jsonl, write_jsonl
     from vlmgym.models.qwen3_vl.processor import Processor
     from vlmgym.runtime.atomic import write_text_atomically
 
-    rollout, done = sections["rollout"], folder / "done.json"
+    rollout, env_params, done = sections["rollout"], sections["env"], folder / "done.json"
     chosen_on = blind.constant_split(rollout.shards_dir)
     key = {"fingerprint": fingerprint(CONSTANT, None, sections),
            "data": {split: split_identity(rollout.shards_dir, split) for split in [chosen_on, *splits]}}
     if done.exists() and json.loads(done.read_text()) == key:
         return {split: read_jsonl(folder / f"{split}.jsonl") for split in splits}
     tokenizer = Processor.from_pretrained(sections["sft"].init_dir).tokenizer  # every start shares the base tokenizer
-
-    def open_env(split: str, limit: int | None) -> Any:
-        return envs.from_params(sections["env"], shards_dir=rollout.shards_dir, split=split, tokenizer=tokenizer,
-                                limit=limit, progress=rollout.progress)
-
-    chosen = blind.choose_constant(open_env, rollout.shards_dir, rollout.constant_candidates)
+    chosen = answering.choose_constant(rollout, env_params, rollout.shards_dir, tokenizer)
     if chosen is None:
-        print(f"compare: {sections['env'].name} has no ideal answer to propose: no constant baseline", flush=True)
+        print(f"compare: {env_params.name} has no ideal answer to propose: no constant baseline", flush=True)
         return None
     # the held-out splits as the arms answer them (rollout.limit)
-    answers = {split: blind.constant_records(open_env(split, rollout.limit), chosen[0]) for split in splits}
+    answers = {split: blind.constant_records(answering.open_env(env_params, rollout, rollout.shards_dir, split,
+                                                                tokenizer, rollout.limit), chosen[0])
+               for split in splits}
     for split, records in answers.items():
         write_jsonl(folder / f"{split}.jsonl", records)
     write_text_atomically(done, json.dumps(key) + "\n")
