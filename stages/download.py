@@ -13,7 +13,7 @@ import logging
 import sys
 
 from vlmgym import envs
-from vlmgym.data.download import build_raw, build_raw_parts, numeric_metrics
+from vlmgym.data.download import build_raw_envs, numeric_metrics
 from vlmgym.params import DEFAULT_PARAMS_FILE, load_section
 from vlmgym.runtime.collector import collect_less
 from vlmgym.tracking import stage_runs as tracking
@@ -30,9 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     env_params = load_section("env", args.params)
     with tracking.stage_run("download", params, extra_params={"env.name": env_params.name},
                             params_file=args.params) as run:
-        # an env made of several (env.name: mixture) gets each one's layout in data/raw/<name>/
-        stats = (build_raw_parts(params, {name: envs.env_class(name) for name in envs.parts(env_params)})
-                 if envs.has_parts(env_params) else build_raw(params, envs.env_class(env_params.name)))
+        stats = build_raw_envs(params, {name: envs.env_class(name) for name in envs.parts(env_params)})
         run.log_metrics(numeric_metrics(stats))
         run.log_dict(stats, "download_stats.json")
     print(json.dumps({k: v for k, v in stats.items() if k != "details"}, indent=1))

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 from vlmgym import envs
-from vlmgym.data.shard_writer import manifest_metrics, shard_parts, shard_raw
+from vlmgym.data.shard_writer import env_schemas, manifest_metrics, shard_envs
 from vlmgym.params import DEFAULT_PARAMS_FILE, load_section
 from vlmgym.runtime.collector import collect_less
 from vlmgym.tracking import stage_runs as tracking
@@ -30,18 +30,10 @@ def main(argv: list[str] | None = None) -> int:
     params = load_section("shard", args.params)
     data = load_section("data", args.params)
     env_params = load_section("env", args.params)
-    schemas = {}
-    for name in envs.parts(env_params):
-        env = envs.env_class(name)
-        if env.schema is None:
-            raise ValueError(f"env {env.name!r} declares no row schema, so its raw data cannot be sharded")
-        schemas[name] = env.schema
+    schemas = env_schemas({name: envs.env_class(name) for name in envs.parts(env_params)})
     extra = {"env.name": envs.env_class(env_params.name).name, "data.raw_dir": data.raw_dir}
     with tracking.stage_run("shard", params, extra_params=extra, params_file=args.params) as run:
-        if envs.has_parts(env_params):  # each sub-env's data/raw/<name>/ into data/shards/<name>/
-            manifest = shard_parts(Path(data.raw_dir), Path(params.out_dir), schemas, params)
-        else:
-            manifest = shard_raw(Path(data.raw_dir), Path(params.out_dir), schemas[env_params.name], params)
+        manifest = shard_envs(Path(data.raw_dir), Path(params.out_dir), schemas, params)
         run.log_metrics(manifest_metrics(manifest))
         run.log_artifact(Path(params.out_dir) / "manifest.json")
     print(json.dumps(manifest_metrics(manifest), indent=1))

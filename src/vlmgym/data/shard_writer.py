@@ -19,6 +19,7 @@ import tarfile
 from collections import Counter
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 from tqdm import tqdm
 
@@ -267,6 +268,25 @@ def shard_parts(raw_dir: Path, out_dir: Path, schemas: dict[str, RowSchema], par
         (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
     return manifest
 
+
+def env_schemas(envs: dict[str, Any]) -> dict[str, RowSchema]:
+    """{name: row schema} of the configured env's envs ({name: Env class}: vlmgym.envs.parts); a ValueError names
+    an env that declares none, whose raw data cannot be sharded."""
+    schemas = {}
+    for name, env in envs.items():
+        if env.schema is None:
+            raise ValueError(f"env {env.name!r} declares no row schema, so its raw data cannot be sharded")
+        schemas[name] = env.schema
+    return schemas
+
+
+def shard_envs(raw_dir: Path, out_dir: Path, schemas: dict[str, RowSchema], params: ShardParams) -> dict:
+    """Shard the raw layout of the configured env's envs ({name: row schema}: env_schemas): one env's raw_dir into
+    out_dir (shard_raw), or, for several (the sub-envs of a mixture), each raw_dir/<name>/ into out_dir/<name>/
+    (shard_parts); returns the manifest."""
+    if len(schemas) == 1:
+        return shard_raw(raw_dir, out_dir, next(iter(schemas.values())), params)
+    return shard_parts(raw_dir, out_dir, schemas, params)
 
 def manifest_metrics(manifest: dict) -> dict[str, float]:
     """Kept / skipped-per-reason / shard counts as flat MLflow metrics (`<part>/...` per part of a manifest of
