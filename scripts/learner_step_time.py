@@ -5,8 +5,7 @@ import statistics
 import tempfile
 
 from vlmgym import envs
-from vlmgym.config.spec import with_values
-from vlmgym.params import load_section
+from vlmgym.params import load_section, with_values
 from vlmgym.rl.grpo_trainer import GRPOTrainer
 from vlmgym.rl.stage_setup import load_policy
 

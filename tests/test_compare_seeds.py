@@ -9,9 +9,8 @@ import pytest
 
 from vlmgym.compare.command import arm_config
 from vlmgym.compare.seeds import per_seed_table, seed_plan, seed_results
-from vlmgym.config import PerceptionParams
 from vlmgym.eval.metrics import evaluate_policies
-from vlmgym.params import LoRAParams, SFTParams, TrainParams
+from vlmgym.params import LoRAParams, PerceptionParams, SFTParams, TrainParams
 
 
 def nlvr2_records(answers, order=None):

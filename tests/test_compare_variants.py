@@ -11,8 +11,7 @@ import yaml
 
 from vlmgym.compare.command import arm_config, parse_variants
 from vlmgym.compare.seeds import seed_plan
-from vlmgym.config.spec import ParamsError, with_values
-from vlmgym.params import SFTParams, TrainParams
+from vlmgym.params import ParamsError, SFTParams, TrainParams, with_values
 
 
 @pytest.fixture

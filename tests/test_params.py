@@ -1,6 +1,8 @@
 """params.yaml loading: typed sections, and errors that name the key, the value and the file."""
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -254,3 +256,53 @@ def test_a_key_and_its_alias_together_are_an_error(tmp_path):
 def test_sections_built_in_code_take_the_aliases_too():
     assert params.TrainParams(algorithm="dpo").algorithm == "online_dpo"
     assert params.LoRAParams(targets=["gate_proj", "up"]).targets == ["gate", "up"]
+
+
+CONFIG_ALONE = """
+import dataclasses, sys
+import vlmgym.config.sections, vlmgym.config.spec, vlmgym.config.subsections
+from vlmgym.config.sections import DataParams
+from vlmgym.config.spec import ParamsError, from_dict, spec
+assert not [m for m in sys.modules if m.startswith(("vlmgym.envs", "vlmgym.params"))], sorted(sys.modules)
+
+@dataclasses.dataclass(frozen=True)
+class ToyData:
+    size: int = spec(1, ge=1)
+
+class Toy:  # what an env class gives validation: its name and its sections' dataclasses
+    name, Params, DataParams = "toy", None, ToyData
+
+class Lookup:
+    def env_class(self, name):
+        if name != "toy":
+            raise KeyError(f"unknown env {name!r}")
+        return Toy
+    def is_known(self, name):
+        return name == "toy"
+    def names(self):
+        return ["toy"]
+
+data = from_dict(DataParams, {"seed": 3, "toy": {"size": 2}}, "data", envs=Lookup())
+assert data.seed == 3 and data.sections == {"toy": ToyData(size=2)}
+try:
+    from_dict(DataParams, {"toy": {"size": 0}}, "data", envs=Lookup())
+except ParamsError as err:
+    assert "data.toy.size: value 0 out of range" in str(err), err
+else:
+    raise AssertionError("size 0 passed")
+try:
+    from_dict(DataParams, {"toy": {"size": 2}}, "data")
+except TypeError as err:
+    assert "envs=" in str(err), err
+else:
+    raise AssertionError("an env section validated without env lookups")
+assert not [m for m in sys.modules if m.startswith(("vlmgym.envs", "vlmgym.params"))]
+print("ok")
+"""
+
+
+def test_config_imports_no_env_and_validates_env_sections_with_the_lookup_passed_in():
+    # vlmgym.config is beneath the envs: nothing installs an env lookup into it. A section holding envs' own
+    # sections validates with the lookups its caller passes, and without them refuses rather than guessing.
+    done = subprocess.run([sys.executable, "-c", CONFIG_ALONE], capture_output=True, text=True, cwd=REPO)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr

@@ -131,8 +131,7 @@ def test_a_forced_rerun_over_a_finished_checkpoint_logs_every_step_to_its_new_ru
     sys.path.insert(0, str(Path(__file__).parent / "rl"))
     from toy import ToyEnv, ToyPolicy
 
-    from vlmgym.config.spec import with_values
-    from vlmgym.params import SFTParams
+    from vlmgym.params import SFTParams, with_values
     from vlmgym.rl.sft_trainer import SFTTrainer
     from vlmgym.tracking.stage_runs import stage_run
 

@@ -31,10 +31,9 @@ from dataclasses import dataclass
 import jax
 import numpy as np
 
-from vlmgym.config.spec import with_values
 from vlmgym.envs.nlvr2.data import COLOURS, render_scene, sample_scene
 from vlmgym.envs.nlvr2.env import NLVR2Env, parse_answer
-from vlmgym.params import load_section
+from vlmgym.params import load_section, with_values
 from vlmgym.rl.loop import DataOrder
 from vlmgym.rl.prefetch import ResetPrefetcher
 from vlmgym.rl.sft_trainer import SFTTrainer

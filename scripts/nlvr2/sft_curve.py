@@ -23,10 +23,9 @@ import jax
 import numpy as np
 
 from vlmgym import envs
-from vlmgym.config.spec import with_values
 from vlmgym.envs.nlvr2.data import generate_split
 from vlmgym.envs.nlvr2.env import NLVR2Env, parse_answer
-from vlmgym.params import load_section
+from vlmgym.params import load_section, with_values
 from vlmgym.rl.sft_trainer import SFTTrainer
 from vlmgym.rl.stage_setup import load_policy
 from vlmgym.rollout import RolloutEngine, SamplingSettings

@@ -13,13 +13,13 @@ module keeps its old path for at least one release, warning (a DeprecationWarnin
   option) and `BUILTIN_TOOLS`.
 """
 
-from vlmgym.config import ParamsError, spec
 from vlmgym.data import layout
 from vlmgym.data.rows import SAFE_KEY, Row, RowSchema, RowSkip
 from vlmgym.envs import Env, SampleLike, State, make, register
 from vlmgym.envs.multiturn import ToolParams
 from vlmgym.envs.think import ThinkParams
 from vlmgym.envs.tools import BUILTIN_TOOLS, Tool, ToolError, ToolResult
+from vlmgym.params import ParamsError, spec
 from vlmgym.stats.bootstrap import Statistic
 
 __all__ = ["BUILTIN_TOOLS", "SAFE_KEY", "Env", "ParamsError", "Row", "RowSchema", "RowSkip", "SampleLike", "State",

@@ -1,47 +1,159 @@
-"""Typed, validated sections of params.yaml, and `vlmgym params`.
+"""params.yaml: its typed, validated sections, reading a params file, and `vlmgym params`.
 
-The sections and their validation live in vlmgym.config (at the bottom of the house); this module is their face
-for everything above the envs: importing it loads the env registry (vlmgym.envs), which validation looks env names
-and the envs' own sections up in. It adds the defaults with the default env's sections filled in, params.yaml's
-text with each key's doc, and the `vlmgym params` command.
+The one place everything above the envs imports params from. The sections' machinery lives beneath the envs in
+vlmgym.config, which knows no env; this module adds the `env` section (vlmgym.envs.registry.EnvParams) and reads a
+params file with the env registry passed to validation, which looks env names and the envs' own sections
+(`env.<name>`, `data.<name>`) up in it. It also gives the defaults with the default env's sections filled in,
+params.yaml's text with each key's doc, and the `vlmgym params` command.
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import yaml
 
-from vlmgym.config import (  # noqa: F401  (re-exported: the names every stage and tool imports from here)
-    DEFAULT_PARAMS_FILE,
+import vlmgym.config.spec as validation
+from vlmgym.config.sections import (
     LORA_TEXT_TARGETS,
     REMAT_DOC,
-    SECTIONS,
     DataParams,
-    EnvParams,
     EvalParams,
     ExportParams,
     LoRAParams,
     ModelParams,
-    ParamsError,
+    PerceptionParams,
     RolloutParams,
     SFTParams,
     ShardParams,
     TrackingParams,
     TrainParams,
-    from_dict,
-    load_all,
-    load_section,
-    read_yaml,
+)
+from vlmgym.config.spec import (
+    ParamsError,
+    canonical_paths,
+    merged,
+    moved_to_their_places,
+    nested_keys,
     spec,
     to_dict,
+    value_at,
+    with_values,
 )
-from vlmgym.config.spec import merged, moved_to_their_places  # noqa: F401  (re-exported)
 from vlmgym.envs import registry
-from vlmgym.envs.registry import DEFAULT_ENV
+from vlmgym.envs.registry import DEFAULT_ENV, EnvParams
 from vlmgym.runtime.atomic import atomic_file
+
+__all__ = ["DEFAULT_PARAMS_FILE", "LORA_TEXT_TARGETS", "REMAT_DOC", "SECTIONS", "DataParams", "EnvParams", "EvalParams",
+           "ExportParams", "LoRAParams", "ModelParams", "ParamsError", "PerceptionParams", "RolloutParams", "SFTParams",
+           "ShardParams", "TrackingParams", "TrainParams", "canonical_paths", "default_sections", "from_dict",
+           "load_all", "load_section", "main", "merged", "nested_keys", "read_yaml", "render_yaml", "spec", "to_dict",
+           "upgrade_file", "upgraded", "value_at", "with_values", "write_params"]
+
+T = TypeVar("T")
+DEFAULT_PARAMS_FILE = Path("params.yaml")
+SECTIONS: dict[str, type] = {
+    "data": DataParams,
+    "shard": ShardParams,
+    "model": ModelParams,
+    "env": EnvParams,
+    "tracking": TrackingParams,
+    "sft": SFTParams,
+    "train": TrainParams,
+    "rollout": RolloutParams,
+    "export": ExportParams,
+    "eval": EvalParams,
+}
+
+
+def from_dict(cls: type[T], raw: dict[str, Any], where: str = "params") -> T:
+    """Build section `cls` from `raw`, validating keys, types and ranges, env names and the envs' own sections."""
+    return validation.from_dict(cls, raw, where, envs=registry)
+
+
+# PyYAML's C parser where it is built (same values: the resolvers and constructors are the Python ones), ~10x
+# faster on params.yaml's comments: every stage reads the whole file.
+_YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+def read_yaml(path: str | Path = DEFAULT_PARAMS_FILE) -> dict[str, Any]:
+    """Read a params file into a dict, with a clear error when it is not a mapping."""
+    path = Path(path)
+    if not path.exists():
+        raise ParamsError(f"{path}: params file not found")
+    return _mapping(path.read_bytes(), path)
+
+
+def _mapping(data: bytes, path: Path) -> dict[str, Any]:
+    raw = yaml.load(data, Loader=_YAML_LOADER) or {}
+    if not isinstance(raw, dict):
+        raise ParamsError(f"{path}: expected a mapping of sections, got {type(raw).__name__}")
+    return raw
+
+
+def load_section(name: str, path: str | Path = DEFAULT_PARAMS_FILE, overrides: dict | None = None):
+    """Load and validate one section of a params file (missing section: all defaults).
+
+    The whole file is validated first, as `vlmgym params` does: a stage refuses an unknown top-level key or a bad
+    value in another section too, rather than running with a file the others refuse."""
+    if name not in SECTIONS:
+        raise ParamsError(f"{path}: unknown section {name!r} (known: {', '.join(sorted(SECTIONS))})")
+    raw, sections = _validated_file(Path(path))
+    if not overrides:
+        return copy.deepcopy(sections[name])  # the cached object is shared: a caller may not change it
+    return _section(name, raw, path, overrides)
+
+
+def load_all(path: str | Path = DEFAULT_PARAMS_FILE) -> dict[str, Any]:
+    """Load and validate every section; unknown sections are errors."""
+    path = Path(path)
+    return _all_sections(read_yaml(path), path)
+
+
+def _all_sections(raw: dict[str, Any], path: Path) -> dict[str, Any]:
+    unknown = sorted(set(raw) - set(SECTIONS))
+    if unknown:
+        raise ParamsError(f"{path}: unknown section(s) {unknown} (known: {', '.join(sorted(SECTIONS))})")
+    return {name: _section(name, raw, path) for name in SECTIONS}
+
+
+# Validated files by path and content: a stage loads three or four sections of one file, each validating it all.
+_VALIDATED: dict[tuple[str, bytes], tuple[dict[str, Any], dict[str, Any]]] = {}
+
+
+def _validated_file(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(the file's mapping, every section validated), parsed and validated once per content."""
+    if not path.exists():
+        raise ParamsError(f"{path}: params file not found")
+    data = path.read_bytes()
+    key = (str(path.resolve()), data)
+    if key not in _VALIDATED:
+        raw = _mapping(data, path)
+        sections = _all_sections(raw, path)
+        if len(_VALIDATED) >= 8:
+            _VALIDATED.clear()
+        _VALIDATED[key] = (raw, sections)
+    return _VALIDATED[key]
+
+
+def _section(name: str, file: dict[str, Any], path: str | Path, overrides: dict | None = None) -> Any:
+    raw = file.get(name) or {}
+    if not isinstance(raw, dict):
+        raise ParamsError(f"{path}: section {name!r} must be a mapping, got {raw!r}")
+    raw = merged(raw, overrides or {})  # an override of one sub-section key keeps the file's others
+    if name != "env" and validation.env_sections_field(SECTIONS[name]) is not None:
+        _resolve_active_env(file, path)  # so a 'package.module:Class' env's own section here is known
+    return from_dict(SECTIONS[name], raw, where=f"{path}: {name}")
+
+
+def _resolve_active_env(file: dict[str, Any], path: str | Path) -> None:
+    env = file.get("env")
+    name = env.get("name") if isinstance(env, dict) else None
+    if isinstance(name, str):
+        validation.checked_env_class(name, f"{path}: env.name", registry)
 
 
 def default_sections() -> dict[str, Any]:

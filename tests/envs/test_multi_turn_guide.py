@@ -10,11 +10,10 @@ import pytest
 from PIL import ImageOps
 
 from vlmgym import envs
-from vlmgym.config import ParamsError, from_dict
 from vlmgym.envs import multiturn
 from vlmgym.envs.tools import tool_corpus
 from vlmgym.models.qwen3_vl.base_model import train_tokenizer
-from vlmgym.params import EnvParams
+from vlmgym.params import EnvParams, ParamsError, from_dict
 
 REPO = Path(__file__).resolve().parents[2]
 GUIDE = REPO / "docs" / "multi-turn.md"

@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 from adversarial import JUNK
 
-from vlmgym.config import from_dict
 from vlmgym.envs import multiturn
 from vlmgym.envs.digits import DigitsEnv
 from vlmgym.envs.digits.env import DigitsParams
@@ -18,7 +17,7 @@ from vlmgym.envs.mixture import MixtureEnv
 from vlmgym.envs.tools import ToolCall, Zoom, parse_tool_call
 from vlmgym.models.qwen3_vl.base_model import train_tokenizer
 from vlmgym.models.qwen3_vl.chat import TOKEN_IDS
-from vlmgym.params import EnvParams, ParamsError
+from vlmgym.params import EnvParams, ParamsError, from_dict
 
 ZOOM = '<tool_call>\n{"name": "zoom", "arguments": {"x1": 0, "y1": 0, "x2": 500, "y2": 500}}\n</tool_call>'
 SAMPLES = DigitsEnv.generate(4, seed=0)

@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 
 import vlmgym.api
-import vlmgym.config
 import vlmgym.envs
 import vlmgym.params
 import vlmgym.stats.bootstrap
@@ -50,7 +49,7 @@ def test_each_guide_imports_vlmgym_from_the_api_module_and_the_lines_run(guide):
 def test_the_api_exports_the_homes_objects():
     """One object per name, wherever a guide or an older plug-in imported it from."""
     api = vlmgym.api
-    assert api.spec is vlmgym.config.spec is vlmgym.params.spec
+    assert api.spec is vlmgym.params.spec and api.ParamsError is vlmgym.params.ParamsError
     assert api.Env is vlmgym.envs.Env and api.make is vlmgym.envs.make and api.register is vlmgym.envs.register
     assert api.Statistic is vlmgym.stats.bootstrap.Statistic
     for name in api.__all__:

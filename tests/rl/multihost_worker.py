@@ -23,13 +23,12 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 from conftest import geo_samples  # noqa: E402
 
-from vlmgym.config.spec import with_values  # noqa: E402
 from vlmgym.envs.geospot import GeospotEnv  # noqa: E402
 from vlmgym.models.qwen3_vl.config import load_hf_config  # noqa: E402
 from vlmgym.models.qwen3_vl.convert import hf_to_params, read_safetensors  # noqa: E402
 from vlmgym.models.qwen3_vl.mesh import make_mesh, param_shardings  # noqa: E402
 from vlmgym.models.qwen3_vl.processor import Processor  # noqa: E402
-from vlmgym.params import TrainParams  # noqa: E402
+from vlmgym.params import TrainParams, with_values  # noqa: E402
 from vlmgym.rl import trainer_parts as trainer_module  # noqa: E402
 from vlmgym.rl.grpo_trainer import GRPOTrainer  # noqa: E402
 from vlmgym.rl.policy import Qwen3VLPolicy  # noqa: E402

@@ -6,9 +6,8 @@ import jax
 import pytest
 from toy import ToyEnv, ToyPolicy
 
-from vlmgym.config.spec import with_values
 from vlmgym.eval.metrics import answer_spread
-from vlmgym.params import TrainParams
+from vlmgym.params import TrainParams, with_values
 from vlmgym.rl.grpo_trainer import GRPOTrainer
 
 

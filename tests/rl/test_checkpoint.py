@@ -169,8 +169,7 @@ def test_a_trainer_resumes_past_a_damaged_checkpoint_exactly(tmp_path):
     sys.path.insert(0, str(Path(__file__).parent))
     from toy import ToyEnv, ToyPolicy
 
-    from vlmgym.config.spec import with_values
-    from vlmgym.params import TrainParams
+    from vlmgym.params import TrainParams, with_values
     from vlmgym.rl.grpo_trainer import GRPOTrainer
 
     policy = ToyPolicy()

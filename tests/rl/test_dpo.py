@@ -7,8 +7,7 @@ import numpy as np
 import pytest
 from toy import ToyEnv, ToyPolicy
 
-from vlmgym.config.spec import with_values
-from vlmgym.params import TrainParams
+from vlmgym.params import TrainParams, with_values
 from vlmgym.rl.dpo import dpo_loss, pair_rows, select_pairs
 from vlmgym.rl.dpo_trainer import DPOTrainer
 from vlmgym.rl.loop import TIMING_METRICS

@@ -5,10 +5,9 @@ import jax
 import numpy as np
 import pytest
 
-from vlmgym.config.spec import with_values
 from vlmgym.envs.geospot import GeospotEnv
 from vlmgym.models.qwen3_vl import lora
-from vlmgym.params import LoRAParams, TrainParams
+from vlmgym.params import LoRAParams, TrainParams, with_values
 from vlmgym.rl.grpo_trainer import GRPOTrainer
 from vlmgym.rl.policy import Qwen3VLPolicy
 from vlmgym.rollout.sampling import SamplingSettings

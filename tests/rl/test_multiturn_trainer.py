@@ -15,14 +15,13 @@ import numpy as np
 import pytest
 from turn_ends import ending_turns_early
 
-from vlmgym.config.spec import with_values
 from vlmgym.envs import multiturn
 from vlmgym.envs.digits import DigitsEnv
 from vlmgym.envs.digits.env import DigitsParams
 from vlmgym.envs.tools import ToolCall, ToolOutcome, Zoom
 from vlmgym.eval.rollouts import answer_split
 from vlmgym.models.qwen3_vl import lora
-from vlmgym.params import LoRAParams, SFTParams, TrainParams
+from vlmgym.params import LoRAParams, SFTParams, TrainParams, with_values
 from vlmgym.rl.dpo_trainer import DPOTrainer
 from vlmgym.rl.grpo_trainer import GRPOTrainer
 from vlmgym.rl.policy import Qwen3VLPolicy

@@ -8,8 +8,7 @@ import numpy as np
 import pytest
 from toy import ToyEnv, ToyPolicy
 
-from vlmgym.config.spec import with_values
-from vlmgym.params import SFTParams, TrainParams
+from vlmgym.params import SFTParams, TrainParams, with_values
 from vlmgym.rl import perception
 from vlmgym.rl.checkpoint import CheckpointManager
 from vlmgym.rl.dpo_trainer import DPOTrainer

@@ -8,8 +8,7 @@ import numpy as np
 import pytest
 from toy import ToyEnv, ToyPolicy
 
-from vlmgym.config.spec import with_values
-from vlmgym.params import ParamsError, TrainParams
+from vlmgym.params import ParamsError, TrainParams, with_values
 from vlmgym.rl import grpo, grpo_trainer
 from vlmgym.rl.grpo_trainer import GRPOTrainer
 from vlmgym.rl.loop import Samples

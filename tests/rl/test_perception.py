@@ -10,10 +10,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from vlmgym.config import LoRAParams, ParamsError, PerceptionParams, SFTParams
-from vlmgym.config.spec import with_values
 from vlmgym.envs.base import Env, MissingPart
 from vlmgym.envs.digits.env import DigitsEnv
+from vlmgym.params import LoRAParams, ParamsError, PerceptionParams, SFTParams, with_values
 from vlmgym.rl import perception
 
 COLOURS = ((200, 40, 40), (40, 200, 40), (40, 40, 200))

@@ -8,8 +8,7 @@ import numpy as np
 import pytest
 from toy import ToyEnv, ToyPolicy
 
-from vlmgym.config.spec import with_values
-from vlmgym.params import TrainParams
+from vlmgym.params import TrainParams, with_values
 from vlmgym.rl import ppo
 from vlmgym.rl.loop import TIMING_METRICS, CompileCounter
 from vlmgym.rl.ppo_trainer import PPOSettings, PPOTrainer, ppo_gradients

@@ -4,9 +4,8 @@ import jax
 import numpy as np
 import pytest
 
-from vlmgym.config.spec import with_values
 from vlmgym.envs.geospot import GeospotEnv
-from vlmgym.params import SFTParams, TrainParams
+from vlmgym.params import SFTParams, TrainParams, with_values
 from vlmgym.rl.dpo_trainer import DPOTrainer
 from vlmgym.rl.grpo_trainer import GRPOTrainer
 from vlmgym.rl.policy import Qwen3VLPolicy

@@ -8,9 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from vlmgym.config.spec import with_values
 from vlmgym.envs.registry import scoped_registrations
-from vlmgym.params import EnvParams, ModelParams, SFTParams, TrainParams
+from vlmgym.params import EnvParams, ModelParams, SFTParams, TrainParams, with_values
 from vlmgym.rl.stage_setup import env_sources, folder_identity, resume_dir, write_json_atomically
 
 COLOUR_ENV = Path(__file__).resolve().parents[1] / "envs" / "colour_env.py"  # docs/writing-an-env.md's plug-in

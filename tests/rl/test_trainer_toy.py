@@ -7,9 +7,8 @@ import numpy as np
 import pytest
 from toy import ToyEnv, ToyPolicy
 
-from vlmgym.config.spec import with_values
 from vlmgym.eval.curve import component_metric
-from vlmgym.params import SFTParams, TrainParams
+from vlmgym.params import SFTParams, TrainParams, with_values
 from vlmgym.rl.grpo_trainer import GRPOTrainer
 from vlmgym.rl.loop import TIMING_METRICS
 from vlmgym.rl.sft_trainer import SFTTrainer

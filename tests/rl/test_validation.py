@@ -7,8 +7,7 @@ import numpy as np
 import pytest
 from toy import ToyEnv, ToyPolicy
 
-from vlmgym.config.spec import with_values
-from vlmgym.params import SFTParams, TrainParams
+from vlmgym.params import SFTParams, TrainParams, with_values
 from vlmgym.rl.grpo_trainer import GRPOTrainer
 from vlmgym.rl.sft_trainer import SFTTrainer
 from vlmgym.rl.validation import ValidationSettings, Validator

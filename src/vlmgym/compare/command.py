@@ -46,9 +46,8 @@ from typing import Any
 import numpy as np
 
 from vlmgym.compare.seeds import CONTROL, HEADLINE, per_seed_table, seed_numbers, seed_plan, seed_results
-from vlmgym.config import SFTParams, TrainParams
-from vlmgym.config.spec import with_values
 from vlmgym.eval.blind import CONSTANT, blind_name
+from vlmgym.params import SFTParams, TrainParams, with_values
 
 ARMS = ("sft_longer", "grpo", "ppo", "dpo", "rloo")
 DEFAULT_ARMS = ("sft_longer", "grpo", "ppo", "dpo")  # rloo on request: GRPO with another baseline
@@ -69,8 +68,7 @@ def parse_variants(specs: list[str], params_file: str) -> dict[str, dict[str, An
     dotted: optimizer.lr=3e-5); a ParamsError or ValueError names the spec that is wrong."""
     import yaml
 
-    from vlmgym.config.sections import TrainParams, load_section
-    from vlmgym.config.spec import ParamsError, canonical_paths, nested_keys, value_at
+    from vlmgym.params import ParamsError, TrainParams, canonical_paths, load_section, nested_keys, value_at
 
     variants: dict[str, dict[str, Any]] = {}
     for spec in specs:
@@ -396,9 +394,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--only-seed {args.only_seed}: needs --seeds N > 1 and a seed in {args.first_seed}..{last}")
     import mlflow
 
-    from vlmgym.config.spec import ParamsError
     from vlmgym.eval.outputs import mlflow_metrics
-    from vlmgym.params import load_section
+    from vlmgym.params import ParamsError, load_section
     from vlmgym.tracking import stage_runs as tracking
 
     try:

@@ -13,7 +13,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from vlmgym.config import SFTParams, TrainParams
+from vlmgym.params import SFTParams, TrainParams
 
 CONTROL = "sft"  # the arm every other is compared with: each seed's SFT start
 HEADLINE = "mean_reward"  # the figure the tables lead with

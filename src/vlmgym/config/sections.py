@@ -2,28 +2,16 @@
 
 Each pipeline stage reads one section into a frozen dataclass. Unknown keys, wrong types and out-of-range values
 raise ParamsError naming the key, the value and the file, so a typo in `dvc exp run -S ...` fails loudly instead of
-being silently ignored. Imports nothing else of vlmgym; vlmgym.params is the face that also loads the envs.
+being silently ignored. Imports nothing else of vlmgym: the `env` section, which names an env, lives with the envs
+(vlmgym.envs.registry), and vlmgym.params reads the file with every section.
 """
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, ClassVar
 
-import yaml
-
-from vlmgym.config.spec import (
-    ParamsError,
-    checked_env_class,
-    env_catalogue,
-    env_sections_field,
-    from_dict,
-    merged,
-    spec,
-    use_canonical_values,
-)
+from vlmgym.config.spec import ParamsError, spec, use_canonical_values
 from vlmgym.config.subsections import (
     CheckpointParams,
     DPOParams,
@@ -32,9 +20,6 @@ from vlmgym.config.subsections import (
     SamplingParams,
     ValidationParams,
 )
-
-DEFAULT_PARAMS_FILE = Path("params.yaml")
-
 
 # --- sections -----------------------------------------------------------------
 
@@ -109,34 +94,6 @@ class TrackingParams:
                                   "logs still queued; what it has not taken by then waits in mlflow-spool/ for "
                                   "the next stage or `vlmgym tracking sync`")
     system_metrics: bool = spec(True, doc="log CPU, memory (and GPU where present) on the sft and train runs")
-
-
-@dataclass(frozen=True)
-class EnvParams:
-    """The environment the policy is trained and evaluated on."""
-
-    name: str = spec(default_factory=lambda: env_catalogue().DEFAULT_ENV, env_name=True,
-                     doc="the task: a registered env name, an entry point (vlmgym.envs) or 'package.module:Class'")
-    recipe: str = spec("", doc="the env whose recipe the other sections hold (`vlmgym recipe <env>` writes it and "
-                           "name); a stage stops when it is not name, so switching env.name alone never trains a task "
-                           "with another's settings ('': settings chosen by hand, run as they are)")
-    sections: dict[str, Any] = spec(default_factory=dict, env_sections="Params",
-                                    doc="each env's own settings (reward, report), under its name")
-
-    def __post_init__(self) -> None:
-        if self.recipe and self.recipe != self.name:
-            raise ParamsError(f"env.name is {self.name!r} but env.recipe is {self.recipe!r}: the other sections "
-                              f"hold the settings of that env's recipe. `vlmgym recipe {self.name}` applies this env's "
-                              f"(or `dvc exp run $(vlmgym recipe {self.name} --overrides)`); env.recipe: '' runs "
-                              "these settings as they are")
-
-    def settings(self) -> Any:
-        """The active env's section (env.<its name>), its defaults when absent; None when it takes none."""
-        cls = env_catalogue().env_class(self.name)
-        section = self.sections.get(cls.name)
-        if section is None and cls.Params is not None:
-            section = cls.Params()
-        return section
 
 
 # Keys of params files from before the sub-sections, and where each lives now (a clear error names the new key).
@@ -409,99 +366,3 @@ class EvalParams:
         bad = [pair for pair in self.comparisons if len(pair) != 2]
         if bad:
             raise ParamsError(f"eval.comparisons: each must be a [treatment, control] pair, got {bad[0]!r}")
-
-
-SECTIONS: dict[str, type] = {
-    "data": DataParams,
-    "shard": ShardParams,
-    "model": ModelParams,
-    "env": EnvParams,
-    "tracking": TrackingParams,
-    "sft": SFTParams,
-    "train": TrainParams,
-    "rollout": RolloutParams,
-    "export": ExportParams,
-    "eval": EvalParams,
-}
-
-
-# PyYAML's C parser where it is built (same values: the resolvers and constructors are the Python ones), ~10x
-# faster on params.yaml's comments: every stage reads the whole file.
-_YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-
-
-def read_yaml(path: str | Path = DEFAULT_PARAMS_FILE) -> dict[str, Any]:
-    """Read a params file into a dict, with a clear error when it is not a mapping."""
-    path = Path(path)
-    if not path.exists():
-        raise ParamsError(f"{path}: params file not found")
-    return _mapping(path.read_bytes(), path)
-
-
-def _mapping(data: bytes, path: Path) -> dict[str, Any]:
-    raw = yaml.load(data, Loader=_YAML_LOADER) or {}
-    if not isinstance(raw, dict):
-        raise ParamsError(f"{path}: expected a mapping of sections, got {type(raw).__name__}")
-    return raw
-
-
-def load_section(name: str, path: str | Path = DEFAULT_PARAMS_FILE, overrides: dict | None = None):
-    """Load and validate one section of a params file (missing section: all defaults).
-
-    The whole file is validated first, as `vlmgym params` does: a stage refuses an unknown top-level key or a bad
-    value in another section too, rather than running with a file the others refuse."""
-    if name not in SECTIONS:
-        raise ParamsError(f"{path}: unknown section {name!r} (known: {', '.join(sorted(SECTIONS))})")
-    raw, sections = _validated_file(Path(path))
-    if not overrides:
-        return copy.deepcopy(sections[name])  # the cached object is shared: a caller may not change it
-    return _section(name, raw, path, overrides)
-
-
-def load_all(path: str | Path = DEFAULT_PARAMS_FILE) -> dict[str, Any]:
-    """Load and validate every section; unknown sections are errors."""
-    path = Path(path)
-    return _all_sections(read_yaml(path), path)
-
-
-def _all_sections(raw: dict[str, Any], path: Path) -> dict[str, Any]:
-    unknown = sorted(set(raw) - set(SECTIONS))
-    if unknown:
-        raise ParamsError(f"{path}: unknown section(s) {unknown} (known: {', '.join(sorted(SECTIONS))})")
-    return {name: _section(name, raw, path) for name in SECTIONS}
-
-
-# Validated files by path and content: a stage loads three or four sections of one file, each validating it all.
-_VALIDATED: dict[tuple[str, bytes], tuple[dict[str, Any], dict[str, Any]]] = {}
-
-
-def _validated_file(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(the file's mapping, every section validated), parsed and validated once per content."""
-    if not path.exists():
-        raise ParamsError(f"{path}: params file not found")
-    data = path.read_bytes()
-    key = (str(path.resolve()), data)
-    if key not in _VALIDATED:
-        raw = _mapping(data, path)
-        sections = _all_sections(raw, path)
-        if len(_VALIDATED) >= 8:
-            _VALIDATED.clear()
-        _VALIDATED[key] = (raw, sections)
-    return _VALIDATED[key]
-
-
-def _section(name: str, file: dict[str, Any], path: str | Path, overrides: dict | None = None) -> Any:
-    raw = file.get(name) or {}
-    if not isinstance(raw, dict):
-        raise ParamsError(f"{path}: section {name!r} must be a mapping, got {raw!r}")
-    raw = merged(raw, overrides or {})  # an override of one sub-section key keeps the file's others
-    if name != "env" and env_sections_field(SECTIONS[name]) is not None:
-        _resolve_active_env(file, path)  # so a 'package.module:Class' env's own section here is known
-    return from_dict(SECTIONS[name], raw, where=f"{path}: {name}")
-
-
-def _resolve_active_env(file: dict[str, Any], path: str | Path) -> None:
-    env = file.get("env")
-    name = env.get("name") if isinstance(env, dict) else None
-    if isinstance(name, str):
-        checked_env_class(name, f"{path}: env.name")

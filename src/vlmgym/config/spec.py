@@ -1,6 +1,6 @@
 """The machinery of typed, validated params sections: `spec` fields with bounds and docs, `from_dict` (keys,
-types, ranges, the envs' own sections) and `to_dict`. Imports nothing else of vlmgym: the envs' lookups come
-through the catalogue that vlmgym.envs.registry installs (use_env_catalogue)."""
+types, ranges, the envs' own sections) and `to_dict`. Imports nothing else of vlmgym: a section that names envs is
+validated with the env lookups its caller passes in (`envs`, see EnvLookup)."""
 
 from __future__ import annotations
 
@@ -39,10 +39,9 @@ def spec(default: Any = dataclasses.MISSING, *, ge=None, gt=None, le=None, lt=No
     return field(default=default, metadata=meta)
 
 
-class EnvCatalogue(typing.Protocol):
-    """What validation needs to know of the envs (vlmgym.envs.registry installs itself as the catalogue)."""
-
-    DEFAULT_ENV: str  # env.name when a params file names none
+class EnvLookup(typing.Protocol):
+    """What validating a section that names envs needs to know of them (vlmgym.envs.registry is one). The layer
+    above the envs passes it to from_dict: this package is below them and never looks them up itself."""
 
     def env_class(self, name: str) -> type: ...
 
@@ -51,26 +50,9 @@ class EnvCatalogue(typing.Protocol):
     def names(self) -> list[str]: ...
 
 
-_catalogue: EnvCatalogue | None = None
-
-
-def use_env_catalogue(catalogue: EnvCatalogue) -> None:
-    """Install the env lookups that validation uses. The env registry calls this when it is imported, so this
-    package never imports the envs, which are built on it."""
-    global _catalogue
-    _catalogue = catalogue
-
-
-def env_catalogue() -> EnvCatalogue:
-    """The installed env lookups (an error naming the fix when vlmgym.envs was never imported)."""
-    if _catalogue is None:
-        raise RuntimeError("params that name envs are validated through vlmgym.envs.registry: import vlmgym.params "
-                           "(which loads it), not vlmgym.config alone")
-    return _catalogue
-
-
-def from_dict(cls: type[T], raw: dict[str, Any], where: str = "params") -> T:
-    """Build dataclass `cls` from `raw`, validating keys, types and ranges (and envs' sections, see spec)."""
+def from_dict(cls: type[T], raw: dict[str, Any], where: str = "params", envs: EnvLookup | None = None) -> T:
+    """Build dataclass `cls` from `raw`, validating keys, types and ranges, and the fields that name envs or hold
+    their sections (see spec) through `envs`."""
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls)}
     raw = canonical_keys(cls, raw, where)
@@ -92,15 +74,15 @@ def from_dict(cls: type[T], raw: dict[str, Any], where: str = "params") -> T:
         key_where = f"{where}.{key}"
         if isinstance(value, dict) and dataclasses.is_dataclass(hints[key]):
             value = _with_section_defaults(f, hints[key], value, key_where)
-        value = _coerce(canonical_value(value, f.metadata.get("value_aliases")), hints[key], key_where)
+        value = _coerce(canonical_value(value, f.metadata.get("value_aliases")), hints[key], key_where, envs)
         _check_range(value, f.metadata, key_where)
         if f.metadata.get("env_name"):
-            checked_env_class(value, key_where)
+            checked_env_class(value, key_where, envs)
         values[key] = value
     if plugin is not None:
         known = [k for k in fields if k != plugin.name]
         values[plugin.name] = {str(k): _env_section(str(k), raw[k], plugin.metadata["env_sections"], f"{where}.{k}",
-                                                    known) for k in extra}
+                                                    known, envs) for k in extra}
     try:
         return cls(**values)
     except ParamsError as err:  # a check across keys (__post_init__): name the file too
@@ -249,28 +231,36 @@ def env_sections_field(cls: type) -> dataclasses.Field | None:
     return next((f for f in dataclasses.fields(cls) if f.metadata.get("env_sections")), None)
 
 
-def checked_env_class(name: Any, where: str) -> type:
+def checked_env_class(name: Any, where: str, envs: EnvLookup | None) -> type:
+    """The env class `name` resolves to through `envs`, its failure as a ParamsError naming the key."""
+    lookup = _lookup(envs, where)
     try:
-        return env_catalogue().env_class(name)
+        return lookup.env_class(name)
     except (KeyError, ImportError, TypeError, ValueError) as err:
         raise ParamsError(f"{where}: {err.args[0] if err.args else err}") from err
 
 
-def _env_section(name: str, value: Any, attribute: str, where: str, known: list[str]) -> Any:
+def _lookup(envs: EnvLookup | None, where: str) -> EnvLookup:
+    if envs is None:  # a caller's mistake, not the file's: it validated a section that names envs without them
+        raise TypeError(f"{where} names envs: validate it with from_dict(..., envs=<the env registry>)")
+    return envs
+
+
+def _env_section(name: str, value: Any, attribute: str, where: str, known: list[str], envs: EnvLookup | None) -> Any:
     """An env's own section (env.<name>, data.<name>), validated by its dataclass `attribute` (Params, DataParams)."""
-    catalogue = env_catalogue()
-    if not catalogue.is_known(name):
+    lookup = _lookup(envs, where)
+    if not lookup.is_known(name):
         raise ParamsError(f"{where}: unknown key (value {value!r}); known keys: {', '.join(known)}, or a section "
-                          f"named after an env ({', '.join(catalogue.names())})")
-    section_cls = getattr(checked_env_class(name, where), attribute)
+                          f"named after an env ({', '.join(lookup.names())})")
+    section_cls = getattr(checked_env_class(name, where, lookup), attribute)
     if section_cls is None:
         raise ParamsError(f"{where}: env {name!r} takes no settings here (it declares no {attribute})")
     if not isinstance(value, dict):
         raise ParamsError(f"{where}: expected a mapping of {name}'s settings, got {value!r}")
-    return from_dict(section_cls, value, where)
+    return from_dict(section_cls, value, where, lookup)
 
 
-def _coerce(value: Any, hint: Any, where: str) -> Any:
+def _coerce(value: Any, hint: Any, where: str, envs: EnvLookup | None = None) -> Any:
     origin = typing.get_origin(hint)
     args = typing.get_args(hint)
     if origin in (typing.Union, types.UnionType):
@@ -280,7 +270,7 @@ def _coerce(value: Any, hint: Any, where: str) -> Any:
             if arg is type(None):
                 continue
             try:
-                return _coerce(value, arg, where)
+                return _coerce(value, arg, where, envs)
             except ParamsError:
                 pass
         raise ParamsError(f"{where}: value {value!r} matches none of {hint}")
@@ -288,12 +278,12 @@ def _coerce(value: Any, hint: Any, where: str) -> Any:
         if not isinstance(value, list | tuple):
             raise ParamsError(f"{where}: expected a list, got {value!r} ({type(value).__name__})")
         inner = args[0] if args else Any
-        items = [_coerce(v, inner, f"{where}[{i}]") for i, v in enumerate(value)]
+        items = [_coerce(v, inner, f"{where}[{i}]", envs) for i, v in enumerate(value)]
         return items if origin is list else tuple(items)
     if origin is dict:
         if not isinstance(value, dict):
             raise ParamsError(f"{where}: expected a mapping, got {value!r} ({type(value).__name__})")
-        return {str(k): _coerce(v, args[1], f"{where}.{k}") if args else v for k, v in value.items()}
+        return {str(k): _coerce(v, args[1], f"{where}.{k}", envs) if args else v for k, v in value.items()}
     if hint is Any:
         return value
     if hint is bool:
@@ -318,7 +308,7 @@ def _coerce(value: Any, hint: Any, where: str) -> Any:
     if dataclasses.is_dataclass(hint):
         if not isinstance(value, dict):
             raise ParamsError(f"{where}: expected a mapping, got {value!r}")
-        return from_dict(hint, value, where)
+        return from_dict(hint, value, where, envs)
     raise ParamsError(f"{where}: unsupported type {hint}")
 
 

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from vlmgym.config import DataParams
+from vlmgym.config.sections import DataParams
 from vlmgym.data import layout
 from vlmgym.runtime.atomic import atomic_dir
 

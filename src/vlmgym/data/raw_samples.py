@@ -11,7 +11,7 @@ from typing import Any
 
 from PIL import Image
 
-from vlmgym.config import DataParams
+from vlmgym.config.sections import DataParams
 from vlmgym.data import layout
 from vlmgym.data.shard_writer import ShardError, read_rows
 from vlmgym.data.shards import Sample

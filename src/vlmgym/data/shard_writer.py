@@ -23,7 +23,7 @@ from typing import Any
 
 from tqdm import tqdm
 
-from vlmgym.config import ShardParams
+from vlmgym.config.sections import ShardParams
 from vlmgym.data import layout
 from vlmgym.data.image_pool import ImagePool, available_cores
 from vlmgym.data.rows import Row, RowSchema, RowSkip

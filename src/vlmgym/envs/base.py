@@ -46,7 +46,7 @@ from vlmgym.envs.tools import BUILTIN_TOOLS, Tool
 if TYPE_CHECKING:
     from PIL import Image
 
-    from vlmgym.config import DataParams
+    from vlmgym.config.sections import DataParams
     from vlmgym.data.rows import RowSchema
 
 

@@ -35,8 +35,9 @@ from typing import Any
 
 import numpy as np
 
-from vlmgym.config import EnvParams, ParamsError, spec
+from vlmgym.config.spec import ParamsError, spec
 from vlmgym.envs.base import PART_KEY, Env, SampleLike, State
+from vlmgym.envs.registry import EnvParams
 
 NAME = "mixture"
 MAX_SLOTS = 1 << 20

@@ -29,7 +29,7 @@ import json
 from dataclasses import dataclass, replace
 from typing import Any
 
-from vlmgym.config import ParamsError, spec
+from vlmgym.config.spec import ParamsError, spec
 from vlmgym.envs.tools import BUILTIN_TOOLS, Tool, make_tools, run_tool_call, tool_message
 from vlmgym.models.qwen3_vl.chat import TOKEN_IDS, continues_conversation
 

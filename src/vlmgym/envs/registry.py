@@ -7,11 +7,16 @@ An env is found by `env.name` in three ways:
   `[project.entry-points."vlmgym.envs"]` then `colour = "my_package.colour:ColourEnv"`;
 - `package.module:Class` itself (importable from sys.path; the working directory is tried too, so a module
   beside params.yaml works), registered under the class's `name` on first use.
+
+The `env` section of params.yaml (EnvParams) lives here too: its name and each env's own settings mean something
+only through the registry. Validation (vlmgym.config.spec.from_dict) looks env names and the envs' sections up in
+this module, which vlmgym.params passes to it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib
 import importlib.metadata
 import os
@@ -20,7 +25,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from vlmgym.config import EnvParams, use_env_catalogue
+from vlmgym.config.spec import ParamsError, spec
 from vlmgym.envs.base import Env
 
 ENTRY_POINT_GROUP = "vlmgym.envs"
@@ -151,6 +156,34 @@ def corpus(active: str | Sequence[str] | None = None) -> list[str]:
     return texts
 
 
+@dataclasses.dataclass(frozen=True)
+class EnvParams:
+    """The environment the policy is trained and evaluated on."""
+
+    name: str = spec(DEFAULT_ENV, env_name=True,
+                     doc="the task: a registered env name, an entry point (vlmgym.envs) or 'package.module:Class'")
+    recipe: str = spec("", doc="the env whose recipe the other sections hold (`vlmgym recipe <env>` writes it and "
+                           "name); a stage stops when it is not name, so switching env.name alone never trains a task "
+                           "with another's settings ('': settings chosen by hand, run as they are)")
+    sections: dict[str, Any] = spec(default_factory=dict, env_sections="Params",
+                                    doc="each env's own settings (reward, report), under its name")
+
+    def __post_init__(self) -> None:
+        if self.recipe and self.recipe != self.name:
+            raise ParamsError(f"env.name is {self.name!r} but env.recipe is {self.recipe!r}: the other sections "
+                              f"hold the settings of that env's recipe. `vlmgym recipe {self.name}` applies this env's "
+                              f"(or `dvc exp run $(vlmgym recipe {self.name} --overrides)`); env.recipe: '' runs "
+                              "these settings as they are")
+
+    def settings(self) -> Any:
+        """The active env's section (env.<its name>), its defaults when absent; None when it takes none."""
+        cls = env_class(self.name)
+        section = self.sections.get(cls.name)
+        if section is None and cls.Params is not None:
+            section = cls.Params()
+        return section
+
+
 def parts(env_params: EnvParams) -> list[str]:
     """The envs whose data, tokenizer texts and reports the configured env uses: its own name, or a mixture's
     sub-envs in name order (env.mixture.envs)."""
@@ -159,10 +192,8 @@ def parts(env_params: EnvParams) -> list[str]:
     return sorted(env_params.settings().envs)
 
 
-def part_params(env_params: EnvParams, name: str) -> Any:
+def part_params(env_params: EnvParams, name: str) -> EnvParams:
     """The `env` section for one sub-env `name` of a mixture on its own: its name, the same sections."""
-    import dataclasses
-
     return dataclasses.replace(env_params, name=name)
 
 
@@ -193,7 +224,3 @@ def from_params(env_params: EnvParams, *, shards_dir: str, split: str, tokenizer
     if progress is not None:
         env.set_progress(progress)
     return env
-
-
-# Params validation looks env names and the envs' own sections up here (vlmgym.config never imports the envs).
-use_env_catalogue(sys.modules[__name__])

@@ -22,7 +22,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from vlmgym.config import spec
+from vlmgym.config.spec import spec
 
 # VLM-R1's question template's instruction (its QUESTION_TEMPLATE ends with this sentence).
 INSTRUCTION = ("First output the thinking process in <think> </think> tags and then output the final answer in "

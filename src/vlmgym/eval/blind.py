@@ -18,9 +18,9 @@ from typing import Any
 
 from PIL import Image
 
-from vlmgym.config import RolloutParams
 from vlmgym.envs.base import MissingPart
 from vlmgym.eval.records import rollout_record
+from vlmgym.params import RolloutParams
 
 CONSTANT = "constant"
 BLIND_SUFFIX = "_blind"

@@ -9,11 +9,11 @@ from typing import Any
 
 from PIL import Image
 
-from vlmgym.config import EnvParams
 from vlmgym.eval.blind import blind_check, blind_comparisons
 from vlmgym.eval.metrics import COLLAPSE_TOP_SHARE, answer_spread, collapsed, env_class, evaluate_policies
 from vlmgym.eval.records import write_metrics_json
 from vlmgym.eval.report import write_html, write_markdown
+from vlmgym.params import EnvParams
 from vlmgym.stats.plots import (
     RewardCurves,
     best_validation,

@@ -22,10 +22,10 @@ from pathlib import Path
 from typing import Any
 
 from vlmgym import envs
-from vlmgym.config import DataParams, EnvParams, EvalParams, ModelParams, RolloutParams
 from vlmgym.envs.base import part_metric
 from vlmgym.eval.outputs import EvaluationOutputs
 from vlmgym.eval.records import write_metrics_json
+from vlmgym.params import DataParams, EnvParams, EvalParams, ModelParams, RolloutParams
 from vlmgym.runtime.atomic import write_text_atomically
 
 

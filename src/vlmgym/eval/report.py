@@ -18,10 +18,10 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from vlmgym.config import EnvParams
 from vlmgym.envs.multiturn import MAX_TURNS
 from vlmgym.eval.episode_report import episode_html
 from vlmgym.eval.metrics import env_class, format_valid
+from vlmgym.params import EnvParams
 from vlmgym.runtime.atomic import atomic_file
 
 THUMBNAIL_PX = 192

@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from vlmgym.config import TrainParams
+from vlmgym.params import TrainParams
 from vlmgym.rl import dpo
 from vlmgym.rl.episode_groups import later_turn_chunks, later_turn_micro_batches, max_turns
 from vlmgym.rl.grpo_trainer import GRPOTrainer

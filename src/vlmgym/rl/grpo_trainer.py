@@ -12,9 +12,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from vlmgym.config import TrainParams
 from vlmgym.eval.metrics import answer_spread
 from vlmgym.models.qwen3_vl import lora
+from vlmgym.params import TrainParams
 from vlmgym.rl import grpo
 from vlmgym.rl.episode_groups import (
     final_episode_rewards,

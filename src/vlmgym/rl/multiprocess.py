@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from vlmgym.config import TrainParams
+from vlmgym.params import TrainParams
 from vlmgym.runtime import distributed
 
 MULTIPROCESS_ALGORITHMS = ("grpo", "rloo")

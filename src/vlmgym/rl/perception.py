@@ -29,11 +29,11 @@ import numpy as np
 import optax
 from tqdm import tqdm
 
-from vlmgym.config import SFTParams
 from vlmgym.envs.base import MissingPart
 from vlmgym.models.qwen3_vl.convert import load_checkpoint, save_checkpoint
 from vlmgym.models.qwen3_vl.processor import ImageSettings, preprocess_images
 from vlmgym.models.qwen3_vl.vision import encode_patches, patch_layout
+from vlmgym.params import SFTParams
 from vlmgym.rl.loop import NonFiniteError, non_finite_message, non_finite_params
 from vlmgym.tracking.step_curve import StepJournal
 

@@ -23,8 +23,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from vlmgym.config import TrainParams
 from vlmgym.models.qwen3_vl import lora
+from vlmgym.params import TrainParams
 from vlmgym.rl import grpo, ppo
 from vlmgym.rl.grpo_trainer import GRPOTrainer
 from vlmgym.rl.loop import CompileCounter, MetricsCallback, Policy

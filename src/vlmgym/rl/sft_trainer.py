@@ -10,8 +10,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from vlmgym.config import SFTParams
 from vlmgym.envs.multiturn import sft_turns
+from vlmgym.params import SFTParams
 from vlmgym.rl.episode_groups import max_turns
 from vlmgym.rl.loop import (
     DataOrder,

@@ -13,7 +13,6 @@ import jax
 import numpy as np
 
 from vlmgym import envs
-from vlmgym.config import EnvParams, ModelParams, SFTParams, TrainParams
 from vlmgym.data import shards
 from vlmgym.envs.base import Env
 from vlmgym.envs.tools import Tool
@@ -23,7 +22,7 @@ from vlmgym.models.qwen3_vl.convert import load_checkpoint, save_checkpoint
 from vlmgym.models.qwen3_vl.lora import LoRAConfig, init_adapters
 from vlmgym.models.qwen3_vl.mesh import make_mesh, param_shardings
 from vlmgym.models.qwen3_vl.processor import Processor
-from vlmgym.params import to_dict
+from vlmgym.params import EnvParams, ModelParams, SFTParams, TrainParams, to_dict
 from vlmgym.rl import perception
 from vlmgym.rl.dpo_trainer import DPOTrainer
 from vlmgym.rl.grpo_trainer import GRPOTrainer

@@ -10,10 +10,10 @@ from typing import Any
 import jax
 import numpy as np
 
-from vlmgym.config import SFTParams, TrainParams
 from vlmgym.envs.base import PART_KEY, part_metric
 from vlmgym.models.qwen3_vl import lora
 from vlmgym.models.qwen3_vl.lora import LoRAConfig
+from vlmgym.params import SFTParams, TrainParams
 from vlmgym.rl.loop import (
     Policy,
     score,

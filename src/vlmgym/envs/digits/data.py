@@ -32,7 +32,8 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from vlmgym.config import DataParams, ParamsError, spec
+from vlmgym.config.sections import DataParams
+from vlmgym.config.spec import ParamsError, spec
 from vlmgym.data import layout
 from vlmgym.data.image_pool import OrderedPool, available_cores
 

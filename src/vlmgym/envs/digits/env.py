@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from vlmgym.config import spec
+from vlmgym.config.spec import spec
 from vlmgym.data.rows import SAFE_KEY, Row, RowSchema, RowSkip
 from vlmgym.envs.base import Env, SampleLike, State
 from vlmgym.envs.digits import data as digits_data

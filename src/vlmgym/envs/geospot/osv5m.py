@@ -19,7 +19,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from vlmgym.config import DataParams
+from vlmgym.config.sections import DataParams
 from vlmgym.data import layout
 from vlmgym.runtime.atomic import atomic_file
 

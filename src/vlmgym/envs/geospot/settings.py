@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from vlmgym.config import ParamsError, spec
+from vlmgym.config.spec import ParamsError, spec
 from vlmgym.envs.think import ThinkParams
 
 

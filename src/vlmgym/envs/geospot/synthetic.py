@@ -26,7 +26,8 @@ import reverse_geocoder
 from scipy.spatial import cKDTree
 from tqdm import tqdm
 
-from vlmgym.config import DataParams, ParamsError
+from vlmgym.config.sections import DataParams
+from vlmgym.config.spec import ParamsError
 from vlmgym.data import layout
 from vlmgym.envs.geospot.scene import Place, render_scene
 from vlmgym.envs.geospot.settings import GeospotDataParams

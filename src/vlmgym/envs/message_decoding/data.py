@@ -39,7 +39,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from vlmgym.config import DataParams, ParamsError, spec
+from vlmgym.config.sections import DataParams
+from vlmgym.config.spec import ParamsError, spec
 from vlmgym.data import layout
 from vlmgym.envs.message_decoding.render import render_table
 

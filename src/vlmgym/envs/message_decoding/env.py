@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from vlmgym.config import spec
+from vlmgym.config.spec import spec
 from vlmgym.data import layout
 from vlmgym.data.rows import SAFE_KEY, Row, RowSchema, RowSkip
 from vlmgym.envs.base import Env, SampleLike, State

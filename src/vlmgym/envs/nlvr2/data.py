@@ -47,7 +47,8 @@ from typing import Any
 import numpy as np
 from PIL import Image, ImageDraw
 
-from vlmgym.config import DataParams, spec
+from vlmgym.config.sections import DataParams
+from vlmgym.config.spec import spec
 from vlmgym.data import layout
 from vlmgym.runtime.atomic import atomic_file
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from vlmgym.config import spec
+from vlmgym.config.spec import spec
 from vlmgym.data.rows import Row, RowSchema, RowSkip
 from vlmgym.envs.base import Env, SampleLike, State
 from vlmgym.envs.nlvr2 import data as nlvr2_data

@@ -37,7 +37,8 @@ from typing import Any
 
 from PIL import Image
 
-from vlmgym.config import DataParams, ParamsError, spec
+from vlmgym.config.sections import DataParams
+from vlmgym.config.spec import ParamsError, spec
 from vlmgym.data import layout
 from vlmgym.envs.nlvr2.data import render_scene
 from vlmgym.envs.rec import scene as rec_scene

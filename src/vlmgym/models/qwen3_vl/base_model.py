@@ -248,7 +248,7 @@ def build_base_model(params: Any, corpus: Sequence[str] = (),
     `corpus`: the texts the tiny model's tokenizer is trained on (the pipeline passes `vlmgym.envs.corpus()`);
     a hub snapshot brings its own tokenizer and ignores it.
     """
-    from vlmgym.config import ParamsError
+    from vlmgym.config.spec import ParamsError
 
     if params.source == "tiny":
         if params.min_pixels > params.max_pixels:

@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from vlmgym.config import LoRAParams
+from vlmgym.config.sections import LoRAParams
 from vlmgym.models.qwen3_vl.config import Qwen3VLConfig
 from vlmgym.models.qwen3_vl.weights import Params
 
