@@ -16,7 +16,6 @@ from typing import Any, TypeVar
 
 import yaml
 
-import vlmgym.config.spec as validation
 from vlmgym.config.sections import (
     LORA_TEXT_TARGETS,
     REMAT_DOC,
@@ -35,6 +34,8 @@ from vlmgym.config.sections import (
 from vlmgym.config.spec import (
     ParamsError,
     canonical_paths,
+    checked_env_class,
+    env_sections_field,
     merged,
     moved_to_their_places,
     nested_keys,
@@ -43,6 +44,7 @@ from vlmgym.config.spec import (
     value_at,
     with_values,
 )
+from vlmgym.config.spec import from_dict as validated
 from vlmgym.envs import registry
 from vlmgym.envs.registry import DEFAULT_ENV, EnvParams
 from vlmgym.runtime.atomic import atomic_file
@@ -71,7 +73,7 @@ SECTIONS: dict[str, type] = {
 
 def from_dict(cls: type[T], raw: dict[str, Any], where: str = "params") -> T:
     """Build section `cls` from `raw`, validating keys, types and ranges, env names and the envs' own sections."""
-    return validation.from_dict(cls, raw, where, envs=registry)
+    return validated(cls, raw, where, envs=registry)
 
 
 # PyYAML's C parser where it is built (same values: the resolvers and constructors are the Python ones), ~10x
@@ -144,7 +146,7 @@ def _section(name: str, file: dict[str, Any], path: str | Path, overrides: dict 
     if not isinstance(raw, dict):
         raise ParamsError(f"{path}: section {name!r} must be a mapping, got {raw!r}")
     raw = merged(raw, overrides or {})  # an override of one sub-section key keeps the file's others
-    if name != "env" and validation.env_sections_field(SECTIONS[name]) is not None:
+    if name != "env" and env_sections_field(SECTIONS[name]) is not None:
         _resolve_active_env(file, path)  # so a 'package.module:Class' env's own section here is known
     return from_dict(SECTIONS[name], raw, where=f"{path}: {name}")
 
@@ -153,7 +155,7 @@ def _resolve_active_env(file: dict[str, Any], path: str | Path) -> None:
     env = file.get("env")
     name = env.get("name") if isinstance(env, dict) else None
     if isinstance(name, str):
-        validation.checked_env_class(name, f"{path}: env.name", registry)
+        checked_env_class(name, f"{path}: env.name", registry)
 
 
 def default_sections() -> dict[str, Any]:

@@ -81,3 +81,17 @@ def test_a_plug_in_written_against_the_old_path_loads_and_is_named_in_the_warnin
         module = importlib.import_module("old_plugin")
     assert module.Statistic is vlmgym.api.Statistic and module.spec is vlmgym.api.spec
     assert [Path(w.filename) for w in caught if issubclass(w.category, DeprecationWarning)] == [plugin]
+
+
+def test_spec_from_vlmgym_config_still_builds_fields_and_warns(tmp_path, monkeypatch):
+    """Older guides imported `spec` from vlmgym.config: a plug-in's Params written so still validate."""
+    plugin = tmp_path / "old_config_plugin.py"
+    plugin.write_text("import dataclasses\nfrom vlmgym.config import spec\n\n@dataclasses.dataclass(frozen=True)\n"
+                      "class Params:\n    size: int = spec(3, ge=1, doc='a size')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "old_config_plugin", raising=False)
+    with pytest.warns(DeprecationWarning, match="import spec from vlmgym.api") as caught:
+        module = importlib.import_module("old_config_plugin")
+    assert [Path(w.filename) for w in caught if issubclass(w.category, DeprecationWarning)] == [plugin]
+    with pytest.raises(vlmgym.api.ParamsError, match="size"):
+        vlmgym.params.from_dict(module.Params, {"size": 0}, where="params.yaml: env.old")
