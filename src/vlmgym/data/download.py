@@ -51,7 +51,7 @@ def build_raw_parts(params: DataParams, parts: dict[str, Any], raw_dir: Path | N
 
 def build_raw_envs(params: DataParams, envs: dict[str, Any], raw_dir: Path | None = None) -> dict:
     """The raw layout of the configured env's envs ({name: Env class}: vlmgym.envs.parts): one env's own layout in
-    raw_dir (build_raw), or, for several (the sub-envs of a mixture), each one's in raw_dir/<name>/
+    raw_dir (build_raw), or, for several (an env made of several), each one's in raw_dir/<name>/
     (build_raw_parts); returns their stats."""
     if len(envs) == 1:
         return build_raw(params, next(iter(envs.values())), raw_dir=raw_dir)

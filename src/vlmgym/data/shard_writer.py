@@ -282,7 +282,7 @@ def env_schemas(envs: dict[str, Any]) -> dict[str, RowSchema]:
 
 def shard_envs(raw_dir: Path, out_dir: Path, schemas: dict[str, RowSchema], params: ShardParams) -> dict:
     """Shard the raw layout of the configured env's envs ({name: row schema}: env_schemas): one env's raw_dir into
-    out_dir (shard_raw), or, for several (the sub-envs of a mixture), each raw_dir/<name>/ into out_dir/<name>/
+    out_dir (shard_raw), or, for several (an env made of several), each raw_dir/<name>/ into out_dir/<name>/
     (shard_parts); returns the manifest."""
     if len(schemas) == 1:
         return shard_raw(raw_dir, out_dir, next(iter(schemas.values())), params)

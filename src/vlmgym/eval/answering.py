@@ -3,14 +3,14 @@
     summary = answer_policies(rollout, model, env_params, out=Path("outputs/rollouts"), on_answered=log)
 
 For each policy of `rollout.policies` (the JAX model folder `<rollout.models_dir>/<policy>`) and each env answered
-(the configured env, or each sub-env of a mixture: `env_parts`):
+(the configured env, or each part of an env made of several: `env_parts`):
 - greedy answers to `rollout.split` as <policy>.jsonl (the headline numbers), and to the out-of-distribution split
   `rollout.ood_split`, when the shards hold it, as <ood>/<policy>.jsonl;
 - with `rollout.sampled_answers: k > 0`, k sampled answers per prompt of `rollout.split` as <policy>.sampled.jsonl;
 - for each of `rollout.blind_policies`, the same greedy answers with every image blanked, as <policy>_blind.jsonl
   (vlmgym.eval.blind);
 then, with `rollout.constant_baseline`, the best constant answer chosen on the val split as constant.jsonl. A
-sub-env `<name>` of a mixture reads its shards from <shards_dir>/<name>/ and writes under <out>/<name>/.
+part `<name>` of an env made of several reads its shards from <shards_dir>/<name>/ and writes under <out>/<name>/.
 
 What each policy scored comes back as an `Answered` (counts, mean reward, format rate: the same on every run) with
 its speeds kept apart (they differ on every run, so they belong in MLflow, not in a file under DVC). `vlmgym
@@ -37,7 +37,7 @@ from vlmgym.params import EnvParams, ModelParams, RolloutParams
 
 @dataclass(frozen=True)
 class Part:
-    """One env answered on its own: the configured env (name "") or one sub-env of a mixture (its name)."""
+    """One env answered on its own: the configured env (name "") or one part of an env made of several (its name)."""
 
     name: str
     env_params: EnvParams
@@ -57,7 +57,7 @@ class Answered:
 
     @property
     def name(self) -> str:
-        """The policy as a path under the rollouts folder: <sub-env>/<policy> in a mixture, else <policy>."""
+        """The policy as a path under the rollouts folder: <part>/<policy> for an env made of several, else <policy>."""
         return f"{self.part}/{self.policy}" if self.part else self.policy
 
     def metrics(self) -> dict[str, float]:
@@ -76,7 +76,7 @@ class Answered:
 
 
 def env_parts(env_params: EnvParams, shards_dir: str) -> list[Part]:
-    """The envs answered: the configured env over `shards_dir`, or each sub-env of a mixture over its own
+    """The envs answered: the configured env over `shards_dir`, or each part of an env made of several over its own
     <shards_dir>/<name>/."""
     if not envs.has_parts(env_params):
         return [Part("", env_params, shards_dir)]
@@ -224,7 +224,7 @@ def answer_policies(rollout: RolloutParams, model: ModelParams, env_params: EnvP
                     on_answered: Callable[[Answered], None] | None = None) -> dict[str, dict]:
     """Every policy's and baseline's answers (module docstring) written under `out`, each `Answered` printed and
     passed to `on_answered` as it is done; returns the summary: {policy: figures}, or {sub-env: {policy: figures}}
-    for a mixture."""
+    for an env made of several."""
     parts = env_parts(env_params, rollout.shards_dir)
     opened: dict[str, dict[str, Any]] = {}
     summary: dict[str, dict] = {}
