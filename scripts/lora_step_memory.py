@@ -30,8 +30,8 @@ from vlmgym.plan.cli import run
 from vlmgym.plan.model_spec import PlanSpec
 from vlmgym.plan.programs import Planner
 from vlmgym.plan.shapes import learner_micro, plan_config, rollout_prompts
-from vlmgym.rl.losses import accumulate
 from vlmgym.rl.policy import sampling_params
+from vlmgym.rl.update import accumulate
 
 GIB = 2**30
 PHASE_PEAKS: dict[str, float] = {}  # sample(): the measured peak after each phase of the first call

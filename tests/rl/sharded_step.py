@@ -14,24 +14,25 @@ from vlmgym.models.qwen3_vl.convert import hf_to_params, read_safetensors
 from vlmgym.models.qwen3_vl.mesh import make_mesh, shard_params
 from vlmgym.models.qwen3_vl.processor import Processor
 from vlmgym.rl.loop import CompileCounter
-from vlmgym.rl.losses import LossSettings, apply_update, grpo_gradients
+from vlmgym.rl.objective import Objective
 from vlmgym.rl.optim import Optimizer, OptimizerConfig, trainable_mask
 from vlmgym.rl.policy import Qwen3VLPolicy
+from vlmgym.rl.update import apply_update, grpo_gradients
 from vlmgym.rollout.sampling import SamplingSettings
 
-PLAIN = LossSettings(epsilon=0.2, epsilon_high=0.28, aggregation="token_mean", beta=0.0, current_as_old=False)
+PLAIN = Objective(epsilon=0.2, epsilon_high=0.28, aggregation="token_mean", beta=0.0, current_as_old=False)
 # Every objective knob of the loss on at once: GSPO's sequence ratio, the truncated sampler correction, the entropy
 # mask (its quantile is taken over the whole batch, wherever its rows live).
-KNOBS = LossSettings(epsilon=0.2, epsilon_high=0.28, aggregation="token_mean", beta=0.0, current_as_old=False,
+KNOBS = Objective(epsilon=0.2, epsilon_high=0.28, aggregation="token_mean", beta=0.0, current_as_old=False,
                      importance_sampling_level="sequence", sampler_correction="token_truncate",
                      sampler_correction_cap=2.0, top_entropy_quantile=0.5)
 
 
-def update(policy, params, micro, settings=PLAIN):
+def update(policy, params, micro, objective=PLAIN):
     optimizer = Optimizer(OptimizerConfig(learning_rate=1e-2), trainable_mask(params))
     compiles = CompileCounter()
     loss, grads, aux = grpo_gradients(params, micro, jnp.float32(micro["mask"].sum()), policy=policy,
-                                      optimizer=optimizer, settings=settings, compiles=compiles)
+                                      optimizer=optimizer, objective=objective, compiles=compiles)
     params, _, stats = apply_update(params, jax.jit(optimizer.init)(params), grads, optimizer=optimizer,
                                     compiles=compiles)
     return (float(loss), float(stats["grad_norm"]), jax.device_get(grads), aux["logprobs"],

@@ -12,9 +12,9 @@ from vlmgym.envs.geospot import GeospotEnv
 from vlmgym.models.qwen3_vl import lora
 from vlmgym.models.qwen3_vl.model import decode_step, prefill
 from vlmgym.rl.loop import CompileCounter
-from vlmgym.rl.losses import sft_gradients
 from vlmgym.rl.optim import Optimizer, OptimizerConfig, SubsetOptimizer
 from vlmgym.rl.policy import Qwen3VLPolicy
+from vlmgym.rl.update import sft_gradients
 from vlmgym.rollout.sampling import SamplingSettings
 
 ALL = lora.LoRAConfig(rank=4, alpha=8.0, vision=True)

@@ -11,9 +11,9 @@ from test_lora import _policy, randomized
 from vlmgym.envs.geospot import GeospotEnv
 from vlmgym.models.qwen3_vl import lora
 from vlmgym.rl.loop import CompileCounter
-from vlmgym.rl.losses import sft_gradients
 from vlmgym.rl.optim import OptimizerConfig, SubsetOptimizer
 from vlmgym.rl.trainer_parts import in_train_mode
+from vlmgym.rl.update import sft_gradients
 
 DROPOUT = lora.LoRAConfig(rank=4, alpha=8.0, dropout=0.25, vision=True)
 

@@ -72,23 +72,28 @@ def test_the_overlong_penalty_enters_the_reward(tmp_path, micro_spy):
 def test_filter_metric_keeps_exactly_the_groups_whose_metric_varies(tmp_path):
     trainer = _trainer(tmp_path, "filtered", filter_groups=True, filter_metric="stops", max_sample_rounds=3,
                        batch_prompts=8)
-    collected = trainer._collect(0, jax.random.key(5))
-    kept = collected["groups"][: len(collected["groups"]) - collected["num_padding"]]
-    stops = [np.array([i["reward_components"]["stops"] for i in g["infos"]]) for g in kept]
+    batch = _first_batch(trainer, jax.random.key(5))
+    kept = batch.groups[: len(batch.groups) - batch.num_padding]
+    stops = [np.array([i["reward_components"]["stops"] for i in g.infos]) for g in kept]
     assert kept and all(values.std() > 0 for values in stops)
-    sampled = np.array([i["reward_components"]["stops"] for i in collected["sampled_infos"]]).reshape(-1, 8)
+    sampled = np.array([i["reward_components"]["stops"] for i in batch.sampled.infos]).reshape(-1, 8)
     flat = int((sampled.std(axis=1) == 0).sum())
-    assert collected["groups_filtered"] == flat > 0
+    assert batch.groups_filtered == flat > 0
     # Filtering on the total reward keeps a different set here: the choice of metric matters.
     by_reward = _trainer(tmp_path, "by_reward", filter_groups=True, max_sample_rounds=3, batch_prompts=8)
-    other = by_reward._collect(0, jax.random.key(5))
-    assert other["groups_filtered"] != collected["groups_filtered"]
+    other = _first_batch(by_reward, jax.random.key(5))
+    assert other.groups_filtered != batch.groups_filtered
 
 
 def test_an_unknown_filter_metric_names_what_the_env_reports(tmp_path):
     trainer = _trainer(tmp_path, "unknown", filter_groups=True, filter_metric="correct")
     with pytest.raises(ValueError, match="'correct'.*they report: match, stops"):
-        trainer._collect(0, jax.random.key(0))
+        _first_batch(trainer, jax.random.key(0))
+
+
+def _first_batch(trainer, rng):
+    """The batch the trainer's sampler draws for step 0 with `rng`."""
+    return trainer.sampler.batch(trainer.model_params(), 0.0, rng)
 
 
 @dataclasses.dataclass(frozen=True)

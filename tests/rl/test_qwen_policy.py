@@ -93,8 +93,9 @@ def test_one_update_moves_a_rollouts_logprob_in_its_advantages_direction(tiny_vl
     # log-prob and a negative one lower it (a sign, masking or alignment bug anywhere would break one of the two).
     # Both signs in one test: they share the rollout and every compiled program.
     from vlmgym.rl.loop import CompileCounter
-    from vlmgym.rl.losses import LossSettings, apply_update, grpo_gradients
+    from vlmgym.rl.objective import Objective
     from vlmgym.rl.optim import Optimizer, OptimizerConfig, trainable_mask
+    from vlmgym.rl.update import apply_update, grpo_gradients
 
     policy = _policy(tiny_vlm, 8)
     env = _env(tiny_vlm)
@@ -106,7 +107,7 @@ def test_one_update_moves_a_rollouts_logprob_in_its_advantages_direction(tiny_vl
     before = float(np.asarray(logprobs(tiny_vlm.params, batch)).sum())
     optimizer = Optimizer(OptimizerConfig(learning_rate=1e-3, warmup_steps=0, total_steps=10, end_lr_ratio=1.0),
                           trainable_mask(tiny_vlm.params))
-    settings = LossSettings(epsilon=0.2, epsilon_high=0.28, aggregation="token_mean", beta=0.0, current_as_old=False)
+    objective = Objective(epsilon=0.2, epsilon_high=0.28, aggregation="token_mean", beta=0.0, current_as_old=False)
     compiles = CompileCounter()
     init = jax.jit(optimizer.init)  # one wrapper: a bound method read twice would be traced and compiled twice
     for sign in (1.0, -1.0):
@@ -114,7 +115,7 @@ def test_one_update_moves_a_rollouts_logprob_in_its_advantages_direction(tiny_vl
         micro = {"batch": batch, "behaviour": samples.logprobs, "advantages": np.array([sign], np.float32),
                  "mask": samples.mask}
         _, grads, _ = grpo_gradients(params, micro, jax.numpy.float32(samples.mask.sum()), policy=policy,
-                                     optimizer=optimizer, settings=settings, compiles=compiles)
+                                     optimizer=optimizer, objective=objective, compiles=compiles)
         params, _, _ = apply_update(params, init(params), grads, optimizer=optimizer, compiles=compiles)
         after = float(np.asarray(logprobs(params, batch)).sum())
         assert (after - before) * sign > 1e-3, (sign, before, after)

@@ -13,9 +13,10 @@ from vlmgym.envs.geospot import GeospotEnv
 from vlmgym.models.qwen3_vl.model import encode_inputs
 from vlmgym.params import ParamsError, SFTParams, TrainParams, from_dict
 from vlmgym.rl.loop import CompileCounter
-from vlmgym.rl.losses import LossSettings, grpo_gradients, sft_gradients
+from vlmgym.rl.objective import Objective
 from vlmgym.rl.optim import Optimizer, OptimizerConfig, trainable_mask
 from vlmgym.rl.policy import Qwen3VLLearner, Qwen3VLPolicy
+from vlmgym.rl.update import grpo_gradients, sft_gradients
 from vlmgym.rollout.sampling import SamplingSettings
 
 GROUP = 2
@@ -50,7 +51,7 @@ def test_layer_remat_gives_the_plain_gradients(tiny_vlm):
     tokens = rng.integers(20, tiny_vlm.cfg.text.vocab_size, (2 * GROUP, 8)).astype(np.int32)
     mask = np.ones(tokens.shape, np.float32)
     mask[1, 5:] = 0
-    settings = LossSettings(epsilon=0.2, epsilon_high=0.28, aggregation="token_mean", beta=0.0, current_as_old=False)
+    objective = Objective(epsilon=0.2, epsilon_high=0.28, aggregation="token_mean", beta=0.0, current_as_old=False)
     optimizer = Optimizer(OptimizerConfig(learning_rate=1e-3), trainable_mask(tiny_vlm.params))
     advantages = rng.standard_normal(len(tokens)).astype(np.float32)
     results = []
@@ -59,7 +60,7 @@ def test_layer_remat_gives_the_plain_gradients(tiny_vlm):
         micro = {"batch": policy.build_batch(_observations(tiny_vlm), tokens, mask), "mask": mask,
                  "behaviour": np.full(mask.shape, -4.0, np.float32) * mask, "advantages": advantages}
         loss, grads, _ = grpo_gradients(tiny_vlm.params, micro, jnp.float32(mask.sum()), policy=policy,
-                                        optimizer=optimizer, settings=settings, compiles=CompileCounter())
+                                        optimizer=optimizer, objective=objective, compiles=CompileCounter())
         results.append((loss, grads))
     (plain_loss, plain), (remat_loss, remat) = results
     assert float(plain_loss) == pytest.approx(float(remat_loss), abs=1e-6)

@@ -70,19 +70,20 @@ def _gradient_fn(policy: Any, params: Any) -> tuple[Any, Any]:
     import jax.numpy as jnp
 
     from vlmgym.rl.loop import CompileCounter
-    from vlmgym.rl.losses import LossSettings, grpo_gradients
+    from vlmgym.rl.objective import Objective
     from vlmgym.rl.optim import Optimizer, OptimizerConfig, trainable_mask
+    from vlmgym.rl.update import grpo_gradients
 
     optimizer = Optimizer(OptimizerConfig(learning_rate=1e-4), trainable_mask(params))
-    settings = LossSettings(epsilon=0.2, epsilon_high=0.28, aggregation="token_mean", beta=0.0, current_as_old=False)
+    objective = Objective(epsilon=0.2, epsilon_high=0.28, aggregation="token_mean", beta=0.0, current_as_old=False)
     compiles = CompileCounter()
 
     def run(p: Any, micro: dict) -> Any:
         return grpo_gradients(p, micro, jnp.float32(micro["mask"].sum()), policy=policy, optimizer=optimizer,
-                              settings=settings, compiles=compiles)
+                              objective=objective, compiles=compiles)
 
     def lowered(p: Any, micro: dict) -> Any:
-        return grpo_gradients.lower(p, micro, jnp.float32(0), policy=policy, optimizer=optimizer, settings=settings,
+        return grpo_gradients.lower(p, micro, jnp.float32(0), policy=policy, optimizer=optimizer, objective=objective,
                                     compiles=compiles)
 
     return run, lowered

@@ -16,7 +16,7 @@ from vlmgym.stats.plots import RewardCurves
 from vlmgym.tracking.step_curve import read_curve
 
 # The GRPO trainer's mean reward at each step's curriculum weights (what it optimised then); its
-# `final_reward_mean` scores the same samples at the final weights (vlmgym.rl.grpo_trainer.GRPOTrainer._metrics).
+# `final_reward_mean` scores the same samples at the final weights (vlmgym.rl.sampling.sampled_figures).
 AS_TRAINED_METRIC = "reward_mean"
 # The trainer's validation figures (vlmgym.rl.validation): val/reward_greedy, val/reward_sampled.
 VALIDATION_KINDS = ("greedy", "sampled")
@@ -24,7 +24,7 @@ VALIDATION_KINDS = ("greedy", "sampled")
 
 def component_metric(component: str) -> str:
     """The MLflow metric the GRPO trainer logs a reward component under: each step's mean over its samples
-    (vlmgym.rl.grpo_trainer.GRPOTrainer._metrics)."""
+    (vlmgym.rl.sampling.sampled_figures)."""
     return f"reward/{component}"
 
 

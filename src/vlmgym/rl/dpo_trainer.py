@@ -1,9 +1,10 @@
-"""Online DPO: GRPO's sampling and scoring, then each group's best and worst answer as a preference pair, trained
-against the start policy (vlmgym.rl.dpo's loss). On an env with tools the pair is the group's best and worst whole
-episode, a side's log-probability the sum of its turns' (vlmgym.rl.dpo.pair_terms)."""
+"""Online DPO: the shared sampling and scoring (vlmgym.rl.sampling), then each group's best and worst answer as a
+preference pair, trained against the start policy (vlmgym.rl.dpo's loss). On an env with tools the pair is the
+group's best and worst whole episode, a side's log-probability the sum of its turns' (vlmgym.rl.dpo.pair_terms)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -15,59 +16,54 @@ import numpy as np
 from vlmgym.params import TrainParams
 from vlmgym.rl import dpo
 from vlmgym.rl.episode_groups import later_turn_chunks, later_turn_micro_batches, max_turns
-from vlmgym.rl.grpo_trainer import GRPOTrainer
-from vlmgym.rl.losses import (
+from vlmgym.rl.online import OnlineTrainer, Update
+from vlmgym.rl.sampling import Batch, Group
+from vlmgym.rl.trainer_parts import in_train_mode, micro_slices, scalar_figures
+from vlmgym.rl.update import (
     accumulate,
     apply_update,
-    combine_dpo_figures,
     dpo_gradients,
     first_learner_logprobs,
     policy_logprobs,
     train_logprobs,
     weighted_logprob_gradients,
 )
-from vlmgym.rl.trainer_parts import in_train_mode, micro_slices
 
 
-class DPOTrainer(GRPOTrainer):
-    """Online DPO (train.algorithm dpo): one (best, worst) pair per sampled group, num_iterations updates per step.
+class DPOTrainer(OnlineTrainer):
+    """Online DPO (train.algorithm dpo): one (best, worst) pair per sampled group, num_iterations updates per step;
+    pairs of whole episodes on an env with tools.
 
-    Holds the start policy as its reference (the implicit KL of DPO's loss), like GRPOTrainer takes ownership of
-    `params`.
+    Holds the start policy as its reference (the implicit KL of DPO's loss); takes ownership of `params`
+    (OnlineTrainer).
     """
 
-    multi_turn = True  # pairs of whole episodes on an env with tools
-
     name = "dpo"
-    algorithms = ("online_dpo",)
-    needs_reference = True
-    reports_kl_to_reference = False
 
     def __init__(self, policy: Any, env: Any, params: Any, config: TrainParams, checkpoint_dir: str | Path,
                  **options: Any):
         if config.batch_prompts % config.micro_batches:
             raise ValueError(f"train: dpo splits its {config.batch_prompts} pairs into micro_batches="
                              f"{config.micro_batches}, which must divide them")
-        super().__init__(policy, env, params, config, checkpoint_dir, **options)
+        super().__init__(policy, env, params, config, checkpoint_dir, algorithms=("online_dpo",),
+                         reference_of=params, **options)
 
     def postfix(self, metrics: dict[str, float]) -> dict[str, str]:
         return {"reward": f"{metrics['reward_mean']:.3f}", "margin": f"{metrics['dpo_margin']:.3f}"}
 
-    def step(self, step: int) -> dict[str, float]:
-        collected, rewards, mask, tokens, sampler_logprobs, started = self._sample_batch(step)
+    def update(self, step: int, batch: Batch) -> Update:
         updates = self._episode_dpo_updates if max_turns(self.env) > 1 else self._dpo_updates
-        return self._finish_step(step, collected, mask, tokens, *updates(
-            step, collected["groups"], rewards, mask, tokens, sampler_logprobs), started)
+        return updates(step, batch.groups, batch.rewards, batch.mask, batch.tokens, batch.sampler_logprobs)
 
-    def _dpo_updates(self, step: int, groups: list[dict], rewards: np.ndarray, mask: np.ndarray, tokens: np.ndarray,
-                     sampler_logprobs: np.ndarray) -> tuple[list[dict], np.ndarray, np.ndarray, np.ndarray]:
-        """Online DPO on the step's groups: one (best, worst) pair per group, num_iterations updates; returns
-        (figures per iteration, first learner log-probs, sampler log-probs and mask of the pair rows)."""
+    def _dpo_updates(self, step: int, groups: list[Group], rewards: np.ndarray, mask: np.ndarray,
+                     tokens: np.ndarray, sampler_logprobs: np.ndarray) -> Update:
+        """Online DPO on the step's groups: one (best, worst) pair per group, num_iterations updates, over the pair
+        rows."""
         c = self.config
         pairs = dpo.select_pairs(rewards, c.group_size)
         rows = dpo.pair_rows(pairs)
         # Each pair's two rows come from one group: the learner runs their prompt once (groups of two).
-        observations = [groups[r // c.group_size]["obs"] for r in rows[::2]]
+        observations = [groups[r // c.group_size].obs for r in rows[::2]]
         # A tie's rows stay in the batch (fixed shapes: no recompiles) with weight 0 and no tokens counted.
         pair_mask = mask[rows] * np.repeat(pairs.valid, 2)[:, None]
         valid_pairs = int(pairs.valid.sum())
@@ -89,19 +85,17 @@ class DPOTrainer(GRPOTrainer):
                                                               optimizer=self.optimizer, compiles=self.compiles)
             if iteration == 0:
                 first_logprobs = first_learner_logprobs(auxes)
-            iteration_metrics.append({**combine_dpo_figures(auxes, valid_pairs), "dpo_pairs": float(valid_pairs),
+            iteration_metrics.append({**_pair_figures(auxes, valid_pairs), "dpo_pairs": float(valid_pairs),
                                       **{k: float(v) for k, v in jax.device_get(stats).items()}})
-        return iteration_metrics, first_logprobs, sampler_logprobs[rows], pair_mask
+        return Update(iteration_metrics, first_logprobs, sampler_logprobs[rows], pair_mask)
 
-    def _episode_dpo_updates(self, step: int, groups: list[dict], rewards: np.ndarray, mask: np.ndarray,
-                             tokens: np.ndarray, sampler_logprobs: np.ndarray
-                             ) -> tuple[list[dict], np.ndarray, np.ndarray, np.ndarray]:
+    def _episode_dpo_updates(self, step: int, groups: list[Group], rewards: np.ndarray, mask: np.ndarray,
+                             tokens: np.ndarray, sampler_logprobs: np.ndarray) -> Update:
         """Online DPO on whole episodes: each group's best and worst episode by final reward, every policy turn of
         both a learner row (turn 0's sharing the group's prompt, later turns' with the conversation before them as
         prompt: vlmgym.rl.episode_groups), tool replies context only. The loss couples rows that sit in different
         micro-batches, so each iteration runs one forward for the rows' coefficients (dpo.pair_terms) and then
-        accumulates coefficient-weighted log-prob gradients: the gradient of the DPO loss itself. Returns what
-        _dpo_updates returns."""
+        accumulates coefficient-weighted log-prob gradients: the gradient of the DPO loss itself."""
         c = self.config
         pairs = dpo.select_pairs(rewards, c.group_size)
         rows = dpo.pair_rows(pairs)
@@ -111,7 +105,7 @@ class DPOTrainer(GRPOTrainer):
         def reference(batch: Any) -> dict:
             return {"reference": policy_logprobs(self.reference(), batch, policy=self.policy, compiles=self.compiles)}
 
-        observations = [groups[r // c.group_size]["obs"] for r in rows[::2]]
+        observations = [groups[r // c.group_size].obs for r in rows[::2]]
         micro_batches = []
         for part in micro_slices(count, c.micro_batches):
             row_part = slice(2 * part.start, 2 * part.stop)
@@ -123,7 +117,7 @@ class DPOTrainer(GRPOTrainer):
         # episode's value: +1 chosen, -1 rejected.
         side = np.zeros(len(rewards), np.float32)
         side[pairs.chosen[pairs.valid]], side[pairs.rejected[pairs.valid]] = 1.0, -1.0
-        sides = [{**group, "later": [row for row in group.get("later", ()) if side[g * c.group_size + row["member"]]]}
+        sides = [replace(group, later=tuple(turn for turn in group.later if side[g * c.group_size + turn.member]))
                  for g, group in enumerate(groups)]
         chunks = later_turn_chunks(sides, max(2 * count // c.micro_batches, 1))
         later, later_sampler, later_mask = later_turn_micro_batches(
@@ -135,13 +129,24 @@ class DPOTrainer(GRPOTrainer):
             sign_of_row.append(micro["advantages"])
         pair_of_row, sign_of_row = np.concatenate(pair_of_row), np.concatenate(sign_of_row)
         reference_sums = _row_sums([m["reference"] for m in micro_batches], micro_batches)
-        valid_pairs = int(pairs.valid.sum())
+        iteration_metrics, first_logprobs = self._episode_iterations(step, micro_batches, reference_sums,
+                                                                     pair_of_row, sign_of_row, pairs.valid)
+        return Update(iteration_metrics, first_logprobs, np.concatenate([sampler_logprobs[rows], later_sampler]),
+                      np.concatenate([pair_mask, later_mask]))
+
+    def _episode_iterations(self, step: int, micro_batches: list[dict], reference_sums: np.ndarray,
+                            pair_of_row: np.ndarray, sign_of_row: np.ndarray, valid: np.ndarray
+                            ) -> tuple[list[dict], np.ndarray]:
+        """num_iterations updates of episode pairs: each a forward for every row's coefficient (dpo.pair_terms),
+        then the coefficient-weighted log-prob gradients; their figures and the first forward's log-probs."""
+        c = self.config
+        valid_pairs = int(valid.sum())
         iteration_metrics = []
         for iteration in range(c.num_iterations):
             micros = in_train_mode(micro_batches, self.adapters, step, iteration)
             logprobs = [train_logprobs(self.params, m, policy=self.policy, compiles=self.compiles) for m in micros]
             terms = dpo.pair_terms(_row_sums(logprobs, micros), reference_sums, pair_of_row, sign_of_row,
-                                   pairs.valid, beta=c.dpo.beta, normalizer=max(valid_pairs, 1))
+                                   valid, beta=c.dpo.beta, normalizer=max(valid_pairs, 1))
             weighted, start = [], 0
             for micro in micros:
                 stop = start + len(micro["mask"])
@@ -160,11 +165,19 @@ class DPOTrainer(GRPOTrainer):
                 "dpo_accuracy": terms.accuracy_sum * per_pair, "dpo_chosen_reward": terms.chosen_reward_sum * per_pair,
                 "dpo_rejected_reward": terms.rejected_reward_sum * per_pair, "dpo_pairs": float(valid_pairs),
                 **{k: float(v) for k, v in jax.device_get(stats).items()}})
-        return (iteration_metrics, first_logprobs, np.concatenate([sampler_logprobs[rows], later_sampler]),
-                np.concatenate([pair_mask, later_mask]))
+        return iteration_metrics, first_logprobs
 
 
 def _row_sums(logprobs: list, micros: list[dict]) -> np.ndarray:
     """Each row's log-probs summed over its active tokens, all micro-batches' rows in order."""
     return np.concatenate([(np.asarray(jax.device_get(lp), np.float64) * np.asarray(m["mask"], np.float64)).sum(-1)
                            for lp, m in zip(logprobs, micros)])
+
+
+def _pair_figures(auxes: list[dict], pairs: int) -> dict[str, float]:
+    """One update's DPO figures from its micro-batches' sums: the loss, and per valid pair the rest."""
+    auxes = scalar_figures(auxes)
+    out = {"loss": sum(float(a["loss"]) for a in auxes)}
+    for name in ("dpo_margin", "dpo_accuracy", "dpo_chosen_reward", "dpo_rejected_reward"):
+        out[name] = sum(float(a[name]) for a in auxes) / max(pairs, 1)
+    return out

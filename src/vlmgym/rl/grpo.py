@@ -1,4 +1,4 @@
-"""GRPO as pure functions: group-relative advantages, the clipped surrogate, loss aggregation, KL, metrics.
+"""GRPO as pure functions: the clipped surrogate, loss aggregation, KL, metrics.
 
 Conventions used throughout:
 - A batch holds `num_groups * group_size` sequences, group-contiguous: sequences
@@ -37,35 +37,6 @@ def mask_after_eos(tokens: jax.Array, eos_ids: tuple[int, ...] | list[int],
     if valid is not None:
         mask = mask * jnp.asarray(valid, jnp.float32)
     return mask
-
-
-def group_advantages(rewards: jax.Array, group_size: int, scale_rewards: str = "group",
-                     eps: float = 1e-4, leave_one_out: bool = False) -> jax.Array:
-    """Advantage of each sequence: its reward minus its group's mean, optionally divided by a std.
-
-    leave_one_out (RLOO): the baseline is the mean of the *other* answers of the group, so it does not depend on
-    the answer it scores: r_i - (sum - r_i) / (G - 1) = G / (G - 1) x (r_i - mean), the GRPO centring scaled up
-    (0 for a group of one). Any std division applies after it.
-    scale_rewards: "group" divides by the std of the sequence's own group, "batch" by the std of all
-    rewards in the batch, "none" does not divide (Dr. GRPO). Stds are population stds (ddof=0): they are
-    defined for any group size (a group of one gets advantage 0 instead of a division by zero) and a
-    two-sample group with rewards {0, 1} gets advantages of exactly -1 and +1. `eps` keeps groups whose
-    rewards are all equal at advantage 0 rather than 0/0.
-    """
-    if scale_rewards not in SCALE_REWARDS:
-        raise ValueError(f"scale_rewards={scale_rewards!r}: expected one of {SCALE_REWARDS}")
-    rewards = jnp.asarray(rewards, jnp.float32)
-    if rewards.ndim != 1 or rewards.shape[0] % group_size:
-        raise ValueError(f"rewards of shape {rewards.shape} is not a flat batch of whole groups of {group_size}")
-    grouped = rewards.reshape(-1, group_size)
-    centred = grouped - grouped.mean(axis=1, keepdims=True)
-    if leave_one_out:
-        centred = centred * (group_size / (group_size - 1)) if group_size > 1 else centred * 0
-    if scale_rewards == "group":
-        centred = centred / (grouped.std(axis=1, keepdims=True) + eps)
-    elif scale_rewards == "batch":
-        centred = centred / (rewards.std() + eps)
-    return centred.reshape(-1)
 
 
 def group_reward_std(rewards: jax.Array | np.ndarray, group_size: int) -> np.ndarray:

@@ -16,6 +16,7 @@ import numpy as np
 from tqdm import tqdm
 
 from vlmgym.rl.checkpoint import CheckpointManager
+from vlmgym.rl.optim import Optimizer, SubsetOptimizer
 from vlmgym.runtime import distributed
 
 # Called with each step's figures. One that also has `replay_through(step)` is called with that after a resume, to
@@ -189,7 +190,12 @@ class TrainingLoop(abc.ABC):
         # resume); None without adapters.
         self.base_identity: str | None = None
 
-    # Subclasses set self.params, self.opt_state and self.rng, and provide the loop state and one step.
+    # Subclasses set these, and provide the loop state, one step and what closes when the run ends.
+    params: Any
+    opt_state: Any
+    rng: jax.Array
+    optimizer: Optimizer | SubsetOptimizer
+
     @abc.abstractmethod
     def loop_state(self) -> dict:
         """JSON-safe loop state saved with each checkpoint (data cursor etc.)."""
@@ -201,6 +207,10 @@ class TrainingLoop(abc.ABC):
     @abc.abstractmethod
     def step(self, step: int) -> dict[str, float]:
         """Run training step `step` (0-based) and return its metrics."""
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Release what the loop holds besides its checkpoints (the data prefetch's thread) when a run ends."""
 
     def resume(self) -> int:
         """Restore the latest checkpoint that restores (a damaged newer one is reported and removed) if there is
@@ -271,8 +281,7 @@ class TrainingLoop(abc.ABC):
         finally:
             bar.close()
             self.checkpoints.close()
-            if getattr(self, "prefetch", None) is not None:
-                self.prefetch.close()
+            self.close()
         if validator is None:
             self.final_step = done
             return self.model_params()
@@ -304,16 +313,13 @@ class TrainingLoop(abc.ABC):
             raise NonFiniteError(non_finite_message(f"{self.section}: step {step}", figure,
                                                     last_checkpoint(self.checkpoints), self.section))
 
-    def _sparse(self) -> bool:
-        return getattr(getattr(self, "optimizer", None), "sparse", False)
-
     def checkpoint_params(self) -> Any:
         """What a checkpoint holds of the params: all of them, or with LoRA only the trained leaves (the base is
         `base_identity`'s folder, read again on resume)."""
-        return self.optimizer.trained_tree(self.params) if self._sparse() else self.params
+        return self.optimizer.trained_tree(self.params) if self.optimizer.sparse else self.params
 
     def _with_saved(self, saved: Any) -> Any:
-        return self.optimizer.graft(self.params, saved) if self._sparse() else saved
+        return self.optimizer.graft(self.params, saved) if self.optimizer.sparse else saved
 
     def model_params(self) -> Any:
         """The policy's params within what the loop trains (PPO also trains a value head beside them)."""

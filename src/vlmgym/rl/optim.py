@@ -200,7 +200,7 @@ class SubsetOptimizer:
     """AdamW over only the trainable leaves of a parameter tree (LoRA: the adapters), the rest never touched.
 
     Unlike `Optimizer` with frozen leaves, the frozen ones appear nowhere: its state, the gradients it takes
-    (`select(params)`'s list of trainable leaves, see losses.fp32_gradients) and its update hold only the
+    (`select(params)`'s list of trainable leaves, see update.fp32_gradients) and its update hold only the
     trainable leaves, so a frozen 4B base costs no zero gradient buffers, no optimizer state and no copy.
     """
 

@@ -1,4 +1,5 @@
-"""PPO training loop: GRPO's sampling and bookkeeping, with a value head, GAE and a clipped value loss.
+"""PPO training loop: the shared sampler (vlmgym.rl.sampling) and loop (vlmgym.rl.online), with a value head, GAE
+and a clipped value loss.
 
 Each step samples `batch_prompts x group_size` completions exactly as GRPO does (so the two compare at the same
 number of sampled completions), but each completion is its own episode: a forward pass gives the value of every
@@ -23,14 +24,16 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from vlmgym.models.qwen3_vl import lora
 from vlmgym.params import TrainParams
 from vlmgym.rl import grpo, ppo
-from vlmgym.rl.grpo_trainer import GRPOTrainer
-from vlmgym.rl.loop import CompileCounter, MetricsCallback, Policy
-from vlmgym.rl.losses import accumulate, apply_update, combine_grpo_figures, fp32_gradients, policy_logprobs
+from vlmgym.rl.episode_groups import max_turns
+from vlmgym.rl.loop import CompileCounter, Policy
+from vlmgym.rl.objective import combine_figures, loss_figures
+from vlmgym.rl.online import OnlineTrainer, Update
 from vlmgym.rl.optim import Optimizer
-from vlmgym.rl.trainer_parts import SamplesCallback, group_observations, in_train_mode, micro_slices
+from vlmgym.rl.sampling import Batch
+from vlmgym.rl.trainer_parts import group_observations, in_train_mode, micro_slices, scalar_figures
+from vlmgym.rl.update import accumulate, apply_update, fp32_gradients, policy_logprobs
 
 
 @dataclass(frozen=True)
@@ -54,12 +57,8 @@ def _ppo_micro_loss(params: Any, micro: dict, normalizer: jax.Array, policy: Pol
     value = ppo.value_loss(values, micro["old_values"], micro["returns"], micro["mask"], clip=settings.cliprange_value,
                            aggregation=settings.aggregation, normalizer=normalizer)
     tokens = micro["mask"].astype(jnp.float32).sum()
-    aux = {"logprobs": jax.lax.stop_gradient(logprobs), "tokens": tokens, "policy_loss": out.policy_loss,
-           "kl_to_reference": out.kl_to_reference, "value_loss": value.loss,
-           "value_clip_fraction": value.clip_fraction * tokens,
-           "clip_fraction_low": out.clip_fraction_low * tokens, "clip_fraction_high": out.clip_fraction_high * tokens,
-           "approx_kl_behaviour": out.approx_kl_behaviour * tokens, "ratio_mean": out.ratio_mean * tokens,
-           "ratio_max": out.ratio_max, "ratio_min": out.ratio_min}
+    aux = {"logprobs": jax.lax.stop_gradient(logprobs), "tokens": tokens, "value_loss": value.loss,
+           "value_clip_fraction": value.clip_fraction * tokens, **loss_figures(out, tokens)}
     return out.loss + settings.vf_coef * value.loss, aux
 
 
@@ -79,29 +78,25 @@ def ppo_forward(params: Any, batch: Any, *, policy: Policy, compiles: CompileCou
     return logprobs, ppo.value_head(params["value"], features, detached=True)
 
 
-class PPOTrainer(GRPOTrainer):
-    """PPO with a value head on the policy (see the module docstring). Takes ownership of `params` like GRPO."""
-
-    multi_turn = False
+class PPOTrainer(OnlineTrainer):
+    """PPO with a value head on the policy (see the module docstring). Takes ownership of `params`
+    (OnlineTrainer)."""
 
     name = "ppo"
-    algorithms = ("ppo",)
-    reports_kl_to_reference = False  # PPO's KL to the start policy is in the reward (ppo.kl_coef), not the loss
 
-    def __init__(self, policy: Policy, env: Any, params: Any, config: TrainParams, checkpoint_dir: str | Path, *,
-                 metrics_callback: MetricsCallback | None = None, samples_callback: SamplesCallback | None = None,
-                 progress_bar: bool = True, val_env: Any = None):
+    def __init__(self, policy: Policy, env: Any, params: Any, config: TrainParams, checkpoint_dir: str | Path,
+                 **options: Any):
         if config.beta > 0:
             raise ValueError("train.beta is GRPO's KL term in the loss; PPO's KL to the start policy is in the "
                              "reward: set train.ppo.kl_coef instead")
+        if max_turns(env) > 1:
+            raise ValueError(f"train.algorithm {config.algorithm!r} trains one-turn answers; env {env.name!r} runs "
+                             f"episodes of up to {env.max_turns} turns: train them with grpo, rloo or dpo")
         ppo.check_critic(config.ppo.critic)
-        adapted = lora.has_adapters(params)  # LoRA: the reference is the base inside the trained tree, no copy
-        reference = jax.tree.map(jnp.copy, params) if config.ppo.kl_coef > 0 and not adapted else None
         combined = {"policy": params, "value": ppo.init_value_head(policy.feature_size)}
-        super().__init__(policy, env, combined, config, checkpoint_dir, metrics_callback=metrics_callback,
-                         samples_callback=samples_callback, progress_bar=progress_bar, val_env=val_env)
-        self.reference_params = reference
-        self.reference_is_base = config.ppo.kl_coef > 0 and adapted
+        # The start policy is held only for the reward's KL penalty.
+        super().__init__(policy, env, combined, config, checkpoint_dir, algorithms=("ppo",),
+                         reference_of=params if config.ppo.kl_coef > 0 else None, **options)
         self.settings = PPOSettings(epsilon=config.epsilon, epsilon_high=config.epsilon_high,
                                     aggregation=config.loss_aggregation, vf_coef=config.ppo.vf_coef,
                                     cliprange_value=config.ppo.cliprange_value,
@@ -113,26 +108,26 @@ class PPOTrainer(GRPOTrainer):
     def postfix(self, metrics: dict[str, float]) -> dict[str, str]:
         return {"reward": f"{metrics['reward_mean']:.3f}", "vf": f"{metrics['value_loss']:.3f}"}
 
-    def step(self, step: int) -> dict[str, float]:
+    def update(self, step: int, batch: Batch) -> Update:
         c = self.config
-        collected, rewards, mask, tokens, sampler_logprobs, started = self._sample_batch(step)
-        groups = collected["groups"]
+        mask, tokens, sampler_logprobs = batch.mask, batch.tokens, batch.sampler_logprobs
         slices = micro_slices(len(tokens), c.micro_batches)
         micro_batches, learner, values, reference = [], [], [], []
         for rows in slices:
-            batch = self.policy.build_batch(group_observations(groups, rows, c.group_size), tokens[rows], mask[rows])
-            logprobs, row_values = ppo_forward(self.params, batch, policy=self.policy, compiles=self.compiles)
+            inputs = self.policy.build_batch(group_observations(batch.groups, rows, c.group_size), tokens[rows],
+                                             mask[rows])
+            logprobs, row_values = ppo_forward(self.params, inputs, policy=self.policy, compiles=self.compiles)
             learner.append(np.asarray(logprobs))
             values.append(np.asarray(row_values))
             if self.reference() is not None:
-                reference.append(np.asarray(policy_logprobs(self.reference(), batch, policy=self.policy,
+                reference.append(np.asarray(policy_logprobs(self.reference(), inputs, policy=self.policy,
                                                             compiles=self.compiles)))
-            micro_batches.append({"batch": batch, "mask": mask[rows]})
+            micro_batches.append({"batch": inputs, "mask": mask[rows]})
         learner_logprobs = np.concatenate(learner)
         old_values = np.concatenate(values) * mask
         behaviour = learner_logprobs if c.old_logprobs == "learner" else sampler_logprobs
         reference_logprobs = np.concatenate(reference) if reference else None
-        token_rewards = ppo.token_rewards(rewards, mask, kl_coef=c.ppo.kl_coef, logprobs=behaviour,
+        token_rewards = ppo.token_rewards(batch.rewards, mask, kl_coef=c.ppo.kl_coef, logprobs=behaviour,
                                           reference_logprobs=reference_logprobs)
         advantages, returns = ppo.gae(token_rewards, old_values, mask, gamma=c.ppo.gamma, lam=c.ppo.lam)
         whitened = ppo.whiten(advantages, mask)
@@ -140,30 +135,38 @@ class PPOTrainer(GRPOTrainer):
             micro.update(behaviour=behaviour[rows], advantages=whitened[rows].astype(np.float32),
                          returns=returns[rows].astype(np.float32), old_values=old_values[rows].astype(np.float32))
         normalizer = jnp.float32(grpo.aggregation_normalizer(mask, c.loss_aggregation))
-        iteration_metrics = []
-        for iteration in range(c.num_iterations):
+        figures = _value_figures(old_values, returns, mask)
+        if reference_logprobs is not None:
+            figures["kl_to_reference"] = float(((behaviour - reference_logprobs) * mask).sum() / max(mask.sum(), 1.0))
+        return Update(self._iterations(step, micro_batches, normalizer), learner_logprobs, sampler_logprobs, mask,
+                      figures)
+
+    def _iterations(self, step: int, micro_batches: list[dict], normalizer: jax.Array) -> list[dict]:
+        """num_iterations optimizer steps on the micro-batches, and their figures."""
+        iterations = []
+        for iteration in range(self.config.num_iterations):
             grads, auxes = accumulate(lambda micro: ppo_gradients(self.params, micro, normalizer, policy=self.policy,
                                                                   optimizer=self.optimizer, settings=self.settings,
                                                                   compiles=self.compiles),
                                       in_train_mode(micro_batches, self.adapters, step, iteration))
             self.params, self.opt_state, stats = apply_update(self.params, self.opt_state, grads,
                                                               optimizer=self.optimizer, compiles=self.compiles)
-            iteration_metrics.append({**_combine_value_figures(auxes), **combine_grpo_figures(auxes),
-                                      **{k: float(v) for k, v in jax.device_get(stats).items()}})
-        out = self._finish_step(step, collected, mask, tokens, iteration_metrics, learner_logprobs, sampler_logprobs,
-                                mask, started)
-        active = mask > 0
-        out.update({"value_mean": float(old_values[active].mean()) if active.any() else 0.0,
-                    "return_mean": float(returns[active].mean()) if active.any() else 0.0,
-                    "explained_variance": ppo.explained_variance(old_values, returns, mask)})
-        if reference_logprobs is not None:
-            out["kl_to_reference"] = float(((behaviour - reference_logprobs) * mask).sum()
-                                           / max(mask.sum(), 1.0))
-        return out
+            iterations.append({**_combine_value_figures(auxes), **combine_figures(auxes, with_kl=False),
+                               **{k: float(v) for k, v in jax.device_get(stats).items()}})
+        return iterations
+
+
+def _value_figures(old_values: np.ndarray, returns: np.ndarray, mask: np.ndarray) -> dict[str, float]:
+    """The critic's figures of the step: its values and returns over counted tokens, and how much of the returns
+    it explains."""
+    active = mask > 0
+    return {"value_mean": float(old_values[active].mean()) if active.any() else 0.0,
+            "return_mean": float(returns[active].mean()) if active.any() else 0.0,
+            "explained_variance": ppo.explained_variance(old_values, returns, mask)}
 
 
 def _combine_value_figures(auxes: list[dict]) -> dict[str, float]:
-    auxes = jax.device_get(auxes)
+    auxes = scalar_figures(auxes)
     tokens = max(sum(float(a["tokens"]) for a in auxes), 1.0)
     return {"value_loss": sum(float(a["value_loss"]) for a in auxes),
             "value_clip_fraction": sum(float(a["value_clip_fraction"]) for a in auxes) / tokens}

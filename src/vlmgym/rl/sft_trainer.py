@@ -19,12 +19,6 @@ from vlmgym.rl.loop import (
     Policy,
     TrainingLoop,
 )
-from vlmgym.rl.losses import (
-    accumulate,
-    apply_update,
-    policy_logprobs,
-    sft_gradients,
-)
 from vlmgym.rl.prefetch import ResetPrefetcher
 from vlmgym.rl.trainer_parts import (
     adapter_settings,
@@ -33,12 +27,18 @@ from vlmgym.rl.trainer_parts import (
     make_validator,
     micro_slices,
 )
+from vlmgym.rl.update import (
+    accumulate,
+    apply_update,
+    policy_logprobs,
+    sft_gradients,
+)
 
 
 class SFTTrainer(TrainingLoop):
     """Supervised warm start: teacher-forced cross entropy on the env's ideal answer for each sample.
 
-    Like GRPOTrainer it takes ownership of `params` (donated to the first update).
+    Like the online trainers it takes ownership of `params` (donated to the first update).
     """
 
     name = "sft"
@@ -62,6 +62,9 @@ class SFTTrainer(TrainingLoop):
 
     def loop_state(self) -> dict:
         return {"data": self.data.state()}
+
+    def close(self) -> None:
+        self.prefetch.close()
 
     def load_loop_state(self, state: dict) -> None:
         self.data = DataOrder.from_state(len(self.env), self.config.seed, state["data"])

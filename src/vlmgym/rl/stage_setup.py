@@ -27,6 +27,7 @@ from vlmgym.rl import perception
 from vlmgym.rl.dpo_trainer import DPOTrainer
 from vlmgym.rl.grpo_trainer import GRPOTrainer
 from vlmgym.rl.loop import config_fingerprint
+from vlmgym.rl.online import OnlineTrainer
 from vlmgym.rl.policy import Qwen3VLPolicy
 from vlmgym.rl.ppo_trainer import PPOTrainer
 from vlmgym.rl.sft_trainer import SFTTrainer
@@ -114,15 +115,19 @@ def warm_perception(section: SFTParams, policy: Any, params: Any, env_params: En
     return perception.warm_up(policy, params, env, val_env, section, checkpoints, distributed.count(), log=log)
 
 
+# The train stage's trainer of each train.algorithm: every one a loop over the shared sampler (vlmgym.rl.online)
+# with its own update.
+TRAINERS: dict[str, type[OnlineTrainer]] = {"grpo": GRPOTrainer, "rloo": GRPOTrainer, "ppo": PPOTrainer,
+                                            "online_dpo": DPOTrainer}
+
+
 def trainer_class(stage: str, algorithm: str | None) -> type:
-    """The trainer of a stage: SFTTrainer for sft; for train, one per train.algorithm (GRPOTrainer runs grpo and
-    rloo, DPOTrainer dpo, PPOTrainer ppo)."""
+    """The trainer of a stage: SFTTrainer for sft; for train, TRAINERS[train.algorithm]."""
     if stage == "sft":
         return SFTTrainer
-    for cls in (GRPOTrainer, DPOTrainer, PPOTrainer):
-        if algorithm in cls.algorithms:
-            return cls
-    raise ValueError(f"train.algorithm {algorithm!r} has no trainer")
+    if algorithm not in TRAINERS:
+        raise ValueError(f"train.algorithm {algorithm!r} has no trainer")
+    return TRAINERS[algorithm]
 
 
 def stage_trainer(stage: str, section: SFTParams | TrainParams, policy: Any, params: Any, env_params: EnvParams,

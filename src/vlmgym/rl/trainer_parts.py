@@ -33,6 +33,12 @@ def in_train_mode(micro_batches: list[dict], adapters: LoRAConfig | None, step: 
             for index, micro in enumerate(micro_batches)]
 
 
+def scalar_figures(auxes: list[dict]) -> list[dict]:
+    """An update's per-micro-batch figures on the host, without the per-token log-probs (rows spread over
+    processes)."""
+    return jax.device_get([{name: value for name, value in aux.items() if name != "logprobs"} for aux in auxes])
+
+
 def micro_slices(rows: int, micro_batches: int) -> list[slice]:
     """Row ranges of equal-size micro-batches."""
     if rows % micro_batches:
@@ -41,12 +47,12 @@ def micro_slices(rows: int, micro_batches: int) -> list[slice]:
     return [slice(i * size, (i + 1) * size) for i in range(micro_batches)]
 
 
-def group_observations(groups: list[dict], rows: slice, group_size: int) -> list[dict]:
+def group_observations(groups: list, rows: slice, group_size: int) -> list[dict]:
     """The observations of a micro-batch's rows: one per group when it holds whole groups (the policy runs each
     prompt once for its group), else one per row."""
     if rows.start % group_size == 0 and rows.stop % group_size == 0:
-        return [g["obs"] for g in groups[rows.start // group_size: rows.stop // group_size]]
-    return [groups[r // group_size]["obs"] for r in range(rows.start, rows.stop)]
+        return [g.obs for g in groups[rows.start // group_size: rows.stop // group_size]]
+    return [groups[r // group_size].obs for r in range(rows.start, rows.stop)]
 
 
 def final_rewards(env: Any, state: Any, tokens: np.ndarray, mask: np.ndarray, rewards: np.ndarray) -> list[float]:

@@ -1,10 +1,10 @@
-"""The losses and jitted gradient steps of every trainer (GRPO/RLOO, online DPO, SFT), apart from the loops that
-call them."""
+"""An RL step, part 3: the update. Every trainer's jitted gradient step over one micro-batch (GRPO/RLOO's of the loss
+in vlmgym.rl.objective; online DPO's and SFT's of the losses below), the gradients summed over micro-batches, and
+the optimizer step."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
@@ -14,78 +14,23 @@ import numpy as np
 
 from vlmgym.models.qwen3_vl import lora
 from vlmgym.rl import dpo, grpo
-from vlmgym.rl.loop import (
-    CompileCounter,
-    Policy,
-)
+from vlmgym.rl.loop import CompileCounter, Policy
+from vlmgym.rl.objective import Objective, micro_loss
 from vlmgym.rl.optim import Optimizer
 from vlmgym.rl.sft import sft_loss_from_logprobs
 from vlmgym.runtime import distributed
 
 
-@dataclass(frozen=True)
-class LossSettings:
-    """Static settings of the jitted GRPO update (hashable)."""
-
-    epsilon: float
-    epsilon_high: float
-    aggregation: str
-    beta: float
-    current_as_old: bool  # behaviour log-probs = this forward's own (stop-gradient) log-probs: ratio exactly 1
-    importance_sampling_level: str = "token"  # token, sequence (GSPO), sequence_token
-    sampler_correction: str = "none"  # none, or a grpo.SAMPLER_CORRECTIONS mode (micro["sampler"]: its log-probs)
-    sampler_correction_cap: float = 3.0
-    sampler_correction_floor: float = 0.0
-    top_entropy_quantile: float = 1.0  # < 1: only that top share of tokens by entropy carry the policy loss
-
-
-def _sampler_weights(behaviour: jax.Array, micro: dict, settings: LossSettings) -> tuple[jax.Array | None, dict]:
-    """The sampler-correction weights (None when off) and their figures as sums over active tokens."""
-    if settings.sampler_correction == "none":
-        return None, {}
-    mask = micro["mask"].astype(jnp.float32)
-    weights = grpo.sampler_correction_weights(behaviour, micro["sampler"], mask, settings.sampler_correction,
-                                              settings.sampler_correction_cap, settings.sampler_correction_floor)
-    per_token = jnp.broadcast_to(weights, mask.shape)
-    return weights, {"sampler_weight_mean": (per_token * mask).sum(),
-                     "sampler_weight_zero": ((per_token == 0) * mask).sum()}
-
-
-def _grpo_micro_loss(params: Any, micro: dict, normalizer: jax.Array, policy: Policy,
-                     settings: LossSettings) -> tuple[jax.Array, dict]:
-    if settings.top_entropy_quantile < 1.0:
-        logprobs, entropies = policy.logprobs_and_entropies(params, micro["batch"])
-        keep = grpo.high_entropy_mask(jax.lax.stop_gradient(entropies), micro["mask"], settings.top_entropy_quantile)
-    else:
-        logprobs, keep = policy.logprobs(params, micro["batch"]), None
-    behaviour = jax.lax.stop_gradient(logprobs) if settings.current_as_old else micro["behaviour"]
-    weights, weight_figures = _sampler_weights(behaviour, micro, settings)
-    if keep is not None:
-        weights = keep if weights is None else weights * keep
-        weight_figures["entropy_kept"] = keep.sum()
-    out = grpo.grpo_loss(logprobs, behaviour, micro["advantages"], micro["mask"], epsilon=settings.epsilon,
-                         epsilon_high=settings.epsilon_high, aggregation=settings.aggregation, beta=settings.beta,
-                         reference_logprobs=micro.get("reference"), normalizer=normalizer,
-                         importance_sampling_level=settings.importance_sampling_level, token_weights=weights)
-    tokens = micro["mask"].astype(jnp.float32).sum()
-    # Per-micro-batch means become sums here and are divided by the batch's token count afterwards.
-    aux = {"logprobs": jax.lax.stop_gradient(logprobs), "tokens": tokens, **weight_figures,
-           "policy_loss": out.policy_loss, "kl_to_reference": out.kl_to_reference,
-           "clip_fraction_low": out.clip_fraction_low * tokens, "clip_fraction_high": out.clip_fraction_high * tokens,
-           "approx_kl_behaviour": out.approx_kl_behaviour * tokens, "ratio_mean": out.ratio_mean * tokens,
-           "ratio_max": out.ratio_max, "ratio_min": out.ratio_min}
-    return out.loss, aux
-
-
-@partial(jax.jit, static_argnames=("policy", "optimizer", "settings", "compiles"))
+@partial(jax.jit, static_argnames=("policy", "optimizer", "objective", "compiles"))
 def grpo_gradients(params: Any, micro: dict, normalizer: jax.Array, *, policy: Policy, optimizer: Optimizer,
-                   settings: LossSettings, compiles: CompileCounter) -> tuple[jax.Array, Any, dict]:
-    """GRPO loss, fp32 gradients and figures of one micro-batch (normalised by the whole batch's divisor)."""
+                   objective: Objective, compiles: CompileCounter) -> tuple[jax.Array, Any, dict]:
+    """GRPO loss (vlmgym.rl.objective.micro_loss), fp32 gradients and figures of one micro-batch (normalised by the
+    whole batch's divisor)."""
     compiles.traced("grpo_gradients")
-    return fp32_gradients(_grpo_micro_loss, params, micro, normalizer, optimizer, policy, settings)
+    return fp32_gradients(micro_loss, params, micro, normalizer, optimizer, policy, objective)
 
 
-def fp32_gradients(micro_loss: Callable, params: Any, micro: dict, normalizer: jax.Array, optimizer: Optimizer,
+def fp32_gradients(loss_fn: Callable, params: Any, micro: dict, normalizer: jax.Array, optimizer: Optimizer,
                     *args: Any) -> tuple[jax.Array, Any, dict]:
     """(loss, fp32 gradients, aux) of a micro-batch loss (frozen leaves get no gradient); traced inside a jit.
 
@@ -94,14 +39,14 @@ def fp32_gradients(micro_loss: Callable, params: Any, micro: dict, normalizer: j
 
     if optimizer.sparse:  # LoRA: differentiate only the trainable leaves; no gradient of the base exists at all
         def subset_loss(trained: list, micro: dict, *rest: Any) -> tuple[jax.Array, dict]:
-            return micro_loss(lora.train_mode(optimizer.fill(params, trained), micro), micro, *rest)
+            return loss_fn(lora.train_mode(optimizer.fill(params, trained), micro), micro, *rest)
 
         (loss, aux), grads = jax.value_and_grad(subset_loss, has_aux=True)(optimizer.select(params), micro,
                                                                             normalizer, *args)
         return loss, [g.astype(jnp.float32) for g in grads], aux
 
     def frozen_loss(p: Any, micro: dict, *rest: Any) -> tuple[jax.Array, dict]:
-        return micro_loss(lora.train_mode(optimizer.stop_frozen_gradients(p), micro), micro, *rest)
+        return loss_fn(lora.train_mode(optimizer.stop_frozen_gradients(p), micro), micro, *rest)
 
     grad_fn = jax.value_and_grad(frozen_loss, has_aux=True)
     (loss, aux), grads = grad_fn(params, micro, normalizer, *args)
@@ -149,14 +94,6 @@ def weighted_logprob_gradients(params: Any, micro: dict, normalizer: jax.Array, 
     return fp32_gradients(_weighted_micro_loss, params, micro, normalizer, optimizer, policy)
 
 
-def combine_dpo_figures(auxes: list[dict], pairs: int) -> dict[str, float]:
-    auxes = _scalar_figures(auxes)
-    out = {"loss": sum(float(a["loss"]) for a in auxes)}
-    for name in ("dpo_margin", "dpo_accuracy", "dpo_chosen_reward", "dpo_rejected_reward"):
-        out[name] = sum(float(a[name]) for a in auxes) / max(pairs, 1)
-    return out
-
-
 @partial(jax.jit, donate_argnums=0)
 def _add(total: Any, more: Any) -> Any:
     return jax.tree.map(jnp.add, total, more)
@@ -180,28 +117,9 @@ def accumulate(gradient_fn: Callable, micro_batches: list) -> tuple[Any, list]:
     return total, auxes
 
 
-def _scalar_figures(auxes: list[dict]) -> list[dict]:
-    """The per-micro-batch figures on the host, without the per-token log-probs (rows spread over processes)."""
-    return jax.device_get([{name: value for name, value in aux.items() if name != "logprobs"} for aux in auxes])
-
-
 def first_learner_logprobs(auxes: list[dict]) -> np.ndarray:
     """The first learner forward's per-token log-probs of every row, on this host."""
     return np.concatenate([distributed.host_value(aux["logprobs"]) for aux in auxes])
-
-
-def combine_grpo_figures(auxes: list[dict]) -> dict[str, float]:
-    """Whole-batch figures from per-micro-batch sums (host side)."""
-    auxes = _scalar_figures(auxes)
-    tokens = max(sum(float(a["tokens"]) for a in auxes), 1.0)
-    out = {name: sum(float(a[name]) for a in auxes) for name in ("loss", "policy_loss", "kl_to_reference")}
-    for name in ("clip_fraction_low", "clip_fraction_high", "approx_kl_behaviour", "ratio_mean", "sampler_weight_mean",
-                 "sampler_weight_zero", "entropy_kept"):
-        if name in auxes[0]:
-            out[name] = sum(float(a[name]) for a in auxes) / tokens
-    out["ratio_max"] = max(float(a["ratio_max"]) for a in auxes)
-    out["ratio_min"] = min(float(a["ratio_min"]) for a in auxes)
-    return out
 
 
 @partial(jax.jit, static_argnames=("policy", "compiles"))
@@ -209,11 +127,6 @@ def policy_logprobs(params: Any, batch: Any, *, policy: Policy, compiles: Compil
     """The policy's log-probs of a batch (the frozen reference's, when beta > 0)."""
     compiles.traced("policy_logprobs")
     return policy.logprobs(params, batch)
-
-
-@partial(jax.jit, static_argnames=("group_size", "scale_rewards", "leave_one_out"))
-def group_advantages(rewards: jax.Array, group_size: int, scale_rewards: str, leave_one_out: bool = False) -> jax.Array:
-    return grpo.group_advantages(rewards, group_size, scale_rewards, leave_one_out=leave_one_out)
 
 
 @jax.jit
