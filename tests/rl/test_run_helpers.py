@@ -3,7 +3,6 @@ own sources; metrics files are atomic."""
 
 import hashlib
 import json
-import shutil
 from pathlib import Path
 
 import pytest
@@ -100,7 +99,9 @@ def test_resume_dir_changes_with_the_shards_the_stage_reads(tmp_path, section, r
 def plug_in(tmp_path, monkeypatch):
     """The colour env as a user's own module beside params.yaml, and as a module of a user's package with a helper
     module: (env.name of the module, env.name of the package's, the package folder)."""
-    shutil.copy(COLOUR_ENV, tmp_path / "resume_key_colour.py")
+    # Names of their own: a test before this one in the same process may have registered the guide's "colour".
+    (tmp_path / "resume_key_colour.py").write_text(COLOUR_ENV.read_text().replace('name = "colour"',
+                                                                                 'name = "colour_module"'))
     package = tmp_path / "resume_key_pkg"
     package.mkdir()
     (package / "__init__.py").write_text("")
