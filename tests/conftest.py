@@ -77,10 +77,10 @@ def run_on_cpu_devices() -> Callable[..., str]:
 
 # The longest setups and tests, first in each half of the collection: pytest-xdist's worksteal mode starts each of
 # the two workers on one half, so one builds the shared micro pipeline while the other kills and reruns its own.
-FIRST_HALF = ("pipeline/test_pipeline_e2e.py", "pipeline/test_compare.py", "pipeline/test_multiturn_pipeline.py",
+FIRST_HALF = ("pipeline/test_pipeline_e2e.py", "pipeline/test_multiturn_pipeline.py",
               "pipeline/test_train_algorithms.py", "pipeline/test_dvc_remote.py", "pipeline/test_report_browser.py")
 SECOND_HALF = ("pipeline/test_kill_rerun.py", "pipeline/test_mixture_env.py", "pipeline/test_external_env.py",
-               "rl/test_multihost.py")
+               "pipeline/test_compare.py", "rl/test_multihost.py")
 
 
 # Seconds of a worker's time per module, for the other modules of 5 s or more (`--durations=0` of a full run on 2
@@ -97,12 +97,13 @@ MODULE_SECONDS = {
     "models/test_model_parity.py": 9, "rl/test_objective_knobs_trainer.py": 9, "rl/test_remat.py": 9,
     "rl/test_ppo.py": 8, "envs/test_rec.py": 7, "rl/test_lora_dropout.py": 7, "test_system_metrics.py": 6,
     "models/test_parity_cli.py": 6, "rl/test_grpo.py": 6, "models/test_sharding.py": 5, "rl/test_perception.py": 5,
-    "rl/test_dpo.py": 5}
+    "rl/test_dpo.py": 5, "pipeline/test_resume_inputs.py": 50, "test_tracking_registration.py": 40,
+    "rl/test_non_finite.py": 12}
 SLOW_SECONDS = 9
 
 
-# A worker's time on FIRST_HALF's or SECOND_HALF's modules (each about 8 min on 2 cores).
-HEAD_SECONDS = 480
+# A worker's time on FIRST_HALF's or SECOND_HALF's modules (each about 12 min on 2 cores).
+HEAD_SECONDS = 720
 
 
 @pytest.hookimpl(tryfirst=True)  # the markers must be there before `-m` deselects
