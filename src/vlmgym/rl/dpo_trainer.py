@@ -15,7 +15,7 @@ import numpy as np
 
 from vlmgym.params import TrainParams
 from vlmgym.rl import dpo
-from vlmgym.rl.episode_groups import later_turn_chunks, later_turn_micro_batches, max_turns
+from vlmgym.rl.episode_groups import later_turn_chunks, later_turn_micro_batches
 from vlmgym.rl.online import OnlineTrainer, Update
 from vlmgym.rl.sampling import Batch, Group
 from vlmgym.rl.trainer_parts import in_train_mode, micro_slices, scalar_figures
@@ -28,6 +28,7 @@ from vlmgym.rl.update import (
     train_logprobs,
     weighted_logprob_gradients,
 )
+from vlmgym.rollout.episodes import max_turns
 
 
 class DPOTrainer(OnlineTrainer):

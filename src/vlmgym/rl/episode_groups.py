@@ -27,24 +27,6 @@ if TYPE_CHECKING:  # vlmgym.rl.sampling samples the episodes and imports this mo
     from vlmgym.rl.sampling import Group, Turn
 
 
-def max_turns(env: Any) -> int:
-    """Policy turns an env's episodes may take (1 for an env object without the multi-turn option)."""
-    return int(getattr(env, "max_turns", 1))
-
-
-def final_episode_rewards(env: Any, finals: Sequence[Any], rewards: np.ndarray) -> list[float]:
-    """Each episode's final answer scored at training progress 1 (vlmgym.rl.trainer_parts.final_rewards' yardstick
-    for episodes): `rewards` reused once progress is 1."""
-    progress = env.progress
-    if progress >= 1.0:
-        return [float(r) for r in rewards]
-    env.set_progress(1.0)
-    try:
-        return [float(env.score_answer(final.state, final.text)[2]) for final in finals]
-    finally:
-        env.set_progress(progress)
-
-
 def later_turn_chunks(groups: Sequence[Group], rows_per_micro: int) -> list[list[tuple[int, Turn]]]:
     """The later turns' rows as (group, turn) in micro-batches of at most rows_per_micro, each padded up to a power
     of two with masked copies of its last row (so a step compiles a handful of shapes)."""

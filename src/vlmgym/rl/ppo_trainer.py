@@ -26,7 +26,6 @@ import numpy as np
 
 from vlmgym.params import TrainParams
 from vlmgym.rl import grpo, ppo
-from vlmgym.rl.episode_groups import max_turns
 from vlmgym.rl.loop import CompileCounter, Policy
 from vlmgym.rl.objective import combine_figures, loss_figures
 from vlmgym.rl.online import OnlineTrainer, Update
@@ -34,6 +33,7 @@ from vlmgym.rl.optim import Optimizer
 from vlmgym.rl.sampling import Batch
 from vlmgym.rl.trainer_parts import group_observations, in_train_mode, micro_slices, scalar_figures
 from vlmgym.rl.update import accumulate, apply_update, fp32_gradients, policy_logprobs
+from vlmgym.rollout.episodes import max_turns
 
 
 @dataclass(frozen=True)

@@ -14,12 +14,11 @@ import numpy as np
 from vlmgym.eval.metrics import answer_spread
 from vlmgym.params import TrainParams
 from vlmgym.rl import grpo
-from vlmgym.rl.episode_groups import final_episode_rewards, max_turns
 from vlmgym.rl.loop import DataOrder, Policy, score
 from vlmgym.rl.multiprocess import any_process
 from vlmgym.rl.prefetch import ResetPrefetcher
 from vlmgym.rl.trainer_parts import final_rewards, part_figures
-from vlmgym.rollout.episodes import env_advance
+from vlmgym.rollout.episodes import env_advance, final_episode_rewards, max_turns
 from vlmgym.runtime import distributed
 
 

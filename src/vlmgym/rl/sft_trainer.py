@@ -12,7 +12,6 @@ import numpy as np
 
 from vlmgym.envs.multiturn import sft_turns
 from vlmgym.params import SFTParams
-from vlmgym.rl.episode_groups import max_turns
 from vlmgym.rl.loop import (
     DataOrder,
     MetricsCallback,
@@ -33,6 +32,7 @@ from vlmgym.rl.update import (
     policy_logprobs,
     sft_gradients,
 )
+from vlmgym.rollout.episodes import max_turns
 
 
 class SFTTrainer(TrainingLoop):

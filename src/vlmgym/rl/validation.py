@@ -24,9 +24,8 @@ import orbax.checkpoint as ocp
 
 from vlmgym.envs.base import PART_KEY, part_metric
 from vlmgym.rl.checkpoint import _abstract
-from vlmgym.rl.episode_groups import max_turns
 from vlmgym.rl.loop import score
-from vlmgym.rollout.episodes import env_advance
+from vlmgym.rollout.episodes import env_advance, max_turns
 from vlmgym.runtime import distributed, temps
 
 SELECT_CHOICES = ("last", "best_val")
