@@ -44,11 +44,11 @@ def _finite_leaves(tree: Any) -> list[jax.Array]:
 def first_non_finite_leaf(tree: Any) -> tuple[str, int, int] | None:
     """(the path of the first floating leaf holding an inf or a nan, how many such leaves, how many floating
     leaves) of a params tree; None when every value is finite."""
+    finite = np.asarray(jax.device_get(_finite_leaves(tree)), bool)
+    if finite.all():  # every step: the leaves' paths are only spelled out for the error
+        return None
     paths = [jax.tree_util.keystr(path) for path, leaf in jax.tree_util.tree_leaves_with_path(tree)
              if jnp.issubdtype(leaf.dtype, jnp.inexact)]
-    finite = np.asarray(jax.device_get(_finite_leaves(tree)), bool)
-    if finite.all():
-        return None
     return paths[int(np.argmin(finite))], int((~finite).sum()), len(paths)
 
 
