@@ -84,8 +84,9 @@ SECOND_HALF = ("pipeline/test_kill_rerun.py", "pipeline/test_mixture_env.py", "p
 
 
 # Seconds of a worker's time per module, for the other modules of 5 s or more (`--durations=0` of a full run on 2
-# cores, with the fast-compile flags above): they order the suite below, and those of 9 s or more are marked `slow`,
-# so `make test-fast` (-m "not slow", no tests/pipeline) stays a few minutes; `make test` runs them all.
+# cores, with the fast-compile flags above): they order the suite below. Those of SLOW_SECONDS or more mark
+# themselves `pytestmark = pytest.mark.slow`, so `make test-fast` (-m "not slow", no tests/pipeline) stays a few
+# minutes; `make test` runs them all. tests/project/test_markers.py keeps the marks, these tables and the files in step.
 MODULE_SECONDS = {
     "rl/test_multiturn_trainer.py": 134, "test_tracking.py": 95, "rl/test_multihost.py": 75, "rl/test_rl_learns.py": 63,
     "pipeline/test_tracking_server.py": 47, "rl/test_qwen_policy.py": 39, "rl/test_lora_trainer.py": 30,
@@ -106,7 +107,7 @@ SLOW_SECONDS = 9
 HEAD_SECONDS = 720
 
 
-@pytest.hookimpl(tryfirst=True)  # the markers must be there before `-m` deselects
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects and other plugins reorder: the order the suite was timed in
 def pytest_collection_modifyitems(config, items):
     """Order the suite for its workers (pytest-xdist's worksteal gives each worker an equal share of the list, in
     order, and lets an idle worker take tests from the end of another's): FIRST_HALF's modules head the first share
@@ -119,8 +120,6 @@ def pytest_collection_modifyitems(config, items):
     by_module: dict[str, list] = {}
     for item in items:  # each module's tests stay together, in their order
         by_module.setdefault(module(item), []).append(item)
-        if MODULE_SECONDS.get(module(item), 0) >= SLOW_SECONDS:
-            item.add_marker(pytest.mark.slow)
     workers = max(2, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "2")))
     shares = [[name for name in heads if name in by_module] for heads in (FIRST_HALF, SECOND_HALF)]
     shares += [[] for _ in range(workers - 2)]

@@ -19,6 +19,8 @@ from PIL import Image
 from vlmgym.tracking import model_registry as registry
 from vlmgym.tracking import pyfunc_model
 
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture
 def client(tmp_path):

@@ -7,7 +7,10 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
 from mlflow.tracking import MlflowClient
+
+pytestmark = pytest.mark.slow
 
 TRAINING = textwrap.dedent(
     """

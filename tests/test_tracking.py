@@ -16,6 +16,8 @@ from mlflow.tracking import MlflowClient
 from vlmgym.tracking import pipeline_run
 from vlmgym.tracking import stage_runs as tracking
 
+pytestmark = pytest.mark.slow
+
 BIN = Path(sys.executable).parent
 
 STAGE_SCRIPT = textwrap.dedent(

@@ -5,6 +5,9 @@ import sys
 import time
 
 import mlflow
+import pytest
+
+pytestmark = pytest.mark.slow
 
 WORKER = """
 import sys, time

@@ -17,6 +17,8 @@ from vlmgym.tracking import model_registry as registry
 from vlmgym.tracking import spool as spool_mod
 from vlmgym.tracking import stage_runs as tracking
 
+pytestmark = pytest.mark.slow
+
 BIN = Path(sys.executable).parent
 
 # The export stage's registration, with the server killed once MLflow has created the logged model (PENDING) and

@@ -8,6 +8,8 @@ import pytest
 
 from vlmgym.bench import data
 
+pytestmark = pytest.mark.slow
+
 
 def test_bench_data_prints_json_per_scale_and_reader(capsys):
     argv = ["--train-images", "24", "--scales", "1", "2", "--batches", "3", "--batch-size", "4", "--model", "none"]

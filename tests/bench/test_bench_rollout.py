@@ -13,6 +13,8 @@ from vlmgym.bench.common import decode_bytes_per_step, decode_flops_per_token, m
 from vlmgym.bench.rollout import compare_greedy, parse_args
 from vlmgym.models.qwen3_vl.config import named_config
 
+pytestmark = pytest.mark.slow
+
 
 def test_compare_greedy_cuts_after_eos_and_reports_first_difference():
     eos = [2]

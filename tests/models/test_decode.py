@@ -11,6 +11,8 @@ from qwen_fixtures import hf_positions, image_prompt, make_batch
 from vlmgym.models.qwen3_vl import model as qwen
 from vlmgym.models.qwen3_vl.vision import encode_patches, patch_layout
 
+pytestmark = pytest.mark.slow
+
 STEPS = 3
 CACHE = 64
 

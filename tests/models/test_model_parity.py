@@ -10,6 +10,8 @@ from qwen_fixtures import hf_forward, image_prompt, make_batch
 from vlmgym.models.qwen3_vl import model as qwen
 from vlmgym.models.qwen3_vl.vision import encode_images
 
+pytestmark = pytest.mark.slow
+
 TOLERANCE = 1e-4
 
 

@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import shutil
 
+import pytest
 from pipeline_helpers import copy_of, output_digests, run_checked, stages_run
+
+pytestmark = pytest.mark.slow
 
 EVALUATE_OUTPUTS = ("reports/", "metrics/")
 

@@ -10,7 +10,10 @@ from __future__ import annotations
 import os
 import subprocess
 
+import pytest
 from pipeline_helpers import copy_of, output_digests, run_checked, stages_run
+
+pytestmark = pytest.mark.slow
 
 SFT_WEIGHTS = "models/jax/sft/params/"
 

@@ -8,10 +8,13 @@ import shutil
 import subprocess
 import time
 
+import pytest
 import yaml
 from mlflow.tracking import MlflowClient
 from mlflow_server import MlflowServer
 from pipeline_helpers import VENV_BIN, copy_of
+
+pytestmark = pytest.mark.slow
 
 
 def first_train_metrics(uri: str, timeout_s: float) -> bool:

@@ -8,6 +8,8 @@ import pytest
 from vlmgym.cli import COMMANDS
 from vlmgym.plan.cli import parse_args, table, with_device_count
 
+pytestmark = pytest.mark.slow
+
 # XLA rounds each small output buffer up (alignment): a few hundred bytes in all on the tiny model.
 OUTPUT_SLACK = 4096
 

@@ -17,6 +17,8 @@ from vlmgym.rl.policy import Qwen3VLPolicy
 from vlmgym.rl.update import sft_gradients
 from vlmgym.rollout.sampling import SamplingSettings
 
+pytestmark = pytest.mark.slow
+
 ALL = lora.LoRAConfig(rank=4, alpha=8.0, vision=True)
 
 

@@ -12,6 +12,8 @@ from vlmgym.rl.grpo_trainer import GRPOTrainer
 from vlmgym.rl.policy import Qwen3VLPolicy
 from vlmgym.rollout.sampling import SamplingSettings
 
+pytestmark = pytest.mark.slow
+
 RANK = lora.LoRAConfig(rank=4, alpha=8.0)
 
 

@@ -17,6 +17,8 @@ import pytest
 from vlmgym.plan.cli import with_device_count
 from vlmgym.runtime import distributed
 
+pytestmark = pytest.mark.slow
+
 WORKER = Path(__file__).with_name("multihost_worker.py")
 STEPS = 3
 

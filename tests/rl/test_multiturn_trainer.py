@@ -29,6 +29,8 @@ from vlmgym.rl.sft_trainer import SFTTrainer
 from vlmgym.rollout.sampling import SamplingSettings
 from vlmgym.runtime import killpoint
 
+pytestmark = pytest.mark.slow
+
 KILL_WORKER = Path(__file__).with_name("multiturn_kill_worker.py")
 NEW_TOKENS = 10
 SAMPLES = DigitsEnv.generate(4, seed=0)

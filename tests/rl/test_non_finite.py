@@ -17,6 +17,8 @@ from vlmgym.rl.loop import NonFiniteError, first_non_finite_leaf
 from vlmgym.rl.ppo_trainer import PPOTrainer
 from vlmgym.rl.sft_trainer import SFTTrainer
 
+pytestmark = pytest.mark.slow
+
 POLICY = ToyPolicy()
 SETTINGS = {"validation.every": 0, "validation.select": "last", "optimizer.warmup_steps": 0,
             "optimizer.max_grad_norm": 0.0, "checkpointing.every": 1}

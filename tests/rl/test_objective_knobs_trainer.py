@@ -13,6 +13,8 @@ from vlmgym.rl import grpo, grpo_trainer
 from vlmgym.rl.grpo_trainer import GRPOTrainer
 from vlmgym.rl.loop import Samples
 
+pytestmark = pytest.mark.slow
+
 POLICY = ToyPolicy()
 BASE = with_values(TrainParams(steps=2, batch_prompts=4, group_size=8, samples_every=100, num_samples=1,
                                max_new_tokens=POLICY.max_new_tokens), {

@@ -12,6 +12,8 @@ from vlmgym.rl.policy import Qwen3VLPolicy
 from vlmgym.rl.sft_trainer import SFTTrainer
 from vlmgym.rollout.sampling import SamplingSettings
 
+pytestmark = pytest.mark.slow
+
 
 def _policy(tiny_vlm, max_new_tokens, temperature=1.0):
     settings = SamplingSettings(max_new_tokens=max_new_tokens, eos_ids=tuple(tiny_vlm.processor.eos_token_ids),

@@ -19,6 +19,8 @@ from vlmgym.rl.policy import Qwen3VLLearner, Qwen3VLPolicy
 from vlmgym.rl.update import grpo_gradients, sft_gradients
 from vlmgym.rollout.sampling import SamplingSettings
 
+pytestmark = pytest.mark.slow
+
 GROUP = 2
 REMAT = "remat2"  # jax.checkpoint's primitive (recomputed in the backward pass)
 

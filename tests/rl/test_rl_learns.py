@@ -33,6 +33,8 @@ from vlmgym.rl.grpo_trainer import GRPOTrainer
 from vlmgym.rl.loop import score
 from vlmgym.rl.stage_setup import stage_policy, stage_trainer
 
+pytestmark = pytest.mark.slow
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "envs"))
 from colour_env import COLOURS, ColourEnv  # noqa: E402
 

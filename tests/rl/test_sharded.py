@@ -5,6 +5,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow
+
 
 def test_sharded_update_equals_single_device(tiny_vlm, run_on_cpu_devices):
     here = Path(__file__).parent

@@ -11,6 +11,8 @@ from vlmgym.models.qwen3_vl.shared_prefix import shared_prefix_logprobs
 from vlmgym.rl.policy import Qwen3VLPolicy
 from vlmgym.rollout.sampling import SamplingSettings
 
+pytestmark = pytest.mark.slow
+
 GROUP = 3
 
 

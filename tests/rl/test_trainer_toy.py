@@ -13,6 +13,8 @@ from vlmgym.rl.grpo_trainer import GRPOTrainer
 from vlmgym.rl.loop import TIMING_METRICS
 from vlmgym.rl.sft_trainer import SFTTrainer
 
+pytestmark = pytest.mark.slow
+
 POLICY = ToyPolicy()
 BASE = with_values(TrainParams(steps=10, batch_prompts=4, group_size=8, samples_every=5, num_samples=3), {
     "validation.every": 0, "validation.select": "last", "optimizer.lr": 0.02, "optimizer.warmup_steps": 0,

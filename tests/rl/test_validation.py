@@ -12,6 +12,8 @@ from vlmgym.rl.grpo_trainer import GRPOTrainer
 from vlmgym.rl.sft_trainer import SFTTrainer
 from vlmgym.rl.validation import ValidationSettings, Validator
 
+pytestmark = pytest.mark.slow
+
 POLICY = ToyPolicy()
 BASE = with_values(TrainParams(steps=6, batch_prompts=4, group_size=8, samples_every=5, num_samples=2), {
     "optimizer.lr": 0.02, "optimizer.warmup_steps": 0, "checkpointing.every": 4, "validation.every": 2,

@@ -14,6 +14,8 @@ from vlmgym.models.qwen3_vl.model import jit_token_logprobs
 from vlmgym.rollout.engine import TRACE_COUNTS, RolloutEngine
 from vlmgym.rollout.sampling import SamplingSettings
 
+pytestmark = pytest.mark.slow
+
 NEW_TOKENS = 12
 GROUP = 4
 

@@ -17,6 +17,8 @@ from vlmgym.rollout.engine import RolloutEngine
 from vlmgym.rollout.episodes import run_episodes
 from vlmgym.rollout.sampling import SamplingSettings
 
+pytestmark = pytest.mark.slow
+
 NEW_TOKENS = 12
 GROUP = 3
 IM_END_LOGIT = 5.0

@@ -6,9 +6,12 @@ from typing import Any
 
 import jax
 import numpy as np
+import pytest
 
 from vlmgym.rollout.engine import RolloutEngine, slice_prompts
 from vlmgym.rollout.sampling import SamplingSettings
+
+pytestmark = pytest.mark.slow
 
 
 def test_split_over_two_devices_equals_one(tiny_model: Any, run_on_cpu_devices):
