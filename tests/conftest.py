@@ -88,18 +88,18 @@ SECOND_HALF = ("pipeline/test_kill_rerun.py", "pipeline/test_mixture_env.py", "p
 # themselves `pytestmark = pytest.mark.slow`, so `make test-fast` (-m "not slow", no tests/pipeline) stays a few
 # minutes; `make test` runs them all. tests/project/test_markers.py keeps the marks, these tables and the files in step.
 MODULE_SECONDS = {
-    "rl/test_multiturn_trainer.py": 134, "test_tracking.py": 95, "rl/test_multihost.py": 75, "rl/test_rl_learns.py": 63,
-    "pipeline/test_tracking_server.py": 47, "rl/test_qwen_policy.py": 39, "rl/test_lora_trainer.py": 30,
-    "rl/test_sharded.py": 27, "bench/test_bench_rollout.py": 24, "rl/test_lora.py": 23, "bench/test_bench_data.py": 21,
-    "rl/test_shared_prefix.py": 18, "rollout/test_episodes.py": 17, "pipeline/test_report_without_mlflow.py": 15,
-    "test_run_recovery.py": 15, "plan/test_plan.py": 15, "test_tracking_concurrent_open.py": 14,
-    "models/test_decode.py": 12, "rollout/test_engine.py": 12, "rl/test_trainer_toy.py": 11,
-    "test_model_registry.py": 10, "rollout/test_multi_device.py": 10, "rl/test_validation.py": 9,
-    "models/test_model_parity.py": 9, "rl/test_objective_knobs_trainer.py": 9, "rl/test_remat.py": 9,
-    "rl/test_ppo.py": 8, "envs/test_rec.py": 7, "rl/test_lora_dropout.py": 7, "test_system_metrics.py": 6,
-    "models/test_parity_cli.py": 6, "rl/test_grpo.py": 6, "models/test_sharding.py": 5, "rl/test_perception.py": 5,
-    "rl/test_dpo.py": 5, "pipeline/test_resume_inputs.py": 50, "test_tracking_registration.py": 40,
-    "rl/test_non_finite.py": 12}
+    "rl/test_multiturn_trainer.py": 134, "tracking/test_tracking.py": 95, "rl/test_multihost.py": 75,
+    "rl/test_rl_learns.py": 63, "pipeline/test_tracking_server.py": 47, "rl/test_qwen_policy.py": 39,
+    "rl/test_lora_trainer.py": 30, "rl/test_sharded.py": 27, "bench/test_bench_rollout.py": 24, "rl/test_lora.py": 23,
+    "bench/test_bench_data.py": 21, "rl/test_shared_prefix.py": 18, "rollout/test_episodes.py": 17,
+    "pipeline/test_report_without_mlflow.py": 15, "tracking/test_run_recovery.py": 15, "plan/test_plan.py": 15,
+    "tracking/test_tracking_concurrent_open.py": 14, "models/test_decode.py": 12, "rollout/test_engine.py": 12,
+    "rl/test_trainer_toy.py": 11, "tracking/test_model_registry.py": 10, "rollout/test_multi_device.py": 10,
+    "rl/test_validation.py": 9, "models/test_model_parity.py": 9, "rl/test_objective_knobs_trainer.py": 9,
+    "rl/test_remat.py": 9, "rl/test_ppo.py": 8, "envs/test_rec.py": 7, "rl/test_lora_dropout.py": 7,
+    "tracking/test_system_metrics.py": 6, "models/test_parity_cli.py": 6, "rl/test_grpo.py": 6,
+    "models/test_sharding.py": 5, "rl/test_perception.py": 5, "rl/test_dpo.py": 5, "pipeline/test_resume_inputs.py": 50,
+    "tracking/test_tracking_registration.py": 40, "rl/test_non_finite.py": 12}
 SLOW_SECONDS = 9
 
 

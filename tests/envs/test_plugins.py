@@ -16,7 +16,7 @@ SRC = Path(__file__).resolve().parents[2] / "src" / "vlmgym"
 
 def test_no_module_outside_envs_names_an_env():
     # The pipeline asks the env's plug-in; only envs/ (and bench/, whose benchmarks measure one named workload
-    # and which no stage imports: tests/test_dvc_deps.py) may name a task.
+    # and which no stage imports: tests/project/test_dvc_deps.py) may name a task.
     # Names as words, not inside others ('record' and 'recipe' hold 'rec'); an underscore or a digit still joins a
     # word to a name ('geospot_score' names geospot).
     pattern = re.compile(rf"(?<![a-z])(?:{'|'.join(registry.BUILTIN)})(?![a-z])", re.IGNORECASE)

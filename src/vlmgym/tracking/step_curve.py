@@ -31,7 +31,7 @@ CURVES_DIR = "metrics/curves"
 # The journal's name in the run's checkpoint folder.
 JOURNAL = "curve.jsonl"
 # Per-step figures of the process, not of the training: vlmgym.rl.loop.TIMING_METRICS (not imported, so that the
-# evaluate stage reads curves without the training loop; tests/test_step_curve.py keeps this a superset) and
+# evaluate stage reads curves without the training loop; tests/tracking/test_step_curve.py keeps this a superset) and
 # the rollout engine's trace count, which restarts with each process.
 PROCESS_METRICS = frozenset({"step_time_s", "rollout_time_s", "update_time_s", "data_wait_s", "tokens_per_s",
                              "sample_tokens_per_s", "compile_count", "rollout_compile_count"})

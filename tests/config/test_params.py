@@ -10,7 +10,7 @@ import pytest
 from vlmgym import params
 from vlmgym.envs import Env, registry
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def write(tmp_path: Path, text: str) -> Path:

@@ -8,7 +8,7 @@ import pytest
 
 from vlmgym.runtime.collector import FIRST_GENERATION_THRESHOLD, collect_less
 
-STAGES = sorted((Path(__file__).resolve().parents[1] / "stages").glob("*.py"))
+STAGES = sorted((Path(__file__).resolve().parents[2] / "stages").glob("*.py"))
 
 
 @pytest.fixture

@@ -100,7 +100,7 @@ def test_the_stages_write_the_paths_dvc_yaml_names():
 
     import yaml
 
-    stages = yaml.safe_load((Path(__file__).resolve().parents[1] / "dvc.yaml").read_text())["stages"]
+    stages = yaml.safe_load((Path(__file__).resolve().parents[2] / "dvc.yaml").read_text())["stages"]
     for stage in ("sft", "train"):
         assert step_curve.curve_file(stage) in stages[stage]["outs"], stage
     assert step_curve.curve_file("train") in stages["evaluate"]["deps"]
@@ -128,7 +128,7 @@ def test_a_forced_rerun_over_a_finished_checkpoint_logs_every_step_to_its_new_ru
     import jax
     from mlflow.tracking import MlflowClient
 
-    sys.path.insert(0, str(Path(__file__).parent / "rl"))
+    sys.path.insert(0, str(Path(__file__).parents[1] / "rl"))
     from toy import ToyEnv, ToyPolicy
 
     from vlmgym.params import SFTParams, with_values

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import yaml
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 VLMGYM = Path(sys.executable).parent / "vlmgym"
 
 

@@ -14,7 +14,7 @@ from vlmgym.cli import recipes
 from vlmgym.envs import registry
 from vlmgym.envs.nlvr2 import NLVR2Env
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture

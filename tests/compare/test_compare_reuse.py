@@ -90,7 +90,7 @@ def test_a_missing_model_trains_again(arm, tmp_path):
 
 
 def test_the_training_data_is_part_of_an_arms_settings(tmp_path):
-    params = Path(__file__).resolve().parents[1] / "params.yaml"
+    params = Path(__file__).resolve().parents[2] / "params.yaml"
     sections = {name: load_section(name, params) for name in ("model", "env", "rollout", "train")}
     shards, start = tmp_path / "shards", tmp_path / "start"
     (shards / "train").mkdir(parents=True)

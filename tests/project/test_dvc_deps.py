@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SRC = REPO / "src"
 DVC = yaml.safe_load((REPO / "dvc.yaml").read_text())
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 README = REPO / "README.md"
 PAGES = sorted([README, REPO / "BENCHMARKS.md", *(REPO / "docs").rglob("*.md")])
 
