@@ -119,15 +119,3 @@ def parent_run(client: Any, experiment_id: str, pipeline: str, *, params: Mappin
     for start in range(0, len(flat), _BATCH):
         client.log_batch(run.info.run_id, params=[Param(k, v) for k, v in flat[start:start + _BATCH]])
     return run.info.run_id
-
-
-def log_results(client: Any, parent_id: str | None, metrics: Mapping[str, float]) -> None:
-    """Copy a stage's headline figures onto the parent run (the evaluate stage's results)."""
-    from mlflow.entities import Metric
-
-    if not parent_id:
-        return
-    now = int(time.time() * 1000)
-    rows = [Metric(k, float(v), now, 0) for k, v in sorted(metrics.items())]
-    for start in range(0, len(rows), 1000):
-        client.log_batch(parent_id, metrics=rows[start:start + 1000])
