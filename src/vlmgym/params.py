@@ -37,7 +37,6 @@ from vlmgym.config.spec import (
     checked_env_class,
     env_sections_field,
     merged,
-    moved_to_their_places,
     nested_keys,
     spec,
     to_dict,
@@ -53,7 +52,7 @@ __all__ = ["DEFAULT_PARAMS_FILE", "LORA_TEXT_TARGETS", "REMAT_DOC", "SECTIONS", 
            "ExportParams", "LoRAParams", "ModelParams", "ParamsError", "PerceptionParams", "RolloutParams", "SFTParams",
            "ShardParams", "TrackingParams", "TrainParams", "canonical_paths", "default_sections", "from_dict",
            "load_all", "load_section", "main", "merged", "nested_keys", "read_yaml", "render_yaml", "spec", "to_dict",
-           "upgrade_file", "upgraded", "value_at", "with_values", "write_params"]
+           "value_at", "with_values", "write_params"]
 
 T = TypeVar("T")
 DEFAULT_PARAMS_FILE = Path("params.yaml")
@@ -217,25 +216,6 @@ def write_params(raw: dict[str, Any], params_file: str | Path, what: str) -> dic
     return sections
 
 
-def upgraded(raw: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
-    """A params file's mapping with the keys of the older, flat layout (`train.lr`, `sft.val_every`, ...) moved to
-    their sub-sections (`train.optimizer.lr`, `sft.validation.every`), and the list of what moved."""
-    out, moves = dict(raw), []
-    for name, cls in SECTIONS.items():
-        if isinstance(out.get(name), dict):
-            out[name], moved = moved_to_their_places(cls, out[name], name)
-            moves += moved
-    return out, moves
-
-
-def upgrade_file(path: str | Path) -> list[str]:
-    """Rewrite a params file in the current layout (validated, atomically, each key with its doc); returns what
-    moved. A file already in it is rewritten only in form."""
-    raw, moves = upgraded(read_yaml(path))
-    write_params(raw, path, "the upgraded keys")
-    return moves
-
-
 def main(argv: list[str]) -> int:
     """`vlmgym params [FILE]`: validate a params file and print its sections with defaults filled in."""
     import argparse
@@ -244,14 +224,8 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="vlmgym params", description=main.__doc__)
     parser.add_argument("file", nargs="?", default=str(DEFAULT_PARAMS_FILE))
     parser.add_argument("--yaml", action="store_true", help="print the sections as params.yaml text with docs")
-    parser.add_argument("--upgrade", action="store_true",
-                        help="rewrite the file with the keys of the older flat layout moved to their sub-sections")
     args = parser.parse_args(argv)
     try:
-        if args.upgrade:
-            moves = upgrade_file(args.file)
-            print("\n".join([f"{args.file}: {len(moves)} key(s) moved", *moves]))
-            return 0
         sections = load_all(args.file)
     except ParamsError as e:
         print(f"error: {e}")

@@ -71,7 +71,6 @@ def test_a_malformed_variant_is_an_error_naming_it(params_file, spec, message):
 
 @pytest.mark.parametrize(("spec", "message"), [
     ("fast=optimizer.lr=abc", r"train.optimizer.lr: expected a number"),
-    ("fast=lr=1e-3", "train.lr is now train.optimizer.lr"),
     ("fast=no_such_key=1", "train.no_such_key: unknown key"),
     ("gspo=importance_sampling_level=sentence", "is not one of"),
     ("both=num_generations=4,group_size=4", "num_generations is another name for group_size"),

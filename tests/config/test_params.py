@@ -146,36 +146,6 @@ def test_a_sub_section_keeps_its_holding_sections_defaults_for_the_keys_it_leave
     assert (train.optimizer.lr, train.optimizer.weight_decay, train.optimizer.warmup_steps) == (1e-3, 0.1, 5)
 
 
-def test_a_key_of_the_flat_layout_names_where_it_lives_now(tmp_path):
-    for text, fragment in (("train:\n  lr: 3e-5\n", "train.lr is now train.optimizer.lr (e.g. `dvc exp run -S "
-                                                       "train.optimizer.lr=3e-5`)"),
-                           ("sft:\n  val_every: 5\n", "sft.val_every is now sft.validation.every"),
-                           ("train:\n  ppo_lambda: 0.9\n", "train.ppo_lambda is now train.ppo.lam"),
-                           ("sft:\n  perception:\n    lr: 0.1\n",
-                            "sft.perception.lr is now sft.perception.optimizer.lr"),
-                           ("rollout:\n  temperature: 0.5\n",
-                            "rollout.temperature is now rollout.sampling.temperature")):
-        with pytest.raises(params.ParamsError) as err:
-            params.load_all(write(tmp_path, text))
-        assert fragment in str(err.value), str(err.value)
-
-
-def test_upgrade_moves_the_flat_keys_and_keeps_their_values(tmp_path, capsys):
-    old = ("train:\n  lr: 3.0e-05\n  temperature: 0.6\n  dpo_beta: 0.2\n  select: last\n  val_every: 0\n"
-           "sft:\n  save_every: 7\n  perception:\n    warmup_steps: 3\n")
-    path = write(tmp_path, old)
-    assert params.main([str(path), "--upgrade"]) == 0
-    printed = capsys.readouterr().out
-    assert "7 key(s) moved" in printed.splitlines()[0] and "train.lr -> train.optimizer.lr" in printed
-    sections = params.load_all(path)
-    train, sft = sections["train"], sections["sft"]
-    assert (train.optimizer.lr, train.sampling.temperature, train.dpo.beta) == (3e-5, 0.6, 0.2)
-    assert (train.validation.select, train.validation.every) == ("last", 0)
-    assert sft.checkpointing.every == 7 and sft.perception.optimizer.warmup_steps == 3
-    assert "  optimizer:  # AdamW and its schedule" in path.read_text()  # written with each key's doc
-    assert params.main([str(path), "--upgrade"]) == 0 and "0 key(s) moved" in capsys.readouterr().out
-
-
 def test_env_sections_render_and_read_back(tmp_path):
     # every env's own section is written beside the section's keys, and reads back to the same dataclass
     sections = params.default_sections()

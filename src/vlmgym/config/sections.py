@@ -9,7 +9,7 @@ being silently ignored. Imports nothing else of vlmgym: the `env` section, which
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any
 
 from vlmgym.config.spec import ParamsError, spec, use_canonical_values
 from vlmgym.config.subsections import (
@@ -96,15 +96,6 @@ class TrackingParams:
     system_metrics: bool = spec(True, doc="log CPU, memory (and GPU where present) on the sft and train runs")
 
 
-# Keys of params files from before the sub-sections, and where each lives now (a clear error names the new key).
-OPTIMIZER_KEYS = {k: f"optimizer.{k}" for k in ("lr", "warmup_steps", "end_lr_ratio", "weight_decay", "max_grad_norm",
-                                                "min_lr_rate")}
-VALIDATION_KEYS = {"val_every": "validation.every", "val_batch_size": "validation.batch_size",
-                   "select": "validation.select", "early_stop_patience": "validation.early_stop_patience"}
-CHECKPOINT_KEYS = {"save_every": "checkpointing.every", "keep_checkpoints": "checkpointing.keep",
-                   "checkpoint_dir": "checkpointing.dir"}
-SAMPLING_KEYS = {k: f"sampling.{k}" for k in ("temperature", "top_k", "top_p")}
-
 LORA_TEXT_TARGETS = ("q", "k", "v", "o", "gate", "up", "down")
 # PEFT's names for the same projections of Qwen3-VL's decoder (target_modules), and its every-linear shorthand.
 PEFT_TARGETS = {**{f"{name}_proj": name for name in LORA_TEXT_TARGETS}, "all-linear": list(LORA_TEXT_TARGETS)}
@@ -136,8 +127,6 @@ class PerceptionParams:
     """A perception warm-up before SFT: the vision tower and a temporary linear head trained on the env's image
     labels (Env.perception_labels), so that SFT starts from a tower that already tells the images apart."""
 
-    MOVED_KEYS: ClassVar[dict[str, str]] = {k: OPTIMIZER_KEYS[k] for k in ("lr", "warmup_steps", "end_lr_ratio")}
-
     steps: int = spec(0, ge=0, doc="warm-up steps (0: none, SFT starts from init_dir's vision tower as it is)")
     batch_size: int = spec(32, ge=1, doc="train images per step")
     optimizer: OptimizerParams = spec(default_factory=lambda: OptimizerParams(lr=3e-3, warmup_steps=100,
@@ -156,8 +145,6 @@ REMAT_DOC = ("activation checkpointing of the learner's forward: layer recompute
 @dataclass(frozen=True)
 class SFTParams:
     """sft stage: supervised warm start on the env's ideal answers (0 steps: pass-through)."""
-
-    MOVED_KEYS: ClassVar[dict[str, str]] = {**OPTIMIZER_KEYS, **VALIDATION_KEYS, **CHECKPOINT_KEYS}
 
     steps: int = spec(600, ge=0, doc="optimizer steps (0: copy the base model through unchanged)")
     batch_size: int = spec(16, ge=1, doc="samples per step")
@@ -193,12 +180,6 @@ TRL_LOSS_TYPES = {"dapo": "token_mean", "grpo": "sequence_mean"}
 @dataclass(frozen=True)
 class TrainParams:
     """train stage: GRPO (or RLOO, PPO, online DPO: `algorithm`) from the sft model."""
-
-    MOVED_KEYS: ClassVar[dict[str, str]] = {**OPTIMIZER_KEYS, **VALIDATION_KEYS, **CHECKPOINT_KEYS, **SAMPLING_KEYS,
-                                            "dpo_beta": "dpo.beta", "ppo_critic": "ppo.critic",
-                                            "ppo_gamma": "ppo.gamma", "ppo_lambda": "ppo.lam",
-                                            "ppo_vf_coef": "ppo.vf_coef", "ppo_cliprange_value": "ppo.cliprange_value",
-                                            "ppo_kl_coef": "ppo.kl_coef"}
 
     algorithm: str = spec("grpo", choices=("grpo", "rloo", "ppo", "online_dpo"), value_aliases={"dpo": "online_dpo"},
                           doc="grpo; rloo (GRPO's loss with a leave-one-out baseline: each answer against the mean "
@@ -299,8 +280,6 @@ GRPO_LOSS_DEFAULTS = {"importance_sampling_level": "token", "sampler_correction"
 @dataclass(frozen=True)
 class RolloutParams:
     """rollout stage: each policy answers the test split (greedy; optionally sampled too) -> outputs/rollouts/."""
-
-    MOVED_KEYS: ClassVar[dict[str, str]] = {"temperature": "sampling.temperature"}
 
     policies: list[str] = spec(default_factory=lambda: ["base", "sft", "grpo"],
                                doc="policies to roll out, each the JAX model folder models_dir/<policy>")

@@ -59,12 +59,6 @@ def from_dict(cls: type[T], raw: dict[str, Any], where: str = "params", envs: En
     plugin = env_sections_field(cls)
     plain = {k: v for k, v in raw.items() if k in fields and (plugin is None or k != plugin.name)}
     extra = [k for k in raw if k not in plain]
-    moved = getattr(cls, "MOVED_KEYS", {})
-    for key in extra:
-        if key in moved:
-            section = where.rsplit(": ", 1)[-1]
-            raise ParamsError(f"{where}.{key} is now {section}.{moved[key]} (e.g. `dvc exp run -S "
-                              f"{section}.{moved[key]}={raw[key]}`)")
     if extra and plugin is None:
         raise ParamsError(f"{where}.{extra[0]}: unknown key (value {raw[extra[0]]!r}); "
                           f"known keys: {', '.join(fields)}")
@@ -191,28 +185,6 @@ def merged(base: typing.Mapping[str, Any], over: typing.Mapping[str, Any]) -> di
     return out
 
 
-def moved_to_their_places(cls: type, raw: dict[str, Any], where: str) -> tuple[dict[str, Any], list[str]]:
-    """A section's mapping with every key of an older layout (the class's MOVED_KEYS, at any depth) moved to where
-    it lives now, and what moved ("train.lr -> train.optimizer.lr")."""
-    out, moves = dict(raw), []
-    for old, new in getattr(cls, "MOVED_KEYS", {}).items():
-        if old not in out:
-            continue
-        *heads, last = new.split(".")
-        node = out
-        for head in heads:
-            node[head] = dict(node.get(head) or {})
-            node = node[head]
-        node[last] = out.pop(old)
-        moves.append(f"{where}.{old} -> {where}.{new}")
-    hints = typing.get_type_hints(cls)
-    for f in dataclasses.fields(cls):
-        if isinstance(out.get(f.name), dict) and dataclasses.is_dataclass(hints[f.name]):
-            out[f.name], inner = moved_to_their_places(hints[f.name], out[f.name], f"{where}.{f.name}")
-            moves += inner
-    return out, moves
-
-
 def to_dict(section: Any) -> dict[str, Any]:
     """A section as a plain dict, as the file writes it (for logging): envs' sections under their names."""
     out: dict[str, Any] = {}
@@ -295,7 +267,7 @@ def _coerce(value: Any, hint: Any, where: str, envs: EnvLookup | None = None) ->
             raise ParamsError(f"{where}: expected an integer, got {value!r} ({type(value).__name__})")
         return value
     if hint is float:
-        # PyYAML follows YAML 1.1, which reads `3e-5` (no dot) as a string; DVC writes `-S train.lr=3e-5` so.
+        # PyYAML follows YAML 1.1, which reads `3e-5` (no dot) as a string; DVC writes `-S train.optimizer.lr=3e-5` so.
         if isinstance(value, str) and _FLOAT_TEXT.fullmatch(value.strip()):
             value = float(value)
         if isinstance(value, bool) or not isinstance(value, int | float):
