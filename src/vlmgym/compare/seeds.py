@@ -13,6 +13,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from vlmgym.envs.base import Env
 from vlmgym.params import SFTParams, TrainParams
 
 CONTROL = "sft"  # the arm every other is compared with: each seed's SFT start
@@ -53,8 +54,8 @@ def seed_plan(sections: dict[str, Any], seed: int, folder: Path, checkpoints: Pa
     return {**sections, "train": replace(seeded(train, seed), init_dir=start), "sft": sft_seed}, start_config
 
 
-def seed_results(env: Any, per_seed: Sequence[Mapping[str, Sequence[Mapping[str, Any]]]], arms: Sequence[str], *,
-                 n_resamples: int, seed: int, confidence: float, baselines: Sequence[str] = (),
+def seed_results(env: type[Env] | str, per_seed: Sequence[Mapping[str, Sequence[Mapping[str, Any]]]],
+                 arms: Sequence[str], *, n_resamples: int, seed: int, confidence: float, baselines: Sequence[str] = (),
                  comparisons: Sequence[tuple[str, str]] = ()) -> dict[str, dict[str, float]]:
     """{policy: flat metrics} and {"<arm>_minus_sft": flat paired differences} over seeds (`per_seed`: one
     {policy: records} per seed, all on the same samples), for each of the image-blind `baselines` its metrics

@@ -13,6 +13,7 @@ from vlmgym.data import layout
 from vlmgym.runtime.atomic import atomic_dir
 
 
+# env is an Env class, typed Any: vlmgym.envs imports this package, which imports nothing above it.
 def build_raw(params: DataParams, env: Any, raw_dir: Path | None = None,
               builder: Callable[[DataParams, Path], Any] | None = None) -> dict:
     """Write env's raw layout (an Env class; `builder` replaces its Env.build_raw) to a temp folder and rename it

@@ -18,7 +18,7 @@ from typing import Any
 
 from PIL import Image
 
-from vlmgym.envs.base import MissingPart
+from vlmgym.envs.base import Env, MissingPart
 from vlmgym.eval.records import rollout_record
 from vlmgym.params import RolloutParams
 
@@ -46,7 +46,7 @@ def blank_observation(observation: Mapping[str, Any]) -> dict[str, Any]:
     return {**observation, "images": images}
 
 
-def candidate_answers(env: Any, limit: int) -> list[str]:
+def candidate_answers(env: Env, limit: int) -> list[str]:
     """Distinct SFT targets of the env's samples, in sample order, at most `limit` (empty: the env has no ideal
     answer, so no constant can be proposed)."""
     seen: dict[str, None] = {}
@@ -60,7 +60,7 @@ def candidate_answers(env: Any, limit: int) -> list[str]:
     return list(seen)
 
 
-def best_constant(env: Any, candidates: Sequence[str]) -> tuple[str, float]:
+def best_constant(env: Env, candidates: Sequence[str]) -> tuple[str, float]:
     """(answer, mean reward) of the candidate with the highest mean reward over every sample of `env`; ties go to
     the earlier candidate, so the choice is deterministic."""
     if not candidates:
@@ -93,7 +93,7 @@ def choose_constant(open_env: Callable[[str, int | None], Any], shards_dir: str,
     return answer, reward, split, len(candidates)
 
 
-def constant_records(env: Any, answer: str, policy: str = CONSTANT) -> list[dict[str, Any]]:
+def constant_records(env: Env, answer: str, policy: str = CONSTANT) -> list[dict[str, Any]]:
     """Rollout records of `answer` given to every sample of `env`, scored as a policy's answers are."""
     tokenizer = env.tokenizer
     tokens = [int(t) for t in tokenizer.encode(answer, add_special_tokens=False)] if tokenizer is not None else []

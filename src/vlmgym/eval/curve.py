@@ -10,10 +10,13 @@ uninterrupted one.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from vlmgym.stats.plots import RewardCurves
 from vlmgym.tracking.step_curve import read_curve
+
+if TYPE_CHECKING:  # for annotations only: importing this module does not load the envs
+    from vlmgym.envs.base import Env
 
 # The GRPO trainer's mean reward at each step's curriculum weights (what it optimised then); its
 # `final_reward_mean` scores the same samples at the final weights (vlmgym.rl.sampling.sampled_figures).
@@ -49,7 +52,7 @@ def train_reward_curve(curve_file: str | Path, metric: str) -> list[tuple[int, f
     return train_curves(curve_file, [metric]).get(metric, [])
 
 
-def reward_curves(env: Any, curve_file: str | Path, total_metric: str, *, prefix: str = "") -> RewardCurves:
+def reward_curves(env: type[Env], curve_file: str | Path, total_metric: str, *, prefix: str = "") -> RewardCurves:
     """The training reward (`total_metric`), the reward as trained when that is another metric, the validation
     curves when the run validated, and, for an env with reward levels (Env.reward_levels), each level's
     unweighted score and weight per step, from the train stage's curve file; empty if there is none.

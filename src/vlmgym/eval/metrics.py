@@ -25,13 +25,14 @@ from typing import Any
 import numpy as np
 
 from vlmgym.envs import env_class as by_name
+from vlmgym.envs.base import Env
 from vlmgym.eval.episodes import episode_statistics
 from vlmgym.eval.sampled import sampled_statistics
 from vlmgym.stats.bootstrap import Interval, Statistic, bootstrap_intervals, paired_bootstrap_intervals
 from vlmgym.stats.fields import record_field, record_where
 
 
-def env_class(env: Any) -> type:
+def env_class(env: type[Env] | str) -> type[Env]:
     """An Env class from a class or a name (registered, entry point or 'package.module:Class')."""
     return by_name(env) if isinstance(env, str) else env
 
@@ -43,14 +44,14 @@ def reward_value(record: Mapping[str, Any], where: str) -> float:
     return float(value)
 
 
-def format_valid(env: Any, record: Mapping[str, Any]) -> bool:
+def format_valid(env: type[Env] | str, record: Mapping[str, Any]) -> bool:
     """The env's format_ok flag and a prediction the env's metrics can use."""
     flag = record.get("format_ok")
     # a stray "yes" string is not a flag
     return isinstance(flag, bool | np.bool_) and bool(flag) and env_class(env).usable_prediction(record)
 
 
-def statistics_for(env: Any, records: Sequence[Mapping[str, Any]], **options: Any) -> dict[str, Statistic]:
+def statistics_for(env: type[Env] | str, records: Sequence[Mapping[str, Any]], **options: Any) -> dict[str, Statistic]:
     """The metric arrays of env `env`: its own (Env.task_statistics with `options`), then the format-valid rate
     and the mean reward."""
     cls = env_class(env)
@@ -76,7 +77,7 @@ def flatten_intervals(intervals: Mapping[str, Interval]) -> dict[str, float]:
     return flat
 
 
-def evaluate(env: Any, records: Sequence[Mapping[str, Any]], *, n_resamples: int = 1000, seed: int = 0,
+def evaluate(env: type[Env] | str, records: Sequence[Mapping[str, Any]], *, n_resamples: int = 1000, seed: int = 0,
              confidence: float = 0.95, **options: Any) -> dict[str, float]:
     """Flat metrics of one policy's records, each with its bootstrap interval, plus `n` (samples)."""
     intervals = bootstrap_intervals(statistics_for(env, records, **options), n_resamples=n_resamples,
@@ -104,7 +105,7 @@ def align_by_id(treatment: Sequence[Mapping[str, Any]],
     return [by_id[0][i] for i in ids], [by_id[1][i] for i in ids]
 
 
-def compare(env: Any, treatment: Sequence[Mapping[str, Any]], control: Sequence[Mapping[str, Any]], *,
+def compare(env: type[Env] | str, treatment: Sequence[Mapping[str, Any]], control: Sequence[Mapping[str, Any]], *,
             n_resamples: int = 1000, seed: int = 0, confidence: float = 0.95,
             **options: Any) -> dict[str, float]:
     """Flat treatment - control differences on the same samples, with paired bootstrap intervals."""
@@ -115,7 +116,7 @@ def compare(env: Any, treatment: Sequence[Mapping[str, Any]], control: Sequence[
     return {"n": float(len(treatment)), **flatten_intervals(intervals)}
 
 
-def evaluate_policies(env: Any, records_by_policy: Mapping[str, Sequence[Mapping[str, Any]]], *,
+def evaluate_policies(env: type[Env] | str, records_by_policy: Mapping[str, Sequence[Mapping[str, Any]]], *,
                       comparisons: Sequence[tuple[str, str]] = (("grpo", "sft"),), n_resamples: int = 1000,
                       seed: int = 0, confidence: float = 0.95,
                       **options: Any) -> dict[str, dict[str, float]]:

@@ -9,6 +9,7 @@ from typing import Any
 
 from PIL import Image
 
+from vlmgym.envs.base import Env
 from vlmgym.eval.blind import blind_check, blind_comparisons
 from vlmgym.eval.metrics import COLLAPSE_TOP_SHARE, answer_spread, collapsed, env_class, evaluate_policies
 from vlmgym.eval.records import write_metrics_json
@@ -58,7 +59,7 @@ def mlflow_metrics(results: Mapping[str, Mapping[str, float]]) -> dict[str, floa
     return {f"{policy}/{name}": value for policy, metrics in results.items() for name, value in metrics.items()}
 
 
-def write_evaluation(env: Any, records_by_policy: Mapping[str, Sequence[Mapping[str, Any]]],
+def write_evaluation(env: type[Env] | str, records_by_policy: Mapping[str, Sequence[Mapping[str, Any]]],
                      images: Mapping[str, Sequence[Image.Image]], *, out_root: str | Path = ".",
                      reward_curve: RewardCurves | Sequence[tuple[int, float]] | None = None,
                      comparisons: Sequence[tuple[str, str]] = (("grpo", "sft"),), n_resamples: int = 1000,
@@ -171,7 +172,7 @@ def side_by_side(results: Mapping[str, Mapping[str, float]], ood_results: Mappin
     return columns
 
 
-def shift_heading(env: Any, in_split: str, ood_split: str, note: str | None = None) -> str:
+def shift_heading(env: type[Env], in_split: str, ood_split: str, note: str | None = None) -> str:
     """The side-by-side table's heading, naming the shift (`note`: Env.ood_description of the data settings the split
     was generated with; None: the env's general Env.ood_note)."""
     note = note or env.ood_note or "the env's out-of-distribution split"

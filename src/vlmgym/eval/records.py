@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from vlmgym.envs.base import Env
 from vlmgym.eval.metrics import env_class
 from vlmgym.runtime.atomic import atomic_file
 
@@ -46,7 +47,7 @@ def reward_components(info: Mapping[str, Any]) -> dict[str, Any]:
             if k.startswith("k_") or k.startswith("d_") or k in ("content_reward", "format_reward")}
 
 
-def rollout_record(env: Any, sample_id: str, answer: str, reward: float, info: Mapping[str, Any],
+def rollout_record(env: type[Env] | str, sample_id: str, answer: str, reward: float, info: Mapping[str, Any],
                    meta: Mapping[str, Any], policy: str = "") -> dict[str, Any]:
     """One JSON-safe rollout record from an env step's (answer, reward, info) and the sample's shard meta;
     `env` is an Env class or name."""

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
+from vlmgym.envs.base import Env
 from vlmgym.envs.multiturn import MAX_TURNS
 from vlmgym.eval.episode_report import episode_html
 from vlmgym.eval.metrics import env_class, format_valid
@@ -42,7 +43,7 @@ LAST_ROWS = {"format_valid_rate": ("format valid", "rate"), "mean_reward": ("mea
              "tool_call_valid_rate": ("tool calls that ran", "rate")}
 
 
-def metric_rows(env: Any) -> dict[str, tuple[str, str]]:
+def metric_rows(env: type[Env] | str) -> dict[str, tuple[str, str]]:
     """metric -> (label, unit kind) of `env`'s tables, in row order; metrics a results dict lacks are skipped."""
     turns = {f"mean_reward_turns_{k}": (f"mean reward, {k}-turn episodes", "reward") for k in range(1, MAX_TURNS + 1)}
     return {**FIRST_ROWS, **env_class(env).metric_rows, **LAST_ROWS, **turns}
@@ -72,7 +73,7 @@ def _cell(metrics: Mapping[str, float], name: str, kind: str, signed: bool) -> s
     return f"{value} [{low}, {high}]"
 
 
-def summary_rows(env: Any, results: Mapping[str, Mapping[str, float]]) -> tuple[list[str], list[list[str]]]:
+def summary_rows(env: type[Env] | str, results: Mapping[str, Mapping[str, float]]) -> tuple[list[str], list[list[str]]]:
     """(header, rows) of the summary: one row per metric, one column per policy or difference (`_minus_`)."""
     columns = list(results)
     header = ["metric", *columns]
@@ -85,7 +86,7 @@ def summary_rows(env: Any, results: Mapping[str, Mapping[str, float]]) -> tuple[
     return header, rows
 
 
-def markdown_table(env: Any, results: Mapping[str, Mapping[str, float]], confidence: float = 0.95) -> str:
+def markdown_table(env: type[Env] | str, results: Mapping[str, Mapping[str, float]], confidence: float = 0.95) -> str:
     """The summary as a markdown table (value [95% interval] per cell)."""
     header, rows = summary_rows(env, results)
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
@@ -119,14 +120,15 @@ def sections_markdown(sections: Sections | None) -> str:
 Tables = Mapping[str, Mapping[str, Mapping[str, float]]]  # more summary tables: heading -> results columns
 
 
-def tables_markdown(env: Any, tables: Tables | None, confidence: float = 0.95) -> str:
+def tables_markdown(env: type[Env] | str, tables: Tables | None, confidence: float = 0.95) -> str:
     """More summary tables (e.g. in and out of distribution side by side), each under its heading."""
     return "\n".join(f"## {heading}\n\n{markdown_table(env, columns, confidence)}"
                      for heading, columns in (tables or {}).items())
 
 
-def write_markdown(path: str | Path, env: Any, results: Mapping[str, Mapping[str, float]], title: str = "Evaluation",
-                   confidence: float = 0.95, sections: Sections | None = None, tables: Tables | None = None) -> None:
+def write_markdown(path: str | Path, env: type[Env] | str, results: Mapping[str, Mapping[str, float]],
+                   title: str = "Evaluation", confidence: float = 0.95, sections: Sections | None = None,
+                   tables: Tables | None = None) -> None:
     """Write reports/eval.md: a title, the summary table, any more tables and any extra sections."""
     extra = "\n".join(part for part in (tables_markdown(env, tables, confidence), sections_markdown(sections)) if part)
     with atomic_file(Path(path)) as tmp:
@@ -215,7 +217,7 @@ def _gallery(env: type, records_by_policy: Mapping[str, Sequence[Mapping[str, An
     return '<div class="gallery">' + "".join(cards) + "</div>"
 
 
-def render_html(env: Any, results: Mapping[str, Mapping[str, float]],
+def render_html(env: type[Env] | str, results: Mapping[str, Mapping[str, float]],
                 records_by_policy: Mapping[str, Sequence[Mapping[str, Any]]],
                 images: Mapping[str, Sequence[Image.Image]], *, env_params: EnvParams | None = None,
                 title: str = "vlmgym evaluation", confidence: float = 0.95, max_samples: int | None = None,
@@ -256,14 +258,14 @@ def render_html(env: Any, results: Mapping[str, Mapping[str, float]],
             f"<style>{_STYLE}</style></head><body>{''.join(body)}</body></html>\n")
 
 
-def _html_table(env: Any, results: Mapping[str, Mapping[str, float]]) -> str:
+def _html_table(env: type[Env] | str, results: Mapping[str, Mapping[str, float]]) -> str:
     header, rows = summary_rows(env, results)
     table = ["<table><tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in header) + "</tr>"]
     table += ["<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>" for row in rows]
     return "".join(table) + "</table>"
 
 
-def write_html(path: str | Path, env: Any, results: Mapping[str, Mapping[str, float]],
+def write_html(path: str | Path, env: type[Env] | str, results: Mapping[str, Mapping[str, float]],
                records_by_policy: Mapping[str, Sequence[Mapping[str, Any]]],
                images: Mapping[str, Sequence[Image.Image]], *, env_params: EnvParams | None = None,
                title: str = "vlmgym evaluation", confidence: float = 0.95, max_samples: int | None = None,

@@ -10,16 +10,19 @@ sharpening what the policy already samples; pass@k rising is RL finding answers 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from vlmgym.stats.bootstrap import Statistic
 
+if TYPE_CHECKING:  # for annotations only: importing this module does not load the envs
+    from vlmgym.envs.base import Env
+
 KEY = "sampled"  # the greedy record's field holding its prompt's sampled summary
 
 
-def attach_sampled(env: Any, records: Sequence[Mapping[str, Any]],
+def attach_sampled(env: type[Env], records: Sequence[Mapping[str, Any]],
                    sampled: Sequence[Mapping[str, Any]], where: str = "sampled answers") -> list[dict[str, Any]]:
     """The greedy `records`, each with {"k", "mean_reward", "solved"} of its prompt's sampled answers (solved:
     any of them correct, None where the env has no correctness bit); every prompt must have the same k > 0."""

@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from vlmgym.envs.base import Env
 from vlmgym.params import TrainParams
 from vlmgym.rl import dpo
 from vlmgym.rl.episode_groups import later_turn_chunks, later_turn_micro_batches
@@ -41,7 +42,7 @@ class DPOTrainer(OnlineTrainer):
 
     name = "dpo"
 
-    def __init__(self, policy: Any, env: Any, params: Any, config: TrainParams, checkpoint_dir: str | Path,
+    def __init__(self, policy: Any, env: Env, params: Any, config: TrainParams, checkpoint_dir: str | Path,
                  **options: Any):
         if config.batch_prompts % config.micro_batches:
             raise ValueError(f"train: dpo splits its {config.batch_prompts} pairs into micro_batches="

@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from vlmgym.envs.base import Env
 from vlmgym.params import TrainParams
 from vlmgym.rl import grpo
 from vlmgym.rl.episode_groups import later_turn_micro_batches
@@ -31,7 +32,7 @@ class GRPOTrainer(OnlineTrainer):
 
     name = "grpo"
 
-    def __init__(self, policy: Policy, env: Any, params: Any, config: TrainParams, checkpoint_dir: str | Path,
+    def __init__(self, policy: Policy, env: Env, params: Any, config: TrainParams, checkpoint_dir: str | Path,
                  **options: Any):
         if config.top_entropy_quantile < 1 and not callable(getattr(policy, "logprobs_and_entropies", None)):
             raise ValueError(f"train.top_entropy_quantile={config.top_entropy_quantile} ranks tokens by entropy: "

@@ -8,7 +8,7 @@ import json
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 import jax
 import jax.numpy as jnp
@@ -18,6 +18,9 @@ from tqdm import tqdm
 from vlmgym.rl.checkpoint import CheckpointManager
 from vlmgym.rl.optim import Optimizer, SubsetOptimizer
 from vlmgym.runtime import distributed
+
+if TYPE_CHECKING:  # for annotations only: importing this module does not load the envs
+    from vlmgym.envs.base import Env
 
 # Called with each step's figures. One that also has `replay_through(step)` is called with that after a resume, to
 # hand on the figures it kept of the steps before it (vlmgym.tracking.step_curve.JournalCallback).
@@ -141,7 +144,7 @@ class DataOrder:
         return cls(size, seed, epoch=int(state["epoch"]), position=int(state["position"]))
 
 
-def score(env: Any, state: Any, tokens: np.ndarray, mask: np.ndarray) -> tuple[float, dict]:
+def score(env: Env, state: Any, tokens: np.ndarray, mask: np.ndarray) -> tuple[float, dict]:
     """Reward and info of one completion: its tokens through the first EOS, nothing after."""
     active = [int(t) for t, m in zip(tokens, mask) if m > 0]
     _, _, reward, _, info = env.step(state, active)

@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from vlmgym.envs.base import Env
 from vlmgym.models.qwen3_vl import lora
 from vlmgym.params import TrainParams
 from vlmgym.rl.loop import DataOrder, MetricsCallback, Policy, TrainingLoop
@@ -46,10 +47,10 @@ class OnlineTrainer(TrainingLoop):
     the base inside the trained tree serves, no copy), else None.
     """
 
-    def __init__(self, policy: Policy, env: Any, params: Any, config: TrainParams, checkpoint_dir: str | Path, *,
+    def __init__(self, policy: Policy, env: Env, params: Any, config: TrainParams, checkpoint_dir: str | Path, *,
                  algorithms: tuple[str, ...], reference_of: Any = None,
                  metrics_callback: MetricsCallback | None = None, samples_callback: SamplesCallback | None = None,
-                 progress_bar: bool = True, val_env: Any = None):
+                 progress_bar: bool = True, val_env: Env | None = None):
         super().__init__(total_steps=config.steps, checkpoint_dir=checkpoint_dir, save_every=config.checkpointing.every,
                          keep=config.checkpointing.keep, metrics_callback=metrics_callback, progress_bar=progress_bar)
         self.validator = make_validator(policy, val_env, config, checkpoint_dir)

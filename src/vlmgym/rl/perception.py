@@ -29,7 +29,7 @@ import numpy as np
 import optax
 from tqdm import tqdm
 
-from vlmgym.envs.base import MissingPart
+from vlmgym.envs.base import Env, MissingPart
 from vlmgym.models.qwen3_vl.convert import load_checkpoint, save_checkpoint
 from vlmgym.models.qwen3_vl.processor import ImageSettings, preprocess_images
 from vlmgym.models.qwen3_vl.vision import encode_patches, patch_layout
@@ -42,7 +42,7 @@ SUMMARY_FILE = "perception.json"  # the warm-up's last figures, beside its check
 CURVE_DIR = "perception_curve"  # in the SFT checkpoint folder: the warm-up's step journal (StepJournal)
 
 
-def check_supported(section: SFTParams, env: Any, processes: int) -> None:
+def check_supported(section: SFTParams, env: Env, processes: int) -> None:
     """Raise MissingPart for an env without labels, a ValueError naming the setting the warm-up cannot run with."""
     if not env.perception_heads and not env.perception_token_heads:
         raise MissingPart(f"env {env.name!r} has no perception labels (perception_heads and "
@@ -72,7 +72,7 @@ def _checked(label: Any, heads: tuple[int, ...], heads_name: str, where: str) ->
     return label
 
 
-def split_arrays(env: Any, settings: ImageSettings, what: str, merge: int = 2) -> Split:
+def split_arrays(env: Env, settings: ImageSettings, what: str, merge: int = 2) -> Split:
     """Every sample of `env` as pixel rows and labels (`merge`: the tower's spatial merge size)."""
     heads, token_heads = tuple(env.perception_heads), tuple(env.perception_token_heads)
     pixels, labels, token_labels, grid = None, [], [], None
@@ -116,8 +116,8 @@ def _classes(heads: list[jax.Array], shape: tuple[int, ...]) -> np.ndarray:
 class PerceptionWarmup:
     """Trains params["visual"] and a linear head on (images, labels); `run` returns the params with the new tower."""
 
-    def __init__(self, cfg: Any, params: Any, settings: ImageSettings, env: Any, val_env: Any, section: SFTParams,
-                 log: Log | None = None, progress_bar: bool = True):
+    def __init__(self, cfg: Any, params: Any, settings: ImageSettings, env: Env, val_env: Env | None,
+                 section: SFTParams, log: Log | None = None, progress_bar: bool = True):
         self.cfg, self.section, self.log, self.progress_bar = cfg, section, log, progress_bar
         self.params = params
         self.heads = tuple(env.perception_heads)
@@ -248,8 +248,8 @@ class PerceptionWarmup:
         return params, summary
 
 
-def warm_up(policy: Any, params: Any, env: Any, val_env: Any, section: SFTParams, folder: Path, processes: int = 1,
-            log: Log | None = None) -> tuple[Any, dict[str, float]]:
+def warm_up(policy: Any, params: Any, env: Env, val_env: Env | None, section: SFTParams, folder: Path,
+            processes: int = 1, log: Log | None = None) -> tuple[Any, dict[str, float]]:
     """params with the tower warmed by `section.perception`, kept in `folder` so a resumed SFT run skips it."""
     settings = section.perception
     check_supported(section, env, processes)

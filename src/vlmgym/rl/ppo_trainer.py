@@ -24,6 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from vlmgym.envs.base import Env
 from vlmgym.params import TrainParams
 from vlmgym.rl import grpo, ppo
 from vlmgym.rl.loop import CompileCounter, Policy
@@ -84,7 +85,7 @@ class PPOTrainer(OnlineTrainer):
 
     name = "ppo"
 
-    def __init__(self, policy: Policy, env: Any, params: Any, config: TrainParams, checkpoint_dir: str | Path,
+    def __init__(self, policy: Policy, env: Env, params: Any, config: TrainParams, checkpoint_dir: str | Path,
                  **options: Any):
         if config.beta > 0:
             raise ValueError("train.beta is GRPO's KL term in the loss; PPO's KL to the start policy is in the "

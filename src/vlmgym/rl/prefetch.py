@@ -14,14 +14,17 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # for annotations only: importing this module does not load the envs
+    from vlmgym.envs.base import Env
 
 
 class ResetPrefetcher:
     """`resets(indices)` returns [env.reset(i) for i in indices], from a background run started by `ahead(indices)`
     when the indices match, else computed now; `take_wait()` is the time spent waiting since its last call."""
 
-    def __init__(self, env: Any, prepare: Callable[[list], None] | None = None):
+    def __init__(self, env: Env, prepare: Callable[[list], None] | None = None):
         self.env = env
         self.prepare = prepare  # the policy's processor work on the observations (resize, patchify, tokenize)
         self._pool: ThreadPoolExecutor | None = None

@@ -11,6 +11,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from vlmgym.envs.base import Env
 from vlmgym.eval.metrics import answer_spread
 from vlmgym.params import TrainParams
 from vlmgym.rl import grpo
@@ -111,7 +112,7 @@ class Sampler:
     """Each step's batch: the next prompts in a resumable seeded order (`data`), group_size answers each, scored,
     with train.filter_groups' extra rounds and train.overlong_buffer's penalty."""
 
-    def __init__(self, policy: Policy, env: Any, config: TrainParams):
+    def __init__(self, policy: Policy, env: Env, config: TrainParams):
         if max_turns(env) > 1 and (config.overlong_buffer or distributed.count() > 1):
             raise ValueError(f"train: env {env.name!r} runs episodes of up to {env.max_turns} turns, which "
                              "train.overlong_buffer and training over several processes do not support yet")
@@ -196,7 +197,7 @@ class Sampler:
         self.prefetch.close()
 
 
-def episode_groups(policy: Any, env: Any, params: Any, indices: list[int], resets: list[tuple], group_size: int,
+def episode_groups(policy: Any, env: Env, params: Any, indices: list[int], resets: list[tuple], group_size: int,
                    rng: jax.Array, first_row: int = 0) -> tuple[list[Group], int]:
     """One sampling round of multi-turn episodes (vlmgym.rl.episode_groups): groups of the episodes' first turns,
     their final answers' texts, rewards and infos, their later turns and their ends; and the policy tokens

@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from vlmgym.envs.base import Env
 from vlmgym.envs.multiturn import sft_turns
 from vlmgym.params import SFTParams
 from vlmgym.rl.loop import (
@@ -44,8 +45,9 @@ class SFTTrainer(TrainingLoop):
     name = "sft"
     section = "sft"
 
-    def __init__(self, policy: Policy, env: Any, params: Any, config: SFTParams, checkpoint_dir: str | Path, *,
-                 metrics_callback: MetricsCallback | None = None, progress_bar: bool = True, val_env: Any = None):
+    def __init__(self, policy: Policy, env: Env, params: Any, config: SFTParams, checkpoint_dir: str | Path, *,
+                 metrics_callback: MetricsCallback | None = None, progress_bar: bool = True,
+                 val_env: Env | None = None):
         super().__init__(total_steps=config.steps, checkpoint_dir=checkpoint_dir, save_every=config.checkpointing.every,
                          keep=config.checkpointing.keep, metrics_callback=metrics_callback, progress_bar=progress_bar)
         self.validator = make_validator(policy, val_env, config, checkpoint_dir, extra=self.validation_loss)
@@ -93,7 +95,7 @@ class SFTTrainer(TrainingLoop):
             count += float(mask.sum())
         return {"val/loss": total / max(count, 1.0)}
 
-    def _turns(self, env: Any, state: Any, obs: dict) -> list[tuple[dict, tuple[np.ndarray, np.ndarray]]]:
+    def _turns(self, env: Env, state: Any, obs: dict) -> list[tuple[dict, tuple[np.ndarray, np.ndarray]]]:
         """A sample's (observation, encoded target) rows: one per policy turn of its ideal episode (one row in a
         one-turn env); ValueError when a target does not fit the token budget."""
         turns = sft_turns(env, state, obs) if max_turns(env) > 1 else [(obs, env.sft_target(state.meta))]

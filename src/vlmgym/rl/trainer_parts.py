@@ -10,7 +10,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from vlmgym.envs.base import PART_KEY, part_metric
+from vlmgym.envs.base import PART_KEY, Env, part_metric
 from vlmgym.models.qwen3_vl import lora
 from vlmgym.models.qwen3_vl.lora import LoRAConfig
 from vlmgym.params import SFTParams, TrainParams
@@ -55,7 +55,7 @@ def group_observations(groups: list, rows: slice, group_size: int) -> list[dict]
     return [groups[r // group_size].obs for r in range(rows.start, rows.stop)]
 
 
-def final_rewards(env: Any, state: Any, tokens: np.ndarray, mask: np.ndarray, rewards: np.ndarray) -> list[float]:
+def final_rewards(env: Env, state: Any, tokens: np.ndarray, mask: np.ndarray, rewards: np.ndarray) -> list[float]:
     """The rewards of completions at training progress 1 (a curriculum's final weights): the fixed yardstick a
     training curve is read against, since the reward at the current progress shifts as the curriculum moves.
     `rewards` are theirs at the current progress, reused (not scored again) once that is 1."""
@@ -91,7 +91,7 @@ def part_figures(infos: list[dict], rewards: np.ndarray, final: np.ndarray) -> d
     return out
 
 
-def make_validator(policy: Policy, val_env: Any, config: SFTParams | TrainParams, checkpoint_dir: str | Path, *,
+def make_validator(policy: Policy, val_env: Env | None, config: SFTParams | TrainParams, checkpoint_dir: str | Path, *,
                    extra: Callable | None = None) -> Validator | None:
     """The loop's validator from an sft/train section's val_* settings (None when val_every is 0)."""
     v = config.validation

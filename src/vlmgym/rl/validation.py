@@ -22,7 +22,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
-from vlmgym.envs.base import PART_KEY, part_metric
+from vlmgym.envs.base import PART_KEY, Env, part_metric
 from vlmgym.rl.checkpoint import _abstract
 from vlmgym.rl.loop import score
 from vlmgym.rollout.episodes import env_advance, max_turns
@@ -55,7 +55,7 @@ class ValidationSettings:
                              "validation: set val_every > 0")
 
 
-def answer_rewards(env: Any, samples: Any, states: Sequence[Any],
+def answer_rewards(env: Env, samples: Any, states: Sequence[Any],
                    parts: list | None = None) -> tuple[list[float], list[bool]]:
     """Rewards and format flags of one answer per state (samples rows in state order); appends each answer's
     sub-env (info[PART_KEY], None for an env not made of several) to `parts` when given."""
@@ -65,7 +65,7 @@ def answer_rewards(env: Any, samples: Any, states: Sequence[Any],
     return [reward for reward, _ in scored], [bool(info.get("format_ok", True)) for _, info in scored]
 
 
-def episode_rewards(env: Any, play: Callable[[Any, int], Any], states: Sequence[Any], size: int,
+def episode_rewards(env: Env, play: Callable[[Any, int], Any], states: Sequence[Any], size: int,
                     parts: list | None = None) -> tuple[list[float], list[bool]]:
     """`answer_rewards` of multi-turn episodes: `play(advance, max_turns)` runs one episode per observation (the
     batch padded to `size` with copies of the last), each scored by its final turn."""
@@ -92,7 +92,7 @@ class Validator:
     `extra` adds figures of the loop's own (SFT: the teacher-forced loss on the split's ideal answers).
     """
 
-    def __init__(self, policy: Any, env: Any, settings: ValidationSettings, best_dir: str | Path, *,
+    def __init__(self, policy: Any, env: Env, settings: ValidationSettings, best_dir: str | Path, *,
                  extra: Callable[[Any], dict[str, float]] | None = None):
         if len(env) == 0:
             raise ValueError("validation env has no samples")

@@ -20,13 +20,16 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
 import numpy as np
 
 from vlmgym.models.qwen3_vl.chat import continues_conversation
 from vlmgym.rollout.engine import RolloutBatch, RolloutEngine
+
+if TYPE_CHECKING:  # for annotations only: importing this module does not load the envs
+    from vlmgym.envs.base import Env
 
 # (episode, text, token ids sampled this turn, finish reason "eos" or "length") -> next observation or None
 Advance = Callable[[int, str, list[int], str], "dict[str, Any] | None"]
@@ -110,7 +113,7 @@ class Final:
     state: Any
 
 
-def env_advance(env: Any, states: list[Any]) -> tuple[Advance, dict[int, Final]]:
+def env_advance(env: Env, states: list[Any]) -> tuple[Advance, dict[int, Final]]:
     """An `advance` that steps `env` (episode e starts from states[e], updated in place) and the dict it fills with
     each finished episode's Final."""
     finals: dict[int, Final] = {}
@@ -127,12 +130,12 @@ def env_advance(env: Any, states: list[Any]) -> tuple[Advance, dict[int, Final]]
     return advance, finals
 
 
-def max_turns(env: Any) -> int:
+def max_turns(env: Env) -> int:
     """Policy turns an env's episodes may take (1 for an env object without the multi-turn option)."""
     return int(getattr(env, "max_turns", 1))
 
 
-def final_episode_rewards(env: Any, finals: Sequence[Any], rewards: np.ndarray) -> list[float]:
+def final_episode_rewards(env: Env, finals: Sequence[Any], rewards: np.ndarray) -> list[float]:
     """Each episode's final answer scored at training progress 1 (vlmgym.rl.trainer_parts.final_rewards' yardstick
     for episodes): `rewards` reused once progress is 1."""
     progress = env.progress
