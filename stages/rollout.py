@@ -53,9 +53,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from vlmgym.runtime.xla_setup import configure
-
-    configure()  # before JAX starts its backend
     from vlmgym.runtime.errors import guarded
 
     sys.exit(guarded("rollout", main))

@@ -96,9 +96,6 @@ def _train(args: argparse.Namespace) -> int:
 
 
 if __name__ == "__main__":
-    from vlmgym.runtime.xla_setup import configure
-
-    configure()  # before JAX starts its backend
     from vlmgym.runtime.errors import guarded
 
     sys.exit(guarded("train", main))

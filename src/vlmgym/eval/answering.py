@@ -153,8 +153,7 @@ def sampling_engine(engine: Any, rollout: RolloutParams) -> Any:
     sampling = rollout.sampling
     return RolloutEngine(engine.cfg, engine.processor, replace(engine.settings, greedy=False,
                                                                temperature=sampling.temperature,
-                                                               top_k=sampling.top_k, top_p=sampling.top_p),
-                         devices=engine.devices)
+                                                               top_k=sampling.top_k, top_p=sampling.top_p))
 
 
 def answer_sampled(rollout: RolloutParams, engine: Any, params: Any, env: Any, policy: str, number: int,

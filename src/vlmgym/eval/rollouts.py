@@ -60,7 +60,6 @@ def load_engine(model_dir: str | Path, *, max_new_tokens: int, dtype: str = "fp3
     from vlmgym.models.qwen3_vl.convert import load_checkpoint
     from vlmgym.models.qwen3_vl.processor import Processor
     from vlmgym.rollout import RolloutEngine, SamplingSettings
-    from vlmgym.rollout.engine import cpu_devices
 
     model_dir = Path(model_dir)
     if not model_dir.is_dir():
@@ -69,7 +68,7 @@ def load_engine(model_dir: str | Path, *, max_new_tokens: int, dtype: str = "fp3
     settings = SamplingSettings(max_new_tokens=max_new_tokens, temperature=temperature, greedy=greedy,
                                 eos_ids=tuple(processor.eos_token_ids), pad_id=int(processor.pad_token_id))
     cfg, params = load_checkpoint(model_dir, dtype=dtype, param_dtype=param_dtype)
-    return RolloutEngine(cfg, processor, settings, devices=cpu_devices()), params
+    return RolloutEngine(cfg, processor, settings), params
 
 
 def _batches(count: int, batch_size: int) -> list[range]:

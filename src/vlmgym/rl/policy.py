@@ -19,7 +19,7 @@ from vlmgym.models.qwen3_vl.model import token_logprobs
 from vlmgym.models.qwen3_vl.shared_prefix import shared_prefix_logprobs
 from vlmgym.models.qwen3_vl.vision import patch_layout
 from vlmgym.rl.loop import Samples
-from vlmgym.rollout.engine import TRACE_COUNTS, Buckets, RolloutEngine, cpu_devices
+from vlmgym.rollout.engine import TRACE_COUNTS, Buckets, RolloutEngine
 from vlmgym.rollout.episodes import Advance, EpisodeBatch, run_episodes
 from vlmgym.rollout.sampling import SamplingSettings
 from vlmgym.runtime import distributed
@@ -145,9 +145,7 @@ class Qwen3VLPolicy(Qwen3VLLearner):
                              "the token that ends an assistant turn")
         self.processor = processor
         self.buckets = buckets or Buckets()
-        # one device per core while sampling, except where the learner's mesh spreads the params
-        self.sampling_devices = cpu_devices() if mesh is None else ()
-        self.engine = RolloutEngine(cfg, processor, settings, self.buckets, devices=self.sampling_devices)
+        self.engine = RolloutEngine(cfg, processor, settings, self.buckets)
         self.end_of_turn = int(end_of_turn)
 
     @property
@@ -193,8 +191,7 @@ class Qwen3VLPolicy(Qwen3VLLearner):
 
     @cached_property
     def _greedy_engine(self) -> RolloutEngine:
-        return RolloutEngine(self.cfg, self.processor, replace(self.settings, greedy=True), self.buckets,
-                             devices=self.sampling_devices)
+        return RolloutEngine(self.cfg, self.processor, replace(self.settings, greedy=True), self.buckets)
 
     def greedy(self, params: Any, observations: Sequence[dict]) -> Samples:
         """One greedy completion per observation (validation: the answer the rollout stage scores)."""

@@ -276,16 +276,6 @@ def _decode_loop(params: Params, cfg: Qwen3VLConfig, settings: SamplingSettings,
     return out, cache
 
 
-def cpu_devices() -> tuple[Any, ...]:
-    """The devices a pipeline sampler splits its prompts over: every CPU device of a single-process run (the
-    stages run with two, vlmgym.runtime.xla_setup); none (the default device) on accelerators or over several
-    processes, where the trainer splits prompts by process and the mesh holds the params."""
-    devices = jax.local_devices()
-    if jax.process_count() > 1 or len(devices) < 2 or devices[0].platform != "cpu":
-        return ()
-    return tuple(devices)
-
-
 class RolloutEngine:
     """Samples groups of completions for env observations (`{"images": [...], "messages": [...]}`, optionally
     `"tools"`: the function schemas a multi-turn env offers, vlmgym.rollout.episodes).
