@@ -48,10 +48,6 @@ def dispatch(prog: str, table: Table, argv: list[str], what: str = "command") ->
 
 
 def main(argv: list[str] | None = None) -> int:
-    if argv is None:  # the command line itself, not a caller in a running program
-        from vlmgym.runtime.xla_setup import configure
-
-        configure()
     return dispatch("vlmgym", COMMANDS, sys.argv[1:] if argv is None else argv)
 
 
