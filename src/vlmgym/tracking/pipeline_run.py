@@ -20,6 +20,7 @@ import os
 import time
 import uuid
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -89,33 +90,50 @@ def flat_params(value: Any, prefix: str = "") -> dict[str, str]:
     return {prefix: text[:6000]}
 
 
+@dataclass(frozen=True)
+class Group:
+    """A parent run that outlives one pipeline run (a study's, vlmgym.compare.study): found by its `key` tags (its role
+    among them) whichever `dvc repro` runs its stages, created with `name`, the `key` tags and `params`."""
+
+    key: Mapping[str, str]
+    name: str
+    params: Mapping[str, Any]
+
+
 def parent_run(client: Any, experiment_id: str, pipeline: str, *, params: Mapping[str, Any],
-               tags: Mapping[str, str], exp_name: str = "") -> str | None:
-    """The id of this pipeline's parent run, created by its first stage (None for a stage run outside a pipeline).
+               tags: Mapping[str, str], exp_name: str = "", group: Group | None = None) -> str | None:
+    """The id of this pipeline's parent run, created by its first stage (None for a stage run outside a pipeline),
+    or with `group` that group's parent run, found by its key tags (outside a pipeline too).
 
     `params`: the whole params file (every stage's sections), logged once; `tags`: lineage (git state) for a new
     parent. The parent is set RUNNING while a stage runs.
     """
     from mlflow.entities import Param
 
-    if pipeline.startswith(STANDALONE):
+    if group is None and pipeline.startswith(STANDALONE):
         return None
-    found = client.search_runs([experiment_id], max_results=1, filter_string=(
-        f"tags.`{ROLE_TAG}` = '{PIPELINE_ROLE}' and tags.`vlmgym.pipeline_id` = '{pipeline}'"))
+    key = dict(group.key) if group else {ROLE_TAG: PIPELINE_ROLE, "vlmgym.pipeline_id": pipeline}
+    found = client.search_runs([experiment_id], max_results=1,
+                               filter_string=" and ".join(f"tags.`{k}` = '{v}'" for k, v in key.items()))
+    process = dvc_process()
+    writer = f"{temps.host_tag()}-{process[0]}" if process and not os.environ.get(PIPELINE_ID_ENV) else None
     if found:
         run_id = found[0].info.run_id
         if found[0].info.status != "RUNNING":
             client.update_run(run_id, status="RUNNING")
+        # A group's parent moves to the dvc process now running its stages: the one that created it may be gone,
+        # and a RUNNING run whose writer is gone is closed as KILLED when a stage starts.
+        if writer and found[0].data.tags.get("vlmgym.writer") != writer:
+            client.set_tag(run_id, "vlmgym.writer", writer)
         return run_id
-    parent_tags = {ROLE_TAG: PIPELINE_ROLE, "vlmgym.pipeline_id": pipeline, **tags}
+    parent_tags = {**key, **tags}
     if exp_name:
         parent_tags["dvc.exp_name"] = exp_name
-    process = dvc_process()
-    if process and not os.environ.get(PIPELINE_ID_ENV):
-        parent_tags["vlmgym.writer"] = f"{temps.host_tag()}-{process[0]}"
-    name = exp_name or time.strftime("pipeline-%Y%m%d-%H%M%S")
+    if writer:
+        parent_tags["vlmgym.writer"] = writer
+    name = group.name if group else exp_name or time.strftime("pipeline-%Y%m%d-%H%M%S")
     run = client.create_run(experiment_id, tags=parent_tags, run_name=name)
-    flat = sorted(flat_params(params).items())
+    flat = sorted(flat_params(group.params if group else params).items())
     for start in range(0, len(flat), _BATCH):
         client.log_batch(run.info.run_id, params=[Param(k, v) for k, v in flat[start:start + _BATCH]])
     return run.info.run_id

@@ -81,7 +81,7 @@ def open_experiment(uri: str, experiment: str) -> str:
     """Point MLflow at `uri` and make `experiment` the active one (created if new); returns its id.
 
     A SQLite store is created, migrated and given the experiment under an exclusive lock on a file beside it:
-    processes started side by side on a fresh store (e.g. `vlmgym compare --only-seed` per seed) would otherwise
+    processes started side by side on a fresh store (e.g. stages of several repositories sharing it) would otherwise
     race to create the same tables or experiment and all but one fail."""
     import fcntl
 
@@ -357,7 +357,9 @@ class StageRun:
 @contextlib.contextmanager
 def stage_run(stage: str, params: Any = None, *, experiment: str | None = None,
               extra_params: Mapping[str, Any] | None = None,
-              params_file: str | Path | None = None, resume_folder: str | Path | None = None) -> Iterator[StageRun]:
+              params_file: str | Path | None = None, resume_folder: str | Path | None = None,
+              group: pipeline_run.Group | None = None,
+              paths: Mapping[str, list[str]] | None = None) -> Iterator[StageRun]:
     """Run a pipeline stage inside one MLflow run with its params and lineage tags.
 
     `params` is the stage's params section (a dataclass or a mapping). The
@@ -370,6 +372,10 @@ def stage_run(stage: str, params: Any = None, *, experiment: str | None = None,
     gets the whole params file and follows the stage's status. Once the run exists, everything
     logged goes through the run's spool (vlmgym.tracking.spool): the body never waits for the
     server, and the end waits at most tracking.flush_timeout_s for it.
+
+    A stage of another dvc.yaml (a study's, vlmgym.compare.study) passes its `paths` ({"deps": [...], "outs":
+    [...]} from the repo root: the top-level dvc.yaml does not list it) and its `group`, the parent it nests under
+    instead of the pipeline's.
     """
     import mlflow
 
@@ -389,7 +395,7 @@ def stage_run(stage: str, params: Any = None, *, experiment: str | None = None,
     experiment_id = open_experiment(uri, experiment or tracking_cfg.experiment)
 
     exp_name = os.environ.get("DVC_EXP_NAME", "")
-    paths = stage_paths(stage, root)
+    paths = dict(paths) if paths is not None else stage_paths(stage, root)
     pipeline, git = pipeline_id(), git_state(root)
     tags = {
         "vlmgym.stage": stage,
@@ -404,7 +410,7 @@ def stage_run(stage: str, params: Any = None, *, experiment: str | None = None,
     run_recovery.close_dead_runs(client, experiment_id)
     all_params = (yaml.safe_load(params_file.read_text()) or {}) if params_file.exists() else {}
     parent = pipeline_run.parent_run(client, experiment_id, pipeline, params=all_params, tags=git,
-                                     exp_name=exp_name)
+                                     exp_name=exp_name, group=group)
     if parent:
         tags[pipeline_run.PARENT_TAG] = parent  # a continued training run moves to the pipeline finishing it
     tags[run_recovery.WRITER_TAG] = atomic.writer_tag()
