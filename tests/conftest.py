@@ -80,7 +80,7 @@ def run_on_cpu_devices() -> Callable[..., str]:
 FIRST_HALF = ("pipeline/test_pipeline_e2e.py", "pipeline/test_multiturn_pipeline.py",
               "pipeline/test_train_algorithms.py", "pipeline/test_dvc_remote.py", "pipeline/test_report_browser.py")
 SECOND_HALF = ("pipeline/test_kill_rerun.py", "pipeline/test_mixture_env.py", "pipeline/test_external_env.py",
-               "pipeline/test_compare.py", "rl/test_multihost.py")
+               "compare/test_study_pipeline.py", "rl/test_multihost.py")
 
 
 # Seconds of a worker's time per module, for the other modules of 5 s or more (`--durations=0` of a full run on 2
@@ -99,7 +99,7 @@ MODULE_SECONDS = {
     "rl/test_remat.py": 9, "rl/test_ppo.py": 8, "envs/test_rec.py": 7, "rl/test_lora_dropout.py": 7,
     "tracking/test_system_metrics.py": 6, "models/test_parity_cli.py": 6, "rl/test_grpo.py": 6,
     "models/test_sharding.py": 5, "rl/test_perception.py": 5, "rl/test_dpo.py": 5, "pipeline/test_resume_inputs.py": 50,
-    "tracking/test_tracking_registration.py": 40, "rl/test_non_finite.py": 12}
+    "tracking/test_tracking_registration.py": 40, "rl/test_non_finite.py": 12, "compare/test_study_pipeline.py": 161}
 SLOW_SECONDS = 9
 
 

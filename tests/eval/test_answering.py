@@ -1,4 +1,4 @@
-"""The answering the rollout stage and `vlmgym compare` share (vlmgym.eval.answering): each policy's greedy,
+"""The answering the rollout stage and a study's stages share (vlmgym.eval.answering): each policy's greedy,
 out-of-distribution, sampled and image-blind answers and the constant baseline, written where the evaluate stage
 reads them, for one env and for each sub-env of a mixture; on docs/writing-an-env.md's colour env (a plug-in) with
 an engine that names the colour it sees."""

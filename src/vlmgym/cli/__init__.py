@@ -17,6 +17,8 @@ COMMANDS: Table = {
                     "remove temp outputs that killed runs left behind (live writers' kept)"),
     "compare": ("vlmgym.compare.command:main",
                 "train SFT-longer, GRPO, PPO and DPO from the SFT model at one budget; compare"),
+    "study": ("vlmgym.compare.study:main", "a comparative study as a DVC pipeline: `vlmgym study new NAME`, then "
+                                           "dvc repro studies/NAME/dvc.yaml"),
     "bench": ("vlmgym.bench:main", "benchmarks: `vlmgym bench rollout ...`, `vlmgym bench reward ...`"),
     "tracking": ("vlmgym.cli.tracking:main", "MLflow: `vlmgym tracking sync` sends the logs stages kept while "
                                              "their server was down"),

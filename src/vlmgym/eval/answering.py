@@ -13,9 +13,9 @@ then, with `rollout.constant_baseline`, the best constant answer chosen on the v
 part `<name>` of an env made of several reads its shards from <shards_dir>/<name>/ and writes under <out>/<name>/.
 
 What each policy scored comes back as an `Answered` (counts, mean reward, format rate: the same on every run) with
-its speeds kept apart (they differ on every run, so they belong in MLflow, not in a file under DVC). `vlmgym
-compare` answers its arms with `greedy_answers` and chooses its constant with `choose_constant`, so an arm answers
-as the rollout stage's policies do.
+its speeds kept apart (they differ on every run, so they belong in MLflow, not in a file under DVC). A study's
+stages (vlmgym.compare.study) answer with `greedy_answers` and choose their constant with `choose_constant`, so an arm
+answers as the rollout stage's policies do.
 """
 
 from __future__ import annotations

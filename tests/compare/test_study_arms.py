@@ -1,0 +1,81 @@
+"""A study's arms: the section each trains with (one selection rule for all, sft_longer matched on sequences) and
+its settings, validated as the params file's section would be (no training here)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import yaml
+
+from vlmgym.compare.arms import arm_config, sft_longer_steps, validated_settings
+from vlmgym.params import ParamsError, SFTParams, TrainParams, with_values
+
+
+@pytest.fixture
+def params_file(tmp_path):
+    path = tmp_path / "params.yaml"
+    path.write_text(yaml.safe_dump({"train": {"group_size": 8, "optimizer": {"lr": 1e-4, "warmup_steps": 2}}}))
+    return str(path)
+
+
+def sections():
+    return {"train": with_values(TrainParams(group_size=8, seed=5, init_dir="start"), {"optimizer.lr": 1e-4}),
+            "sft": SFTParams(seed=5)}
+
+
+def test_sft_longer_trains_on_as_many_sequences_as_an_rl_arm_samples(tmp_path):
+    config = arm_config("sft_longer", sections(), tmp_path, Path("ck"), select="best_val")
+    train = sections()["train"]
+    assert config.steps == sft_longer_steps(train, SFTParams()) == -(-150 * 8 * 8 // 16)
+    assert config.init_dir == "start" and config.seed == 5 and config.out_dir == str(tmp_path / "sft_longer/model")
+    assert config.checkpointing.dir == "ck/sft_longer"
+
+
+def test_every_arm_ends_by_the_studys_one_selection_rule(tmp_path):
+    for select in ("best_val", "last"):
+        configs = [arm_config(arm, sections(), tmp_path, Path("ck"), select=select)
+                   for arm in ("sft_longer", "grpo", "dpo")]
+        assert {c.validation.select for c in configs} == {select}
+    # without one each keeps its section's own (sft: last, train: best_val)
+    assert arm_config("sft_longer", sections(), tmp_path, Path("ck")).validation.select == "last"
+
+
+def test_a_variant_is_the_train_section_with_its_settings(params_file, tmp_path):
+    settings = validated_settings("gspo", {"importance_sampling_level": "sequence", "optimizer": {"lr": 3e-5}},
+                                  params_file, "arm.gspo")
+    assert settings == {"importance_sampling_level": "sequence", "optimizer.lr": 3e-5}
+    config = arm_config("gspo", sections(), tmp_path, Path("ck"), settings, select="last")
+    assert config == with_values(replace(sections()["train"], importance_sampling_level="sequence"), {
+        "optimizer.lr": 3e-5, "validation.select": "last", "out_dir": str(tmp_path / "gspo/model"),
+        "checkpointing.dir": "ck/gspo"})
+    # TRL's names become vlmgym's keys, as `vlmgym params` prints them
+    assert validated_settings("grpo", {"loss_type": "grpo", "optimizer.min_lr_rate": 0.1}, params_file, "arm.grpo") == {
+        "loss_aggregation": "sequence_mean", "optimizer.end_lr_ratio": 0.1}
+    with pytest.raises(ValueError, match="unknown arm 'gspo'"):
+        arm_config("gspo", sections(), tmp_path, Path("ck"))
+
+
+@pytest.mark.parametrize(("arm", "settings", "message"), [
+    ("grpo", {"seed": 3}, "arm.grpo.seed: set by the study"),
+    ("grpo", {"checkpointing": {"dir": "x"}}, "arm.grpo.checkpointing.dir: set by the study"),
+    ("grpo", {"validation.select": "last"}, "arm.grpo.validation.select: set by the study"),
+    ("grpo", {"algorithm": "ppo"}, "arm.grpo.algorithm: set by the study"),
+    ("grpo", {"steps": 10}, "arm.grpo.steps: every arm trains at the budget of"),
+    ("grpo", {"num_generations": 4}, "arm.grpo.group_size: every arm trains at the budget"),
+    ("sft_longer", {"steps": 10}, "arm.sft_longer.steps: every arm trains at the budget"),
+    ("grpo", {"optimizer": {"lr": "abc"}}, r"train.optimizer.lr: expected a number"),
+    ("grpo", {"no_such_key": 1}, "train.no_such_key: unknown key"),
+    ("sft_longer", {"group_size": 2}, "sft.group_size: unknown key"),
+    ("gspo", {"importance_sampling_level": "sentence"}, "is not one of"),
+])
+def test_wrong_settings_are_one_line_naming_the_arm_and_key(params_file, arm, settings, message):
+    with pytest.raises(ParamsError, match=message) as raised:
+        validated_settings(arm, settings, params_file, f"arm.{arm}")
+    assert f"arm.{arm}" in str(raised.value) and "\n" not in str(raised.value)
+
+
+def test_a_variant_may_pick_its_algorithm(params_file):
+    assert validated_settings("rloo_slow", {"algorithm": "rloo", "optimizer.lr": 1e-5}, params_file, "arm.x") == {
+        "algorithm": "rloo", "optimizer.lr": 1e-5}

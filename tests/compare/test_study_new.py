@@ -1,0 +1,113 @@
+"""`vlmgym study new` and a study's settings: the params.yaml and dvc.yaml it writes, the checks on the settings,
+the code the stages depend on (no training here; tests/compare/test_study_pipeline.py runs a study)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from vlmgym.compare import layout, settings
+from vlmgym.params import ParamsError
+from vlmgym.runtime.errors import UserError
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def repo(tmp_path, monkeypatch):
+    """An empty repository root: .dvc/ and a params file (the defaults: geospot, train selects best_val)."""
+    (tmp_path / ".dvc").mkdir()
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump({"train": {"validation": {"select": "best_val"}}}))
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def test_new_writes_the_settings_and_a_pipeline_of_matrix_stages(repo):
+    study = layout.new_study("rl-vs-sft", seeds=[5, 6], arms=["grpo", "sft_longer"])
+    raw = yaml.safe_load((repo / "studies/rl-vs-sft/params.yaml").read_text())
+    assert raw == {"study": {"base_params": "../../params.yaml", "env": "geospot", "seeds": [5, 6],
+                             "arms": ["grpo", "sft_longer"], "select": "best_val"},
+                   "arm": {"grpo": {}, "sft_longer": {}}}
+    assert settings.load("studies/rl-vs-sft") == study and study.base_params == Path("params.yaml")
+    stages = yaml.safe_load((repo / "studies/rl-vs-sft/dvc.yaml").read_text())["stages"]
+    assert list(stages) == ["start", "arm", "blind", "constant", "report"]
+    arm = stages["arm"]
+    assert arm["matrix"] == {"seed": "${study.seeds}", "arm": "${study.arms}"} and arm["wdir"] == "../.."
+    assert arm["cmd"] == "vlmgym study arm studies/rl-vs-sft --seed ${item.seed} --arm ${item.arm}"
+    assert arm["outs"] == ["studies/rl-vs-sft/runs/${item.seed}/${item.arm}"]
+    assert arm["deps"][-2:] == ["data/shards", "studies/rl-vs-sft/runs/${item.seed}/sft"]
+    assert arm["params"] == [{"params.yaml": ["sft", "train", "model", "env", "rollout"]},
+                             {"studies/rl-vs-sft/params.yaml": ["study.env", "study.select", "arm.${item.arm}"]}]
+    assert stages["start"]["deps"][-2:] == ["models/jax/base", "data/shards"]
+    assert stages["report"]["deps"] == ["studies/rl-vs-sft/runs"]  # vlmgym's sources live elsewhere here
+    assert stages["report"]["outs"] == [{f"studies/rl-vs-sft/report.{kind}": {"cache": False}}
+                                        for kind in ("md", "json", "png")]
+    paths = layout.stage_paths(study, "arm", {"seed": 6, "arm": "grpo"})
+    assert paths["outs"] == ["studies/rl-vs-sft/runs/6/grpo"] and "studies/rl-vs-sft/runs/6/sft" in paths["deps"]
+
+
+def test_new_refuses_an_existing_study_a_wrong_env_and_a_folder_outside_a_repository(repo, monkeypatch):
+    layout.new_study("a", seeds=[1])
+    with pytest.raises(UserError, match="studies/a exists: its settings are fixed"):
+        layout.new_study("a", seeds=[2])
+    assert layout.new_study("a", seeds=[2], rewrite=True).seeds == (2,)
+    with pytest.raises(ParamsError, match="study.env is 'nlvr2' but params.yaml trains env.name 'geospot'"):
+        layout.new_study("b", env="nlvr2")
+    with pytest.raises(UserError, match="a study's name is a folder name"):
+        layout.new_study("../b")
+    monkeypatch.chdir(repo / "studies")
+    with pytest.raises(UserError, match="run it from the repository root"):
+        layout.new_study("c")
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    ({"seeds": []}, "study.seeds: expected a list of distinct seeds"),
+    ({"seeds": [1, 1]}, "study.seeds: expected a list of distinct seeds"),
+    ({"arms": ["grpo", "grpo"]}, "study.arms: expected a list of distinct arm names"),
+    ({"arms": ["sft"]}, "study.arms: 'sft' is not an arm"),
+    ({"arms": ["ppo"]}, "arm.ppo: missing"),
+    ({"arms": ["gspo"]}, "arm.gspo: missing"),
+    ({"select": "best"}, "study.select: expected one of last, best_val"),
+    ({"seed": 3}, "study.seed: unknown key"),
+    ({"base_params": "nowhere.yaml"}, "study.base_params 'nowhere.yaml': no such file"),
+])
+def test_wrong_settings_are_one_line_naming_the_key(repo, change, message):
+    study = layout.new_study("s", seeds=[5])
+    raw = yaml.safe_load(study.params_file.read_text())
+    raw["study"].update(change)
+    study.params_file.write_text(yaml.safe_dump(raw))
+    with pytest.raises(ParamsError, match=message) as raised:
+        settings.load("studies/s")
+    assert str(raised.value).startswith("studies/s/params.yaml: ") and "\n" not in str(raised.value)
+
+
+def test_a_variant_needs_settings_and_is_paired_with_its_algorithms_arm_and_with_sft_longer(repo):
+    with pytest.raises(ParamsError, match="arm.gspo: 'gspo' is not one of .* needs settings"):
+        layout.new_study("v", arms=["grpo", "gspo"], settings={"gspo": {}})
+    study = layout.new_study("v", arms=["sft_longer", "grpo", "gspo"],
+                             settings={"gspo": {"importance_sampling_level": "sequence"}})
+    assert study.arm_settings("gspo") == {"importance_sampling_level": "sequence"}
+    assert settings.comparisons(study, study.sections()) == [
+        ("grpo", "sft_longer"), ("gspo", "sft_longer"), ("gspo", "grpo")]
+    with pytest.raises(ParamsError, match="arm.grpo.seed: set by the study"):
+        layout.new_study("w", arms=["grpo"], settings={"grpo": {"seed": 1}})
+    assert not (repo / "studies/w").exists()  # nothing written for settings that fail
+
+
+def test_ppo_is_refused_up_front_for_an_env_with_tools(repo):
+    (repo / "params.yaml").write_text(yaml.safe_dump({"env": {"name": "digits", "recipe": "",
+                                                              "digits": {"tools": ["zoom"], "max_turns": 2}}}))
+    with pytest.raises(ParamsError, match="env 'digits' runs episodes with tools, which PPO does not train"):
+        layout.new_study("t", arms=["grpo", "ppo"])
+
+
+def test_the_stages_depend_on_every_vlmgym_package_they_import(monkeypatch):
+    monkeypatch.chdir(REPO)
+    deps = layout.code_deps()
+    for package in ("compare", "rl", "models", "eval", "envs", "tracking", "runtime", "config"):
+        assert f"src/vlmgym/{package}" in deps
+    # the dispatcher alone of the cli package, and nothing the stages never run
+    assert "src/vlmgym/cli/__init__.py" in deps and "src/vlmgym/cli" not in deps
+    assert not any(d.startswith(("src/vlmgym/bench", "src/vlmgym/plan")) for d in deps)

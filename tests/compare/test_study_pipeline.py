@@ -1,0 +1,77 @@
+"""A study end to end on a fresh micro checkout: `vlmgym study new` with 2 seeds x [grpo, sft_longer], `dvc repro` of
+its dvc.yaml (which first runs the pipeline stages it needs: data, base model), the report's paired differences
+with their t-intervals and every seed's row, the stage runs nested under the study's MLflow parent; a second repro
+runs nothing, and a changed arm setting reruns that arm's stages and the report alone."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "pipeline"))  # the micro checkout's helpers
+from pipeline_helpers import micro_checkout, run_checked, stages_run  # noqa: E402
+
+from vlmgym.stats.seed_interval import seed_t_interval  # noqa: E402
+
+pytestmark = pytest.mark.slow
+STUDY = "studies/rl-vs-sft"
+TRAINED = ["start@5", "start@6", "arm@5-grpo", "arm@5-sft_longer", "arm@6-grpo", "arm@6-sft_longer"]
+
+
+def test_a_study_runs_as_a_dvc_pipeline_reports_over_seeds_and_reruns_only_what_changed(tmp_path):
+    from mlflow.tracking import MlflowClient
+
+    root = tmp_path / "repo"
+    root.mkdir()
+    env = micro_checkout(root)
+    run_checked(["vlmgym", "study", "new", "rl-vs-sft", "--seeds", "5", "6", "--arms", "grpo", "sft_longer"], root, env)
+    run_checked(["git", "add", "-A"], root, env)
+    run_checked(["git", "commit", "-qm", "study rl-vs-sft: settings"], root, env)  # pre-registered
+    first = stages_run(run_checked(["dvc", "repro", f"{STUDY}/dvc.yaml"], root, env).stdout)
+    assert first[:4] == ["download", "shard", "base_model", "convert"]  # the pipeline stages the study needs
+    assert first[4:] == [f"{STUDY}/dvc.yaml:{s}" for s in [*TRAINED, "blind@5", "blind@6", "constant", "report"]]
+
+    report = json.loads((root / STUDY / "report.json").read_text())
+    assert report["seeds"] == [5, 6] and report["interval"] == "t over seeds"
+    assert list(report["results"]) == ["test", "test_ood"]
+    for split, results in report["results"].items():
+        for name in ("grpo_minus_sft", "sft_longer_minus_sft", "grpo_minus_sft_longer"):
+            flat = results[name]
+            assert flat["seeds"] == 2 and flat["n"] == {"test": 16, "test_ood": 8}[split]
+            t = seed_t_interval([flat["mean_reward_seed0"], flat["mean_reward_seed1"]], report["confidence"])
+            assert [flat["mean_reward_ci_low"], flat["mean_reward_ci_high"]] == pytest.approx([t.low, t.high])
+            assert flat["mean_reward_boot_low"] <= flat["mean_reward"] <= flat["mean_reward_boot_high"]
+    text = (root / STUDY / "report.md").read_text()
+    assert "| difference | split | mean | 95% t-interval (seeds) | 95% two-level bootstrap | seeds |" in text
+    for row in ("| grpo - sft | test |", "| sft_longer - sft | test_ood |", "| grpo - sft_longer | test |"):
+        assert row in text
+    assert text.count("| policy | seed 5 | seed 6 | mean |") == 2 and "| grpo - sft_longer | " in text
+    assert (root / STUDY / "report.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    for seed in (5, 6):
+        assert (root / STUDY / f"runs/{seed}/grpo/model/vlmgym_checkpoint.json").is_file()
+        assert len((root / STUDY / f"runs/{seed}/sft_longer/test_ood.jsonl").read_text().splitlines()) == 8
+
+    client = MlflowClient(f"sqlite:///{root / 'mlflow.db'}")
+    runs = client.search_runs([client.get_experiment_by_name("vlmgym").experiment_id])
+    (parent,) = [r for r in runs if r.data.tags.get("vlmgym.role") == "study"]
+    children = {r.info.run_name: r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id}
+    assert sorted(children) == sorted([*TRAINED, "blind@5", "blind@6", "constant", "report"])
+    assert children["arm@6-grpo"].data.tags["vlmgym.arm"] == "grpo"
+    assert "loss" in children["arm@5-sft_longer"].data.metrics
+    assert parent.data.metrics["test/grpo_minus_sft/mean_reward"] == pytest.approx(
+        report["results"]["test"]["grpo_minus_sft"]["mean_reward"])
+
+    again = run_checked(["dvc", "repro", f"{STUDY}/dvc.yaml"], root, env).stdout
+    assert stages_run(again) == [] and "Data and pipelines are up to date." in again
+
+    params = root / STUDY / "params.yaml"
+    settings = yaml.safe_load(params.read_text())
+    settings["arm"]["grpo"] = {"optimizer": {"lr": 0.0003}}
+    params.write_text(yaml.safe_dump(settings))
+    changed = stages_run(run_checked(["dvc", "repro", f"{STUDY}/dvc.yaml"], root, env).stdout)
+    assert changed == [f"{STUDY}/dvc.yaml:{s}" for s in ("arm@5-grpo", "arm@6-grpo", "report")]
+    assert "`grpo`: {\"optimizer\": {\"lr\": 0.0003}}" in (root / STUDY / "report.md").read_text()
