@@ -108,7 +108,7 @@ def test_evaluation_reports_each_trained_policy_against_the_baselines_and_warns_
     assert len(collapse) == 1 and "'grpo'" in collapse[0]
 
 
-def test_sampled_answers_give_each_prompt_its_mean_reward_and_pass_at_k(monkeypatch):
+def test_sampled_answers_give_each_prompt_its_mean_best_reward_and_pass_at_k(monkeypatch):
     from vlmgym.eval.metrics import evaluate, statistics_for
     from vlmgym.eval.sampled import attach_sampled
 
@@ -122,9 +122,11 @@ def test_sampled_answers_give_each_prompt_its_mean_reward_and_pass_at_k(monkeypa
     attached = attach_sampled(ColourEnv, greedy, sampled)
     assert [a["sampled"]["solved"] for a in attached] == [True, True, False]
     assert [a["sampled"]["mean_reward"] for a in attached] == pytest.approx([0.55, 1.0, 0.1])
+    assert [a["sampled"]["best_reward"] for a in attached] == pytest.approx([1.0, 1.0, 0.1])
     figures = evaluate(ColourEnv, attached, n_resamples=50)
     assert figures["pass_at_k"] == pytest.approx(2 / 3)
     assert figures["sampled_mean_reward"] == pytest.approx((0.55 + 1.0 + 0.1) / 3)
+    assert figures["best_of_k_reward"] == pytest.approx((1.0 + 1.0 + 0.1) / 3)
     assert figures["mean_reward"] == pytest.approx((1.0 + 0.1 + 0.1) / 3)  # greedy, as before
     monkeypatch.setattr(ColourEnv, "solved", classmethod(lambda cls, r: None))  # graded reward: no pass@k
     assert "pass_at_k" not in statistics_for(ColourEnv, attach_sampled(ColourEnv, greedy, sampled))

@@ -110,6 +110,7 @@ def test_metrics_plots_and_reports(pipeline):
     assert set(metrics) == {*columns, "hf_baseline", *(f"{key}_test_ood" for key in columns)}
     for policy in POLICIES:  # sampled answers: the mean over each prompt's 4, beside greedy (geospot: no pass@k)
         assert "sampled_mean_reward" in metrics[policy] and "pass_at_k" not in metrics[policy]
+        assert metrics[policy]["best_of_k_reward"] >= metrics[policy]["sampled_mean_reward"]
     assert "sampled_mean_reward" not in metrics["constant"]
     for policy in POLICIES:
         assert metrics[f"{policy}_test_ood"]["n"] == 8

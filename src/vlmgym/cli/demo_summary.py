@@ -8,6 +8,25 @@ from vlmgym.params import load_section
 from vlmgym.tracking import spool
 from vlmgym.tracking.stage_runs import repo_root, tracking_uri
 
+# What RL optimises, per policy: its greedy answer, the mean of its k sampled answers, and the best of them
+SHARPENING = (("mean_reward", "greedy"), ("sampled_mean_reward", "k sampled, mean"),
+              ("best_of_k_reward", "k sampled, best"))
+
+
+def sharpening_lines(metrics: dict) -> list[str]:
+    """sft and grpo side by side on greedy, sampled-mean and best-of-k reward (test), where eval.json has them."""
+    policies = [p for p in ("sft", "grpo") if isinstance(metrics.get(p), dict)]
+    rows = [(label, [metrics[p].get(key) for p in policies]) for key, label in SHARPENING]
+    rows = [(label, values) for label, values in rows if all(isinstance(v, (int, float)) for v in values)]
+    if not policies or not rows:
+        return []
+    lines = ["\nWhat GRPO changed (mean reward on test; greedy rising toward best-of-k is sampled headroom turned "
+             "into greedy answers):", "  " + " " * 18 + "".join(f"{p:>8}" for p in policies)]
+    lines += [f"  {label:<18}" + "".join(f"{v:8.3f}" for v in values) for label, values in rows]
+    lines.append("  Against more SFT at the same budget, over seeds: vlmgym study new rl-vs-sft --arms sft_longer "
+                 "grpo, then dvc repro studies/rl-vs-sft/dvc.yaml (docs/studies.md)")
+    return lines
+
 
 def main() -> int:
     root = repo_root()
@@ -16,6 +35,9 @@ def main() -> int:
         print(f"\n== {path.relative_to(root)} ==")
         table = root / "reports" / f"{path.stem}.md"
         print(table.read_text() if table.exists() else json.dumps(json.loads(path.read_text()), indent=2))
+    eval_json = metrics_dir / "eval.json"
+    if eval_json.exists():
+        print("\n".join(sharpening_lines(json.loads(eval_json.read_text()))))
     uri = tracking_uri()
     print("\nWhere to look:")
     print(f"  MLflow runs:     mlflow ui --backend-store-uri {uri}   (then open http://127.0.0.1:5000)")

@@ -34,7 +34,8 @@ ANSWER_CHARS = 400  # longer answers are cut in the gallery (the rollout JSONL k
 FIRST_ROWS = {"n": ("samples", "count")}
 LAST_ROWS = {"format_valid_rate": ("format valid", "rate"), "mean_reward": ("mean reward", "reward"),
              # sampled answers (vlmgym.eval.sampled): k per prompt, rollout.sampled_answers
-             "sampled_mean_reward": ("mean reward, k sampled", "reward"), "pass_at_k": ("pass@k, k sampled", "rate"),
+             "sampled_mean_reward": ("mean reward, k sampled", "reward"),
+             "best_of_k_reward": ("best-of-k reward, k sampled", "reward"), "pass_at_k": ("pass@k, k sampled", "rate"),
              # the answer collapse check (vlmgym.eval.outputs.answer_collapse): point figures, no interval
              "answers_top_share": ("top answer share", "rate"), "answers_distinct_share": ("distinct answers", "rate"),
              # multi-turn episodes (vlmgym.eval.episodes)
