@@ -29,9 +29,26 @@ LEARNER_COMPILER_OPTIONS = {
     "xla_cpu_experimental_ynn_fusion_type": "LIBRARY_FUSION_TYPE_DOT,LIBRARY_FUSION_TYPE_REDUCE"}
 
 
-def learner_jit(**kwargs: Any) -> Callable:
-    """jax.jit for a learner program (a forward and backward over a batch), with LEARNER_COMPILER_OPTIONS."""
-    return partial(jax.jit, compiler_options=LEARNER_COMPILER_OPTIONS, **kwargs)
+class LearnerJit:
+    """A learner program jitted with LEARNER_COMPILER_OPTIONS when called (or lowered) on its own; traced inside
+    another transformation (a jit, make_jaxpr, eval_shape), which may not carry compile options, plainly."""
+
+    def __init__(self, fn: Callable, **kwargs: Any):
+        self.plain = jax.jit(fn, **kwargs)
+        self.tuned = jax.jit(fn, compiler_options=LEARNER_COMPILER_OPTIONS, **kwargs)
+        self.lower = self.tuned.lower
+        self.__wrapped__ = fn
+        self.__name__ = getattr(fn, "__name__", "learner_program")
+        self.__doc__ = fn.__doc__
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        traced = any(isinstance(leaf, jax.core.Tracer) for leaf in jax.tree.leaves(args))
+        return (self.plain if traced else self.tuned)(*args, **kwargs)
+
+
+def learner_jit(**kwargs: Any) -> Callable[[Callable], LearnerJit]:
+    """Decorator: jax.jit for a learner program (a forward and backward over a batch), with LEARNER_COMPILER_OPTIONS."""
+    return partial(LearnerJit, **kwargs)
 
 
 @learner_jit(static_argnames=("policy", "optimizer", "objective", "compiles"))
