@@ -16,6 +16,7 @@ learns on the policy's representation without ever moving the policy.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +33,7 @@ from vlmgym.rl.online import OnlineTrainer, Update
 from vlmgym.rl.optim import Optimizer
 from vlmgym.rl.sampling import Batch
 from vlmgym.rl.trainer_parts import group_observations, in_train_mode, micro_slices, scalar_figures
-from vlmgym.rl.update import accumulate, apply_update, fp32_gradients, learner_jit, policy_logprobs
+from vlmgym.rl.update import accumulate, apply_update, fp32_gradients, policy_logprobs
 from vlmgym.rollout.episodes import max_turns
 
 
@@ -62,7 +63,7 @@ def _ppo_micro_loss(params: Any, micro: dict, normalizer: jax.Array, policy: Pol
     return out.loss + settings.vf_coef * value.loss, aux
 
 
-@learner_jit(static_argnames=("policy", "optimizer", "settings", "compiles"))
+@partial(jax.jit, static_argnames=("policy", "optimizer", "settings", "compiles"))
 def ppo_gradients(params: Any, micro: dict, normalizer: jax.Array, *, policy: Policy, optimizer: Optimizer,
                   settings: PPOSettings, compiles: CompileCounter) -> tuple[jax.Array, Any, dict]:
     """PPO loss (policy + vf_coef x value), fp32 gradients of policy and value head, and figures of a micro-batch."""
@@ -70,7 +71,7 @@ def ppo_gradients(params: Any, micro: dict, normalizer: jax.Array, *, policy: Po
     return fp32_gradients(_ppo_micro_loss, params, micro, normalizer, optimizer, policy, settings)
 
 
-@learner_jit(static_argnames=("policy", "compiles"))
+@partial(jax.jit, static_argnames=("policy", "compiles"))
 def ppo_forward(params: Any, batch: Any, *, policy: Policy, compiles: CompileCounter) -> tuple[jax.Array, jax.Array]:
     """Log-probs and values [batch, len] of the sampled completions before the update (GAE's values)."""
     compiles.traced("ppo_forward")

@@ -20,38 +20,8 @@ from vlmgym.rl.optim import Optimizer
 from vlmgym.rl.sft import sft_loss_from_logprobs
 from vlmgym.runtime import distributed
 
-# XLA:CPU's default compiles each dot alone and writes a backward pass's transposed operands out first, in plain loops
-# (20 ms of the tiny model's 0.5 s GRPO update for one [384, 3072] gradient); fused with the transposes and element-wise
-# work around it into one YNNPACK call, the update takes 0.6x the time (BENCHMARKS.md, "Learner"). Only the learner's
-# programs ask for it: the rollout engine's decode steps (one token per row) run slower with it. Other backends
-# ignore the option.
-LEARNER_COMPILER_OPTIONS = {
-    "xla_cpu_experimental_ynn_fusion_type": "LIBRARY_FUSION_TYPE_DOT,LIBRARY_FUSION_TYPE_REDUCE"}
 
-
-class LearnerJit:
-    """A learner program jitted with LEARNER_COMPILER_OPTIONS when called (or lowered) on its own; traced inside
-    another transformation (a jit, make_jaxpr, eval_shape), which may not carry compile options, plainly."""
-
-    def __init__(self, fn: Callable, **kwargs: Any):
-        self.plain = jax.jit(fn, **kwargs)
-        self.tuned = jax.jit(fn, compiler_options=LEARNER_COMPILER_OPTIONS, **kwargs)
-        self.lower = self.tuned.lower
-        self.__wrapped__ = fn
-        self.__name__ = getattr(fn, "__name__", "learner_program")
-        self.__doc__ = fn.__doc__
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        traced = any(isinstance(leaf, jax.core.Tracer) for leaf in jax.tree.leaves(args))
-        return (self.plain if traced else self.tuned)(*args, **kwargs)
-
-
-def learner_jit(**kwargs: Any) -> Callable[[Callable], LearnerJit]:
-    """Decorator: jax.jit for a learner program (a forward and backward over a batch), with LEARNER_COMPILER_OPTIONS."""
-    return partial(LearnerJit, **kwargs)
-
-
-@learner_jit(static_argnames=("policy", "optimizer", "objective", "compiles"))
+@partial(jax.jit, static_argnames=("policy", "optimizer", "objective", "compiles"))
 def grpo_gradients(params: Any, micro: dict, normalizer: jax.Array, *, policy: Policy, optimizer: Optimizer,
                    objective: Objective, compiles: CompileCounter) -> tuple[jax.Array, Any, dict]:
     """GRPO loss (vlmgym.rl.objective.micro_loss), fp32 gradients and figures of one micro-batch (normalised by the
@@ -93,7 +63,7 @@ def _dpo_micro_loss(params: Any, micro: dict, normalizer: jax.Array, policy: Pol
     return out.loss, aux
 
 
-@learner_jit(static_argnames=("policy", "optimizer", "beta", "compiles"))
+@partial(jax.jit, static_argnames=("policy", "optimizer", "beta", "compiles"))
 def dpo_gradients(params: Any, micro: dict, normalizer: jax.Array, *, policy: Policy, optimizer: Optimizer,
                   beta: float, compiles: CompileCounter) -> tuple[jax.Array, Any, dict]:
     """Online DPO loss, fp32 gradients and figure sums of one micro-batch of pair rows."""
@@ -101,7 +71,7 @@ def dpo_gradients(params: Any, micro: dict, normalizer: jax.Array, *, policy: Po
     return fp32_gradients(_dpo_micro_loss, params, micro, normalizer, optimizer, policy, beta)
 
 
-@learner_jit(static_argnames=("policy", "compiles"))
+@partial(jax.jit, static_argnames=("policy", "compiles"))
 def train_logprobs(params: Any, micro: dict, *, policy: Policy, compiles: CompileCounter) -> jax.Array:
     """The per-token log-probs of a micro-batch's rows as its training forward sees them (its LoRA dropout, if any),
     without a gradient: what online DPO over episodes weighs its rows by before the update."""
@@ -115,7 +85,7 @@ def _weighted_micro_loss(params: Any, micro: dict, normalizer: jax.Array, policy
     return (micro["coefficients"] * sums).sum() / normalizer, {"logprobs": jax.lax.stop_gradient(logprobs)}
 
 
-@learner_jit(static_argnames=("policy", "optimizer", "compiles"))
+@partial(jax.jit, static_argnames=("policy", "optimizer", "compiles"))
 def weighted_logprob_gradients(params: Any, micro: dict, normalizer: jax.Array, *, policy: Policy,
                                optimizer: Optimizer, compiles: CompileCounter) -> tuple[jax.Array, Any, dict]:
     """fp32 gradients of sum over rows of coefficient x summed log-probs (micro["coefficients"] [rows], constants):
@@ -152,7 +122,7 @@ def first_learner_logprobs(auxes: list[dict]) -> np.ndarray:
     return np.concatenate([distributed.host_value(aux["logprobs"]) for aux in auxes])
 
 
-@learner_jit(static_argnames=("policy", "compiles"))
+@partial(jax.jit, static_argnames=("policy", "compiles"))
 def policy_logprobs(params: Any, batch: Any, *, policy: Policy, compiles: CompileCounter) -> jax.Array:
     """The policy's log-probs of a batch (the frozen reference's, when beta > 0)."""
     compiles.traced("policy_logprobs")
@@ -172,7 +142,7 @@ def _sft_micro_loss(params: Any, micro: dict, normalizer: jax.Array, policy: Pol
     return sft_loss_from_logprobs(logprobs, mask, normalizer), {"tokens": mask.sum()}
 
 
-@learner_jit(static_argnames=("policy", "optimizer", "compiles"))
+@partial(jax.jit, static_argnames=("policy", "optimizer", "compiles"))
 def sft_gradients(params: Any, micro: dict, normalizer: jax.Array, *, policy: Policy, optimizer: Optimizer,
                   compiles: CompileCounter) -> tuple[jax.Array, Any, dict]:
     """SFT loss and fp32 gradients of one micro-batch (normalised by the whole batch's token count)."""

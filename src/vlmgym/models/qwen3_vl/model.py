@@ -15,7 +15,7 @@ import numpy as np
 from vlmgym.models.qwen3_vl.config import Qwen3VLConfig
 from vlmgym.models.qwen3_vl.lora import project
 from vlmgym.models.qwen3_vl.vision import encode_patches
-from vlmgym.models.qwen3_vl.weights import Params, layer_unroll
+from vlmgym.models.qwen3_vl.weights import Params
 
 KVCache = dict[str, jax.Array]
 NEG_INF = float(np.finfo(np.float32).min)
@@ -135,8 +135,7 @@ def _decoder(params: Params, cfg: Qwen3VLConfig, x: jax.Array, position_ids: jax
         return h, (k, v)
 
     layers = params["text"]["layers"]
-    return jax.lax.scan(jax.checkpoint(layer) if remat else layer, x, (layers, jnp.arange(cfg.text.num_hidden_layers)),
-                        unroll=layer_unroll(cfg.text.num_hidden_layers))
+    return jax.lax.scan(jax.checkpoint(layer) if remat else layer, x, (layers, jnp.arange(cfg.text.num_hidden_layers)))
 
 
 def _logits(params: Params, cfg: Qwen3VLConfig, h: jax.Array) -> jax.Array:

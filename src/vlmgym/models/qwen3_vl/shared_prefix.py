@@ -33,7 +33,7 @@ from vlmgym.models.qwen3_vl.model import (
     picked_logprobs,
     text_position_ids,
 )
-from vlmgym.models.qwen3_vl.weights import Params, layer_unroll
+from vlmgym.models.qwen3_vl.weights import Params
 
 
 def _group_attention(q: jax.Array, k: jax.Array, v: jax.Array, prompt_k: jax.Array, prompt_v: jax.Array,
@@ -98,7 +98,7 @@ def shared_prefix_logprobs(params: Params, cfg: Qwen3VLConfig, inputs: dict[str,
 
     completions = params["text"]["embed"][completion_ids].astype(dtype)
     h, _ = jax.lax.scan(jax.checkpoint(layer) if remat else layer, completions,
-                        (params["text"]["layers"], prompt_k, prompt_v), unroll=layer_unroll(cfg.text.num_hidden_layers))
+                        (params["text"]["layers"], prompt_k, prompt_v))
     # Token 0 is predicted at the prompt's last attended token (shared by the group), token j at completion j - 1.
     last = h_prompt[jnp.arange(prompts), _last_valid_index(prompt_mask)]
     predictors = jnp.concatenate([jnp.repeat(last, group, axis=0)[:, None], h[:, :-1]], axis=1)

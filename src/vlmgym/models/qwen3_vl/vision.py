@@ -17,7 +17,7 @@ import numpy as np
 
 from vlmgym.models.qwen3_vl.config import Qwen3VLConfig
 from vlmgym.models.qwen3_vl.lora import adapter_input
-from vlmgym.models.qwen3_vl.weights import Params, layer_unroll
+from vlmgym.models.qwen3_vl.weights import Params
 
 PatchLayout = dict[str, Any]
 
@@ -190,13 +190,12 @@ def encode_patches(params: Params, cfg: Qwen3VLConfig, pixel_values: jax.Array,
     # One scan per stretch of blocks between DeepStack taps (a Python loop over <= 4 stretches).
     for tap, end in enumerate(v.deepstack_visual_indexes):
         stretch = jax.tree.map(lambda a, s=start, e=end: a[s:e + 1], p["blocks"])
-        x, _ = jax.lax.scan(body, x, stretch, unroll=layer_unroll(end + 1 - start))
+        x, _ = jax.lax.scan(body, x, stretch)
         merger = jax.tree.map(lambda a, i=tap: a[i], p["deepstack"])
         deepstack.append(_merge(cfg, merger, x, norm_after_grouping=True))
         start = end + 1
     if start < v.depth:
-        rest = jax.tree.map(lambda a: a[start:], p["blocks"])
-        x, _ = jax.lax.scan(body, x, rest, unroll=layer_unroll(v.depth - start))
+        x, _ = jax.lax.scan(body, x, jax.tree.map(lambda a: a[start:], p["blocks"]))
     image_embeds = _merge(cfg, p["merger"], x, norm_after_grouping=False)
     if deepstack:
         stacked = jnp.stack(deepstack)

@@ -138,14 +138,3 @@ def count_params(tree: Params) -> int:
 def cast_params(tree: Params, dtype: Any) -> Params:
     """Every parameter cast to `dtype`."""
     return jax.tree.map(lambda x: x.astype(dtype) if isinstance(x, jax.Array) else np.asarray(x).astype(dtype), tree)
-
-
-# XLA:CPU stacks a scanned layer's residuals for the backward pass with a dynamic-update-slice copy per layer; a
-# model of a few layers runs faster unrolled (the tiny default's learner update: 0.31 -> 0.28 s), a deep one keeps
-# the scan (compile time and program size grow with every unrolled layer).
-UNROLL_MAX_LAYERS = 8
-
-
-def layer_unroll(layers: int) -> int | bool:
-    """lax.scan's `unroll` for a stack of `layers` layers."""
-    return True if layers <= UNROLL_MAX_LAYERS else 1
