@@ -138,7 +138,7 @@ def new_study(name: str, *, base_params: str = "params.yaml", env: str | None = 
     from vlmgym.runtime.errors import UserError
 
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", name):
-        raise UserError(f"vlmgym study new {name!r}: a study's name is a folder name (letters, digits, _ . -)")
+        raise UserError(f"vlmgym study new {name!r}: a study's name is a folder name (letters, numbers, _ . -)")
     if not Path(".dvc").is_dir():
         raise UserError("vlmgym study new: run it from the repository root (the folder holding .dvc/): a study's "
                         f"stages depend on the pipeline's outputs, and its folder is {STUDIES}/<name>")

@@ -4,7 +4,7 @@
     study:
       base_params: ../../params.yaml  # the pipeline params the study builds on (data, model, sft, train, rollout,
                                       # eval), from the study's folder
-      env: geospot                    # the env those params must train (env.name)
+      env: <name>                     # the env those params must train (their env.name)
       seeds: [5, 6, 7, 8, 9]          # one SFT start and one run of every arm per seed
       arms: [sft_longer, grpo]        # vlmgym.compare.arms
       select: best_val                # validation.select of every arm: one rule for sft_longer and the RL arms
