@@ -80,15 +80,15 @@ def introduction(study: Study, sections: dict[str, Any], constant: dict | None) 
     return lines
 
 
-def write(study: Study) -> dict[str, Path]:
-    """Compute the study's results and write report.md, .json and .png into its folder; returns their paths."""
+def write(study: Study, sections: dict[str, Any]) -> tuple[dict[str, Path], dict[str, dict]]:
+    """Compute the study's results and write report.md, .json and .png into its folder; returns their paths and
+    the results ({split: {policy or difference: flat figures}})."""
     from vlmgym.compare import tables
     from vlmgym.compare.seeds import per_seed_table, seed_results
     from vlmgym.envs import env_class
     from vlmgym.eval.blind import CONSTANT
     from vlmgym.runtime.atomic import write_text_atomically
 
-    sections = study.sections()
     evaluation, env = sections["eval"], env_class(sections["env"].name)
     splits, per_split, constant = runs(study)
     baselines = [b for b in (CONSTANT, BLIND) if b in per_split[splits[0]][0]]
@@ -115,7 +115,7 @@ def write(study: Study) -> dict[str, Path]:
                "comparisons": [f"{a}_minus_{b}" for a, b in pairs], "training": training, "results": results}
     write_text_atomically(files["json"], json.dumps(summary, indent=1, sort_keys=True) + "\n")
     tables.plot(files["png"], results, [CONTROL, *study.arms, *baselines], evaluation.confidence, len(study.seeds))
-    return files
+    return files, results
 
 
 def report(study: Study) -> dict[str, Path]:
@@ -123,9 +123,9 @@ def report(study: Study) -> dict[str, Path]:
     from vlmgym.compare.stages import tracked
     from vlmgym.eval.outputs import mlflow_metrics
 
-    with tracked(study, "report", {}, study.sections()["eval"]) as run:
-        files = write(study)
-        results = json.loads(files["json"].read_text())["results"]
+    sections = study.sections()
+    with tracked(study, "report", {}, sections["eval"]) as run:
+        files, results = write(study, sections)
         figures = {f"{split}/{key}": value for split, split_results in results.items()
                    for key, value in mlflow_metrics(split_results).items()}
         run.log_metrics(figures)
