@@ -9,7 +9,14 @@ from pathlib import Path
 import pytest
 import yaml
 
-from vlmgym.compare.arms import arm_config, sft_longer_steps, validated_settings
+from vlmgym.compare.arms import (
+    arm_config,
+    rl_step_flops,
+    sft_compute_steps,
+    sft_longer_steps,
+    sft_step_flops,
+    validated_settings,
+)
 from vlmgym.params import ParamsError, SFTParams, TrainParams, with_values
 
 
@@ -31,6 +38,21 @@ def test_sft_longer_trains_on_as_many_sequences_as_an_rl_arm_samples(tmp_path):
     assert config.steps == sft_longer_steps(train, SFTParams()) == -(-150 * 8 * 8 // 16)
     assert config.init_dir == "start" and config.seed == 5 and config.out_dir == str(tmp_path / "sft_longer/model")
     assert config.checkpointing.dir == "ck/sft_longer"
+
+
+def test_sft_compute_trains_for_the_flops_of_the_rl_arms_steps():
+    train, sft = TrainParams(steps=150, batch_prompts=8, group_size=8, max_new_tokens=64), SFTParams(batch_size=16)
+    # per step and parameter: sampling 2 x (8 prompts x 60 + 64 answers x 64), the learner 6 x the same (one prompt
+    # per group), no reference (beta 0) and no recomputed log-probs
+    positions = 8 * 60 + 64 * 64
+    assert rl_step_flops(train, 60) == 8 * positions
+    assert sft_step_flops(sft, 60) == 6 * 16 * (60 + sft.max_target_tokens)
+    assert sft_compute_steps(train, sft, 60) == -(-150 * 8 * positions // (6 * 16 * (60 + 64)))
+    # a KL reference adds a forward over the learner's positions; a copy of the prompt per answer, 64 prompts
+    assert rl_step_flops(replace(train, beta=0.01), 60) == 10 * positions
+    assert rl_step_flops(replace(train, share_prefix=False), 60) == 2 * positions + 6 * 64 * (60 + 64)
+    # two updates per sampled batch: the learner's forward and backward twice
+    assert rl_step_flops(replace(train, num_iterations=2), 60) == 14 * positions
 
 
 def test_every_arm_ends_by_the_studys_one_selection_rule(tmp_path):

@@ -29,7 +29,7 @@ def test_new_writes_the_settings_and_a_pipeline_of_matrix_stages(repo):
     raw = yaml.safe_load((repo / "studies/rl-vs-sft/params.yaml").read_text())
     assert raw == {"study": {"base_params": "../../params.yaml", "env": "geospot", "seeds": [5, 6],
                              "arms": ["grpo", "sft_longer"], "select": "best_val"},
-                   "arm": {"grpo": {}, "sft_longer": {}}}
+                   "arm": {"grpo": {}, "sft_longer": {}}, "start": {}}
     assert settings.load("studies/rl-vs-sft") == study and study.base_params == Path("params.yaml")
     stages = yaml.safe_load((repo / "studies/rl-vs-sft/dvc.yaml").read_text())["stages"]
     assert list(stages) == ["start", "arm", "blind", "constant", "report"]
@@ -41,6 +41,7 @@ def test_new_writes_the_settings_and_a_pipeline_of_matrix_stages(repo):
     assert arm["params"] == [{"params.yaml": ["sft", "train", "model", "env", "rollout"]},
                              {"studies/rl-vs-sft/params.yaml": ["study.env", "study.select", "arm.${item.arm}"]}]
     assert stages["start"]["deps"][-2:] == ["models/jax/base", "data/shards"]
+    assert stages["start"]["params"][-1] == {"studies/rl-vs-sft/params.yaml": ["start"]}
     assert stages["report"]["deps"] == ["studies/rl-vs-sft/runs"]  # vlmgym's sources live elsewhere here
     assert stages["report"]["outs"] == [{f"studies/rl-vs-sft/report.{kind}": {"cache": False}}
                                         for kind in ("md", "json", "png")]
@@ -111,3 +112,24 @@ def test_the_stages_depend_on_every_vlmgym_package_they_import(monkeypatch):
     # the dispatcher alone of the cli package, and nothing the stages never run
     assert "src/vlmgym/cli/__init__.py" in deps and "src/vlmgym/cli" not in deps
     assert not any(d.startswith(("src/vlmgym/bench", "src/vlmgym/plan")) for d in deps)
+
+
+def test_the_starts_settings_change_the_sft_section_it_trains_with_and_nothing_else(repo):
+    from vlmgym.compare.seeds import start_config
+
+    study = layout.new_study("long-start", seeds=[5], arms=["grpo", "sft_longer"], start={"steps": 1800})
+    assert yaml.safe_load(study.params_file.read_text())["start"] == {"steps": 1800}
+    assert study.start_settings() == {"steps": 1800}
+    sections = study.sections()
+    config = start_config(sections, 5, study.run_folder(5), study.checkpoints(5), study.start_settings())
+    assert config.steps == 1800 and config.seed == 5 and sections["sft"].steps != 1800
+    assert config.out_dir == "studies/long-start/runs/5/sft/model"
+    raw = yaml.safe_load(study.params_file.read_text())
+    raw["start"] = {"optimizer": {"lr": "fast"}}
+    study.params_file.write_text(yaml.safe_dump(raw))
+    with pytest.raises(ParamsError, match="start: .*lr"):
+        settings.load(study.folder).start_settings()
+    raw["start"] = {"seed": 3}
+    study.params_file.write_text(yaml.safe_dump(raw))
+    with pytest.raises(ParamsError, match="start.seed: set by the study"):
+        settings.load(study.folder).start_settings()

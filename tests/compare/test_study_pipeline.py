@@ -1,7 +1,8 @@
-"""A study end to end on a fresh micro checkout: `vlmgym study new` with 2 seeds x [grpo, sft_longer], `dvc repro` of
-its dvc.yaml (which first runs the pipeline stages it needs: data, base model), the report's paired differences
-with their t-intervals and every seed's row, the stage runs nested under the study's MLflow parent; a second repro
-runs nothing, and a changed arm setting reruns that arm's stages and the report alone."""
+"""A study end to end on a fresh micro checkout: `vlmgym study new` with 2 seeds x [grpo, sft_longer, sft_compute], `dvc
+repro` of its dvc.yaml (which first runs the pipeline stages it needs: data, base model), the report's paired
+differences with their t-intervals and every seed's row, greedy beside sampled mean and best-of-k reward, the stage
+runs nested under the study's MLflow parent; a second repro runs nothing, and a changed arm setting reruns that arm's
+stages and the report alone."""
 
 from __future__ import annotations
 
@@ -19,7 +20,8 @@ from vlmgym.stats.seed_interval import seed_t_interval  # noqa: E402
 
 pytestmark = pytest.mark.slow
 STUDY = "studies/rl-vs-sft"
-TRAINED = ["start@5", "start@6", "arm@5-grpo", "arm@5-sft_longer", "arm@6-grpo", "arm@6-sft_longer"]
+ARMS = ["grpo", "sft_longer", "sft_compute"]
+TRAINED = ["start@5", "start@6", *[f"arm@{seed}-{arm}" for seed in (5, 6) for arm in ARMS]]
 
 
 def test_a_study_runs_as_a_dvc_pipeline_reports_over_seeds_and_reruns_only_what_changed(tmp_path):
@@ -28,7 +30,7 @@ def test_a_study_runs_as_a_dvc_pipeline_reports_over_seeds_and_reruns_only_what_
     root = tmp_path / "repo"
     root.mkdir()
     env = micro_checkout(root)
-    run_checked(["vlmgym", "study", "new", "rl-vs-sft", "--seeds", "5", "6", "--arms", "grpo", "sft_longer"], root, env)
+    run_checked(["vlmgym", "study", "new", "rl-vs-sft", "--seeds", "5", "6", "--arms", *ARMS], root, env)
     run_checked(["git", "add", "-A"], root, env)
     run_checked(["git", "commit", "-qm", "study rl-vs-sft: settings"], root, env)  # pre-registered
     first = stages_run(run_checked(["dvc", "repro", f"{STUDY}/dvc.yaml"], root, env).stdout)
@@ -39,7 +41,7 @@ def test_a_study_runs_as_a_dvc_pipeline_reports_over_seeds_and_reruns_only_what_
     assert report["seeds"] == [5, 6] and report["interval"] == "t over seeds"
     assert list(report["results"]) == ["test", "test_ood"]
     for split, results in report["results"].items():
-        for name in ("grpo_minus_sft", "sft_longer_minus_sft", "grpo_minus_sft_longer"):
+        for name in ("grpo_minus_sft", "sft_longer_minus_sft", "grpo_minus_sft_longer", "grpo_minus_sft_compute"):
             flat = results[name]
             assert flat["seeds"] == 2 and flat["n"] == {"test": 16, "test_ood": 8}[split]
             t = seed_t_interval([flat["mean_reward_seed0"], flat["mean_reward_seed1"]], report["confidence"])
@@ -47,8 +49,18 @@ def test_a_study_runs_as_a_dvc_pipeline_reports_over_seeds_and_reruns_only_what_
             assert flat["mean_reward_boot_low"] <= flat["mean_reward"] <= flat["mean_reward_boot_high"]
     text = (root / STUDY / "report.md").read_text()
     assert "| difference | split | mean | 95% t-interval (seeds) | 95% two-level bootstrap | seeds |" in text
-    for row in ("| grpo - sft | test |", "| sft_longer - sft | test_ood |", "| grpo - sft_longer | test |"):
+    for row in ("| grpo - sft | test |", "| sft_longer - sft | test_ood |", "| grpo - sft_longer | test |",
+                "| grpo - sft_compute | test |", "| best-of-k reward, k sampled |", "| mean reward, k sampled |"):
         assert row in text
+    # the test split sampled k = 4 answers per prompt for the start and every arm; the held-out OOD split greedily
+    for name in ("sft", *ARMS):
+        for split in ("test", "test_ood"):
+            assert ("best_of_k_reward" in report["results"][split][name]) == (split == "test")
+        flat = report["results"]["test"][name]
+        assert flat["best_of_k_reward"] >= flat["sampled_mean_reward"]
+        assert len((root / STUDY / f"runs/5/{name}/test.sampled.jsonl").read_text().splitlines()) == 16 * 4
+    compute_steps = report["training"]["sft_compute"]["5"]["steps"]
+    assert f"sft_compute {compute_steps:.0f} more SFT steps" in text
     assert text.count("| policy | seed 5 | seed 6 | mean |") == 2 and "| grpo - sft_longer | " in text
     assert (root / STUDY / "report.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     for seed in (5, 6):

@@ -7,6 +7,9 @@ Every arm starts from its seed's SFT start, `sft` (the control, vlmgym.compare.s
 - sft_longer: SFT continued from the start on the env's ideal answers for as many training sequences as an RL arm
   samples (ceil(train.steps x batch_prompts x group_size / sft.batch_size) steps of the sft section's settings):
   what supervised data alone buys with the same number of sequences.
+- sft_compute: the same SFT continued for as many training FLOPs as a step of the train section costs times its
+  steps (sft_compute_steps: sampling, reference and learner passes counted by the 2N / 6N rule per token position):
+  what supervised data alone buys with the same compute.
 - a variant, any other name: the train section with the study's settings for it (e.g. GSPO:
   importance_sampling_level: sequence), against the arm of its train.algorithm at the same budget.
 Each arm ends on the params its validation selects, by the one rule the study sets for all of them
@@ -22,12 +25,18 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from vlmgym.eval.blind import CONSTANT, blind_name
 from vlmgym.params import SFTParams, TrainParams, with_values
 
 CONTROL = "sft"  # the arm every other is compared with: each seed's SFT start
 RL_ARMS = ("grpo", "ppo", "dpo", "rloo")
-ARMS = ("sft_longer", *RL_ARMS)
+# More SFT from the same start, the controls for "RL helps": at the RL arms' number of trained sequences, and at their
+# training compute.
+SFT_CONTROLS = ("sft_longer", "sft_compute")
+ARMS = (*SFT_CONTROLS, *RL_ARMS)
+PROMPTS_MEASURED = 64  # train prompts whose token count gives sft_compute's prompt length
 SPLITS = ("test", "test_ood")
 # The image-blind baselines beside the arms (vlmgym.eval.blind): the best constant answer, chosen on val, and the
 # start policy answering with its images blanked.
@@ -45,10 +54,50 @@ def sft_longer_steps(train: TrainParams, sft: SFTParams) -> int:
     return math.ceil(train.steps * train.batch_prompts * train.group_size / sft.batch_size)
 
 
+def rl_step_flops(train: TrainParams, prompt_tokens: float) -> float:
+    """FLOPs of one step of the train section per model parameter, by the 2N (forward) / 6N (forward and backward)
+    rule per token position the step computes: the sampler's prefill (once per prompt) and decode (every answer to
+    max_new_tokens: the arrays' fixed shape, an upper bound where answers end early), the learner's passes over the
+    prompts (once per group with share_prefix) and the answers, a reference forward when beta > 0 and a learner
+    recomputation of the behaviour log-probs with old_logprobs: learner. filter_groups' extra sampling rounds and
+    validation are left out."""
+    prompts, answers = train.batch_prompts, train.batch_prompts * train.group_size
+    sampled = prompts * prompt_tokens + answers * train.max_new_tokens
+    learned = (prompts if train.share_prefix else answers) * prompt_tokens + answers * train.max_new_tokens
+    forwards = sampled + learned * ((train.beta > 0) + (train.old_logprobs == "learner"))
+    return 2 * forwards + 6 * learned * train.num_iterations
+
+
+def sft_step_flops(sft: SFTParams, prompt_tokens: float) -> float:
+    """FLOPs of one SFT step per model parameter: forward and backward (6N) over each sample's prompt and its
+    max_target_tokens answer positions."""
+    return 6 * sft.batch_size * (prompt_tokens + sft.max_target_tokens)
+
+
+def sft_compute_steps(train: TrainParams, sft: SFTParams, prompt_tokens: float) -> int:
+    """SFT steps that cost what the train section's steps cost (rl_step_flops, sft_step_flops)."""
+    return math.ceil(train.steps * rl_step_flops(train, prompt_tokens) / sft_step_flops(sft, prompt_tokens))
+
+
+def mean_prompt_tokens(sections: dict[str, Any], count: int = PROMPTS_MEASURED) -> float:
+    """The mean prompt length in tokens (image tokens included, no padding) of the first `count` train samples, as
+    the base model's processor encodes them."""
+    from vlmgym.eval.answering import open_env
+    from vlmgym.models.qwen3_vl.processor import Processor
+
+    processor = Processor.from_pretrained(sections["sft"].init_dir)
+    env = open_env(sections["env"], sections["rollout"], sections["train"].shards_dir, "train", processor.tokenizer,
+                   count)
+    observations = [env.reset(index)[1] for index in range(len(env))]
+    lengths = [processor([obs["messages"]], [list(obs.get("images") or [])])["input_ids"].shape[1]
+               for obs in observations]
+    return float(np.mean(lengths))
+
+
 def arm_section(arm: str) -> str:
-    """The params section an arm trains with, and the stage it trains as: sft for sft_longer and the control (which
-    trains only as a seed's SFT start), train for every RL arm and variant."""
-    return "sft" if arm in ("sft_longer", CONTROL) else "train"
+    """The params section an arm trains with, and the stage it trains as: sft for the SFT controls and the control
+    (which trains only as a seed's SFT start), train for every RL arm and variant."""
+    return "sft" if arm in (*SFT_CONTROLS, CONTROL) else "train"
 
 
 def dotted(settings: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -62,8 +111,9 @@ def dotted(settings: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
 
 def validated_settings(arm: str, settings: Mapping[str, Any], params_file: str | Path,
                        where: str) -> dict[str, Any]:
-    """An arm's settings as dotted keys of its section (arm_section) under their canonical names (TRL's accepted),
-    validated as that section of `params_file` would be with them; a ParamsError names `where` and the key."""
+    """An arm's (or, `arm` the control, the seeds' start's) settings as dotted keys of its section (arm_section)
+    under their canonical names (TRL's accepted), validated as that section of `params_file` would be with them; a
+    ParamsError names `where` and the key."""
     from vlmgym.params import ParamsError, canonical_paths, load_section, nested_keys, value_at
 
     section = arm_section(arm)
@@ -72,7 +122,7 @@ def validated_settings(arm: str, settings: Mapping[str, Any], params_file: str |
         if key in STUDY_KEYS or (key == "algorithm" and arm in RL_ARMS):
             raise ParamsError(f"{where}.{key}: set by the study (each seed's start, seed and folders; study.select "
                               "for every arm; an RL arm's name is its algorithm): leave it out")
-        if key in BUDGET_KEYS[section]:
+        if key in BUDGET_KEYS[section] and arm != CONTROL:  # the start's own length is its setting
             raise ParamsError(f"{where}.{key}: every arm trains at the budget of {params_file}'s train section "
                               "(sft_longer on as many sequences): change it there, for all arms")
     try:
@@ -88,9 +138,11 @@ def arm_config(arm: str, sections: dict[str, Any], out: Path, checkpoints: Path,
     `out`/<arm>/model and checkpoints under `checkpoints`/<arm>; `settings` (validated_settings) changed, and with
     `select` every arm's validation.select. An arm not in ARMS is a variant: the train section with its settings."""
     train, sft = sections["train"], sections["sft"]
-    if arm == "sft_longer":  # continues the SFT model, whose tower any perception warm-up has already warmed
+    if arm in SFT_CONTROLS:  # continue the SFT model, whose tower any perception warm-up has already warmed
+        steps = (sft_longer_steps(train, sft) if arm == "sft_longer"
+                 else sft_compute_steps(train, sft, mean_prompt_tokens(sections)))
         base: SFTParams | TrainParams = replace(
-            sft, steps=sft_longer_steps(train, sft), init_dir=train.init_dir, shards_dir=train.shards_dir,
+            sft, steps=steps, init_dir=train.init_dir, shards_dir=train.shards_dir,
             perception=replace(sft.perception, steps=0))
     elif arm in RL_ARMS:
         base = replace(train, algorithm=arm)
@@ -141,6 +193,25 @@ def answer(model_dir: Path, split: str, arm: str, sections: dict[str, Any], blan
 
     return greedy_answers(model_dir, sections["rollout"], sections["model"], sections["env"], split, arm,
                           blank_images=blank_images)
+
+
+def sampled_answers(model_dir: Path, split: str, arm: str, sections: dict[str, Any], seed: int) -> list[dict]:
+    """`rollout.sampled_answers` answers per prompt of a model folder on a split, sampled with `rollout.sampling`,
+    as the rollout stage samples them; the key from rollout.seed, the study's seed and the arm's name, so each run
+    draws its own samples and a rerun the same."""
+    import zlib
+
+    import jax
+
+    from vlmgym.eval.answering import open_engine, open_env, sampling_engine
+    from vlmgym.eval.rollouts import answer_split
+
+    rollout = sections["rollout"]
+    engine, params = open_engine(model_dir, rollout, sections["model"])
+    env = open_env(sections["env"], rollout, rollout.shards_dir, split, engine.processor.tokenizer, rollout.limit)
+    key = jax.random.fold_in(jax.random.fold_in(jax.random.key(rollout.seed), seed), zlib.crc32(arm.encode()) % 2**31)
+    return answer_split(sampling_engine(engine, rollout), params, env, policy=arm, batch_size=rollout.batch_size,
+                        group_size=rollout.sampled_answers, key=key)[0]
 
 
 def available_splits(shards_dir: str) -> list[str]:

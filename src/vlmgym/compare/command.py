@@ -27,7 +27,7 @@ from typing import Any
 
 from vlmgym.compare.arms import ARMS, RESERVED, validated_settings
 
-DEFAULT_ARMS = ("sft_longer", "grpo", "ppo", "dpo")  # rloo on request: GRPO with another baseline
+DEFAULT_ARMS = ("sft_longer", "sft_compute", "grpo", "ppo", "dpo")  # rloo on request: GRPO with another baseline
 
 
 def parse_variants(specs: list[str]) -> dict[str, dict[str, Any]]:

@@ -26,7 +26,7 @@ import yaml
 from vlmgym.compare.settings import PARAMS, STUDIES, Study, check, from_raw
 
 DEFAULT_SEEDS = (5, 6, 7, 8, 9)
-DEFAULT_ARMS = ("sft_longer", "grpo")
+DEFAULT_ARMS = ("sft_longer", "sft_compute", "grpo")
 # The modules the stages' command starts from: the `vlmgym` dispatcher and the study's command.
 ENTRY_MODULES = ("vlmgym.cli", "vlmgym.compare.study")
 HEADER = """# Study {name}: its settings, fixed before it runs. Commit this file before `dvc repro {folder}/dvc.yaml`:
@@ -99,7 +99,7 @@ def dvc_stages(study: Study, sections: dict[str, Any]) -> dict[str, Any]:
 
     return {
         "start": stage(f"start {folder} --seed ${{item.seed}}", [base_model, *data],
-                       [{base: ["sft", "model", "env", "rollout"]}], [f"{run}/sft"], by_seed),
+                       [{base: ["sft", "model", "env", "rollout"]}, {own: ["start"]}], [f"{run}/sft"], by_seed),
         "arm": stage(f"arm {folder} --seed ${{item.seed}} --arm ${{item.arm}}", [*data, f"{run}/sft"],
                      [{base: ["sft", "train", "model", "env", "rollout"]},
                       {own: ["study.env", "study.select", "arm.${item.arm}"]}],
@@ -109,7 +109,7 @@ def dvc_stages(study: Study, sections: dict[str, Any]) -> dict[str, Any]:
         "constant": stage(f"constant {folder}", [base_model, *data], [{base: ["env", "rollout"]}],
                           [f"{folder}/runs/constant"]),
         "report": stage(f"report {folder}", [f"{folder}/runs"],
-                        [{base: ["eval", "env", "data", "sft", "train"]}, {own: ["study", "arm"]}],
+                        [{base: ["eval", "env", "data", "sft", "train"]}, {own: ["study", "arm", "start"]}],
                         [{f"{folder}/report.{kind}": {"cache": False}} for kind in ("md", "json", "png")]),
     }
 
@@ -129,7 +129,7 @@ def stage_paths(study: Study, stage: str, item: dict[str, Any] | None = None) ->
 def new_study(name: str, *, base_params: str = "params.yaml", env: str | None = None,
               seeds: tuple[int, ...] | list[int] = DEFAULT_SEEDS, arms: tuple[str, ...] | list[str] = DEFAULT_ARMS,
               select: str | None = None, settings: dict[str, dict[str, Any]] | None = None,
-              rewrite: bool = False) -> Study:
+              start: dict[str, Any] | None = None, rewrite: bool = False) -> Study:
     """Write studies/<name>/params.yaml and dvc.yaml (from the repository root, the working directory) and return
     the study: `env` defaults to the base params' env.name, `select` to their train.validation.select. An existing
     study is refused unless `rewrite` (its settings are its pre-registration)."""
@@ -149,12 +149,13 @@ def new_study(name: str, *, base_params: str = "params.yaml", env: str | None = 
     raw = {"study": {"base_params": os.path.relpath(base_params, folder),
                      "env": env or load_section("env", base_params).name, "seeds": list(seeds), "arms": list(arms),
                      "select": select or load_section("train", base_params).validation.select},
-           "arm": {arm: dict((settings or {}).get(arm, {})) for arm in arms}}
+           "arm": {arm: dict((settings or {}).get(arm, {})) for arm in arms}, "start": dict(start or {})}
     check(raw, folder / PARAMS)
     study = from_raw(raw, folder)
     sections = study.sections()
     for arm in study.arms:
         study.arm_settings(arm)
+    study.start_settings()
     folder.mkdir(parents=True, exist_ok=True)
     write_text_atomically(folder / PARAMS, HEADER.format(name=name, folder=folder) + yaml.safe_dump(
         study.raw(), sort_keys=False, default_flow_style=None, width=120))

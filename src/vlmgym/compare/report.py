@@ -18,7 +18,17 @@ from vlmgym.compare.arms import BLIND, CONTROL, SPLITS, sft_longer_steps
 from vlmgym.compare.settings import Study, comparisons
 
 
-def runs(study: Study) -> tuple[list[str], dict[str, list[dict[str, list]]], dict | None]:
+def with_sampled(env: Any, folder: Path, split: str, records: list[dict]) -> list[dict]:
+    """A run's greedy records of `split`, each with its prompt's sampled answers summarised (vlmgym.eval.sampled)
+    where the run sampled them (<split>.sampled.jsonl)."""
+    from vlmgym.eval.records import read_jsonl
+    from vlmgym.eval.sampled import attach_sampled
+
+    sampled = folder / f"{split}.sampled.jsonl"
+    return attach_sampled(env, records, read_jsonl(sampled), str(sampled)) if sampled.is_file() else records
+
+
+def runs(study: Study, env: Any) -> tuple[list[str], dict[str, list[dict[str, list]]], dict | None]:
     """(the splits answered, {split: one {policy: records} per seed}, the constant's constant.json)."""
     from vlmgym.eval.blind import CONSTANT
     from vlmgym.eval.records import read_jsonl
@@ -34,15 +44,17 @@ def runs(study: Study) -> tuple[list[str], dict[str, list[dict[str, list]]], dic
         per_split[split] = []
         for seed in study.seeds:
             folder = study.run_folder(seed)
-            records = {name: read_jsonl(folder / name / f"{split}.jsonl") for name in (CONTROL, *study.arms, BLIND)}
+            records = {name: with_sampled(env, folder / name, split, read_jsonl(folder / name / f"{split}.jsonl"))
+                       for name in (CONTROL, *study.arms, BLIND)}
             if constant["answer"] is not None:
                 records[CONSTANT] = read_jsonl(study.folder / "runs" / CONSTANT / f"{split}.jsonl")
             per_split[split].append(records)
     return splits, per_split, constant
 
 
-def introduction(study: Study, sections: dict[str, Any], constant: dict | None) -> list[str]:
-    """The report's opening: what was compared, on which seeds, at which budget, by which rule and interval."""
+def introduction(study: Study, sections: dict[str, Any], constant: dict | None, compute_steps: int = 0) -> list[str]:
+    """The report's opening: what was compared, on which seeds, at which budget (`compute_steps`: sft_compute's
+    steps, 0 when it is no arm), by which rule and interval."""
     train, sft, evaluation = sections["train"], sections["sft"], sections["eval"]
     n, level = len(study.seeds), f"{100 * evaluation.confidence:.0f}%"
     budget = train.steps * train.batch_prompts * train.group_size
@@ -58,8 +70,15 @@ def introduction(study: Study, sections: dict[str, Any], constant: dict | None) 
              "are conditional on those.", "",
              f"Budget: every RL arm samples {train.steps} steps x {train.batch_prompts} prompts x {train.group_size} "
              f"answers = {budget} completions; sft_longer trains {longer} more SFT steps x {sft.batch_size} = "
-             f"{longer * sft.batch_size} sequences on ideal answers. Every arm ends on the params its validation "
-             f"selects by one rule, `validation.select: {study.select}` ({rule}).", ""]
+             f"{longer * sft.batch_size} sequences on ideal answers (the same number of sequences)"
+             + (f"; sft_compute {compute_steps} more SFT steps, as many training FLOPs as the {train.steps} steps of "
+                "the train section (sampling, reference and learner passes by the 2N / 6N rule per token position, "
+                "vlmgym.compare.arms.rl_step_flops)" if compute_steps else "")
+             + f". Every arm ends on the params its validation selects by one rule, `validation.select: "
+             f"{study.select}` ({rule}).", ""]
+    if study.start:
+        lines += [f"The start's settings over the sft section: {json.dumps(dict(study.start))} (the SFT controls "
+                  "continue it with the sft section's own).", ""]
     variants = {arm: settings for arm, settings in study.settings.items() if settings}
     if variants:
         lines += ["Arm settings over the base params: " + "; ".join(
@@ -90,7 +109,7 @@ def write(study: Study, sections: dict[str, Any]) -> tuple[dict[str, Path], dict
     from vlmgym.runtime.atomic import write_text_atomically
 
     evaluation, env = sections["eval"], env_class(sections["env"].name)
-    splits, per_split, constant = runs(study)
+    splits, per_split, constant = runs(study, env)
     baselines = [b for b in (CONSTANT, BLIND) if b in per_split[splits[0]][0]]
     pairs = comparisons(study, sections)
     results = {split: seed_results(env, per_split[split], study.arms, n_resamples=evaluation.n_resamples,
@@ -98,7 +117,8 @@ def write(study: Study, sections: dict[str, Any]) -> tuple[dict[str, Path], dict
                                    comparisons=pairs) for split in splits}
     training = {name: {seed: json.loads((study.run_folder(seed) / name / "training.json").read_text())
                        for seed in study.seeds} for name in (CONTROL, *study.arms)}
-    lines = introduction(study, sections, constant)
+    compute_steps = int(training["sft_compute"][study.seeds[0]]["steps"]) if "sft_compute" in training else 0
+    lines = introduction(study, sections, constant, compute_steps)
     lines += ["## Differences in mean reward", "", tables.differences_table(results, evaluation.confidence), ""]
     for split in splits:
         shift = env.ood_description(sections["data"]) if split != "test" else ""

@@ -17,7 +17,7 @@ from typing import Any
 
 from vlmgym.compare.arms import CONTROL
 from vlmgym.envs.base import Env
-from vlmgym.params import SFTParams, TrainParams
+from vlmgym.params import SFTParams, TrainParams, with_values
 
 HEADLINE = "mean_reward"  # the figure the tables lead with
 
@@ -33,9 +33,11 @@ def seeded(section: SFTParams | TrainParams, seed: int) -> SFTParams | TrainPara
     return replace(section, **changes)
 
 
-def start_config(sections: dict[str, Any], seed: int, folder: Path, checkpoints: Path) -> SFTParams:
-    """The sft section that trains seed `seed`'s start into `folder`/sft/model (checkpoints under `checkpoints`/sft)."""
-    sft = seeded(sections["sft"], seed)
+def start_config(sections: dict[str, Any], seed: int, folder: Path, checkpoints: Path,
+                 settings: Mapping[str, Any] | None = None) -> SFTParams:
+    """The sft section, with the study's start `settings` (dotted keys), that trains seed `seed`'s start into
+    `folder`/sft/model (checkpoints under `checkpoints`/sft)."""
+    sft = seeded(with_values(sections["sft"], dict(settings or {})), seed)
     return replace(sft, out_dir=str(folder / CONTROL / "model"),
                    checkpointing=replace(sft.checkpointing, dir=str(checkpoints / CONTROL)))
 

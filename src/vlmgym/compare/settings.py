@@ -11,6 +11,7 @@
     arm:                              # each arm's settings over the section it trains (sft_longer: sft, else train)
       sft_longer: {}
       grpo: {optimizer: {lr: 3.0e-5}}
+    start: {steps: 1800}              # the seeds' SFT start: settings over the base params' sft section
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from vlmgym.compare.arms import ARMS, RESERVED, RL_ARMS, validated_settings
+from vlmgym.compare.arms import ARMS, CONTROL, RESERVED, RL_ARMS, SFT_CONTROLS, validated_settings
 from vlmgym.params import ParamsError
 
 STUDIES = Path("studies")  # where `vlmgym study new` puts a study, from the repository root
@@ -41,6 +42,7 @@ class Study:
     arms: tuple[str, ...]
     select: str
     settings: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # arm -> its settings, as written
+    start: Mapping[str, Any] = field(default_factory=dict)  # the start's settings over the sft section, as written
 
     @property
     def name(self) -> str:
@@ -62,11 +64,15 @@ class Study:
         """The settings as params.yaml holds them."""
         return {"study": {"base_params": os.path.relpath(self.base_params, self.folder), "env": self.env,
                           "seeds": list(self.seeds), "arms": list(self.arms), "select": self.select},
-                "arm": {arm: dict(self.settings.get(arm, {})) for arm in self.arms}}
+                "arm": {arm: dict(self.settings.get(arm, {})) for arm in self.arms}, "start": dict(self.start)}
 
     def arm_settings(self, arm: str) -> dict[str, Any]:
         """An arm's settings as dotted keys, validated against the base params."""
         return validated_settings(arm, self.settings.get(arm, {}), self.base_params, f"{self.params_file}: arm.{arm}")
+
+    def start_settings(self) -> dict[str, Any]:
+        """The start's settings as dotted keys of the sft section, validated against the base params."""
+        return validated_settings(CONTROL, self.start, self.base_params, f"{self.params_file}: start")
 
     def sections(self) -> dict[str, Any]:
         """The base params' sections, checked to train the study's env with every arm the study names."""
@@ -86,9 +92,10 @@ class Study:
 
 def check(raw: Any, where: Path) -> None:
     """One line naming the key when `raw` (a study's params file, read) is not a study's settings."""
-    if not isinstance(raw, Mapping) or set(raw) - {"study", "arm"} or not isinstance(raw.get("study"), Mapping) \
-            or not isinstance(raw.get("arm") or {}, Mapping):
-        raise ParamsError(f"{where}: expected the sections study and arm (vlmgym study new writes them)")
+    if not isinstance(raw, Mapping) or set(raw) - {"study", "arm", "start"} \
+            or not isinstance(raw.get("study"), Mapping) or not isinstance(raw.get("arm") or {}, Mapping) \
+            or not isinstance(raw.get("start") or {}, Mapping):
+        raise ParamsError(f"{where}: expected the sections study, arm and start (vlmgym study new writes them)")
     study, arms = raw["study"], raw.get("arm") or {}
     unknown = set(study) - {"base_params", "env", "seeds", "arms", "select"}
     if unknown:
@@ -126,7 +133,8 @@ def from_raw(raw: Mapping[str, Any], folder: Path) -> Study:
         raise ParamsError(f"{folder / PARAMS}: study.base_params {study['base_params']!r}: no such file ({base})")
     return Study(folder=folder, base_params=base, env=study["env"], seeds=tuple(study["seeds"]),
                  arms=tuple(study["arms"]), select=study["select"],
-                 settings={name: dict(raw.get("arm", {}).get(name) or {}) for name in study["arms"]})
+                 settings={name: dict(raw.get("arm", {}).get(name) or {}) for name in study["arms"]},
+                 start=dict(raw.get("start") or {}))
 
 
 def load(folder: str | Path) -> Study:
@@ -143,10 +151,10 @@ def load(folder: str | Path) -> Study:
 
 
 def comparisons(study: Study, sections: dict[str, Any]) -> list[tuple[str, str]]:
-    """The pairs beyond `<arm> - sft`: every RL arm and variant against sft_longer (when it is an arm), and each
-    variant against the arm of its algorithm (when that is an arm): what the knob changes."""
-    rl = [arm for arm in study.arms if arm != "sft_longer"]
-    pairs = [(arm, "sft_longer") for arm in rl if "sft_longer" in study.arms]
+    """The pairs beyond `<arm> - sft`: every RL arm and variant against each SFT control that is an arm (sft_longer,
+    sft_compute), and each variant against the arm of its algorithm (when that is an arm): what the knob changes."""
+    rl = [arm for arm in study.arms if arm not in SFT_CONTROLS]
+    pairs = [(arm, control) for arm in rl for control in SFT_CONTROLS if control in study.arms]
     for arm in rl:
         if arm not in RL_ARMS:
             base = study.settings[arm].get("algorithm", sections["train"].algorithm)

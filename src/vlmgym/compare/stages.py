@@ -16,7 +16,16 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from vlmgym.compare.arms import BLIND, CONTROL, answer, arm_checkpoints, arm_config, available_splits, train_arm
+from vlmgym.compare.arms import (
+    BLIND,
+    CONTROL,
+    answer,
+    arm_checkpoints,
+    arm_config,
+    available_splits,
+    sampled_answers,
+    train_arm,
+)
 from vlmgym.compare.seeds import seed_sections, start_config
 from vlmgym.compare.settings import Study
 from vlmgym.runtime.errors import UserError
@@ -52,8 +61,11 @@ def tracked(study: Study, stage: str, item: dict[str, Any], section: Any, resume
 
 
 def answer_splits(model_dir: Path, folder: Path, policy: str, sections: dict[str, Any], run: Any,
-                  training: dict[str, float] | None = None, blank_images: bool = False) -> None:
-    """Greedy answers of `model_dir` on every held-out split into `folder`/<split>.jsonl, and training.json."""
+                  training: dict[str, float] | None = None, blank_images: bool = False,
+                  seed: int | None = None) -> None:
+    """Greedy answers of `model_dir` on every held-out split into `folder`/<split>.jsonl, and training.json; with a
+    `seed` and `rollout.sampled_answers` > 0 also that many sampled answers per test prompt (test.sampled.jsonl),
+    which the report turns into sampled mean and best-of-k reward."""
     from vlmgym.eval.records import write_jsonl
     from vlmgym.runtime.atomic import write_text_atomically
 
@@ -61,6 +73,10 @@ def answer_splits(model_dir: Path, folder: Path, policy: str, sections: dict[str
         records = answer(model_dir, split, policy, sections, blank_images=blank_images)
         write_jsonl(folder / f"{split}.jsonl", records)
         run.log_metrics({f"{split}/mean_reward": sum(r["reward"] for r in records) / len(records)})
+    if seed is not None and sections["rollout"].sampled_answers > 0:
+        sampled = sampled_answers(model_dir, "test", policy, sections, seed)
+        write_jsonl(folder / "test.sampled.jsonl", sampled)
+        run.log_metrics({"test/sampled_mean_reward": sum(r["reward"] for r in sampled) / len(sampled)})
     if training is not None:
         write_text_atomically(folder / "training.json", json.dumps(training, indent=1, sort_keys=True) + "\n")
         run.log_dict(training, "training.json")
@@ -74,10 +90,10 @@ def start(study: Study, seed: int) -> Path:
     """Train seed `seed`'s SFT start (the sft section with that seed) and answer with it: runs/<seed>/sft/."""
     sections = study.sections()
     _check_seed(study, seed)
-    config = start_config(sections, seed, study.run_folder(seed), study.checkpoints(seed))
+    config = start_config(sections, seed, study.run_folder(seed), study.checkpoints(seed), study.start_settings())
     with tracked(study, "start", {"seed": seed}, config, arm_checkpoints(CONTROL, config, sections)) as run:
         model_dir, training = train_arm(CONTROL, config, sections, _logger(run))
-        answer_splits(model_dir, study.run_folder(seed) / CONTROL, CONTROL, sections, run, training)
+        answer_splits(model_dir, study.run_folder(seed) / CONTROL, CONTROL, sections, run, training, seed=seed)
     return model_dir
 
 
@@ -92,7 +108,7 @@ def arm(study: Study, seed: int, name: str) -> Path:
     config = arm_config(name, seeded, folder, study.checkpoints(seed), study.arm_settings(name), study.select)
     with tracked(study, "arm", {"seed": seed, "arm": name}, config, arm_checkpoints(name, config, seeded)) as run:
         model_dir, training = train_arm(name, config, seeded, _logger(run), run.log_sample_table)
-        answer_splits(model_dir, folder / name, name, seeded, run, training)
+        answer_splits(model_dir, folder / name, name, seeded, run, training, seed=seed)
     return model_dir
 
 

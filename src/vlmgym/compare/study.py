@@ -12,6 +12,10 @@ The study's dvc.yaml runs the other subcommands, one DVC stage each, from the re
     vlmgym study blind studies/NAME --seed S           the start answering with blanked images
     vlmgym study constant studies/NAME                 the best constant answer
     vlmgym study report studies/NAME                   report.md, report.json, report.png
+
+and, once reports are committed:
+
+    vlmgym study tables [--check]                      the README's and docs' study tables from the reports
 """
 
 from __future__ import annotations
@@ -98,6 +102,24 @@ def report(argv: list[str]) -> int:
     return 0
 
 
+def tables(argv: list[str]) -> int:
+    from pathlib import Path
+
+    from vlmgym.compare import readme
+
+    parser = argparse.ArgumentParser(prog="vlmgym study tables", description="rewrite the study-table blocks of "
+                                     "README.md and docs/ from the studies' report.json (vlmgym.compare.readme)")
+    parser.add_argument("--check", action="store_true", help="only list the pages that differ; exit 1 if any")
+    args = parser.parse_args(argv)
+    root = Path(".")
+    changed = readme.stale(root) if args.check else readme.rewrite(root)
+    for page in changed:
+        print(f"{page}: {'differs from' if args.check else 'rewritten from'} its studies' reports")
+    if not changed:
+        print("every study table agrees with its study's report")
+    return 1 if args.check and changed else 0
+
+
 COMMANDS = {
     "new": ("vlmgym.compare.study:new", "write a study's settings and DVC pipeline: studies/NAME/"),
     "start": ("vlmgym.compare.study:start", "stage: train seed S's SFT start and answer the held-out splits"),
@@ -105,6 +127,7 @@ COMMANDS = {
     "blind": ("vlmgym.compare.study:blind", "stage: seed S's start answering with its images blanked"),
     "constant": ("vlmgym.compare.study:constant", "stage: the best constant answer on every held-out split"),
     "report": ("vlmgym.compare.study:report", "stage: the study's report (report.md, .json, .png)"),
+    "tables": ("vlmgym.compare.study:tables", "the README's and docs' study tables from the committed reports"),
 }
 
 

@@ -157,6 +157,8 @@ class SFTParams:
     perception: PerceptionParams = spec(default_factory=PerceptionParams,
                                         doc="perception warm-up of the vision tower before the first SFT step")
     max_target_tokens: int = spec(64, ge=1, doc="answer tokens trained on (longer targets are an error)")
+    label_noise: float = spec(0.0, ge=0, lt=1, doc="share of train samples taught another train sample's ideal "
+                              "answer: a teacher's wrong labels, fixed by each sample's key (0: the ideal answers)")
     seed: int = spec(0, ge=0, doc="seed of the data order")
     validation: ValidationParams = spec(default_factory=ValidationParams, doc="on the val split during training")
     checkpointing: CheckpointParams = spec(default_factory=lambda: CheckpointParams(dir="checkpoints/sft"),

@@ -1,4 +1,5 @@
-"""The SFT trainer: teacher-forced cross entropy on the env's ideal answers."""
+"""The SFT trainer: teacher-forced cross entropy on the env's ideal answers (or, with sft.label_noise, a noisy
+teacher's: vlmgym.rl.noisy_teacher)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from vlmgym.rl.loop import (
     Policy,
     TrainingLoop,
 )
+from vlmgym.rl.noisy_teacher import NoisyTeacher
 from vlmgym.rl.prefetch import ResetPrefetcher
 from vlmgym.rl.trainer_parts import (
     adapter_settings,
@@ -61,6 +63,10 @@ class SFTTrainer(TrainingLoop):
         self.rng = jax.random.key(config.seed)  # unused by SFT itself; saved so every loop resumes alike
         self.data = DataOrder(len(env), config.seed)
         self.prefetch = ResetPrefetcher(env, getattr(policy, "prepare_ahead", None))
+        if config.label_noise and max_turns(env) > 1:
+            raise ValueError(f"sft.label_noise: {env.name} plays episodes of several turns, whose demonstrations "
+                             "have no single answer to mislabel; set it to 0")
+        self.teacher = NoisyTeacher(env, config.label_noise)
 
     def loop_state(self) -> dict:
         return {"data": self.data.state()}
@@ -95,18 +101,23 @@ class SFTTrainer(TrainingLoop):
             count += float(mask.sum())
         return {"val/loss": total / max(count, 1.0)}
 
-    def _turns(self, env: Env, state: Any, obs: dict) -> list[tuple[dict, tuple[np.ndarray, np.ndarray]]]:
+    def _turns(self, env: Env, state: Any, obs: dict,
+               target: str | None = None) -> list[tuple[dict, tuple[np.ndarray, np.ndarray]]]:
         """A sample's (observation, encoded target) rows: one per policy turn of its ideal episode (one row in a
-        one-turn env); ValueError when a target does not fit the token budget."""
-        turns = sft_turns(env, state, obs) if max_turns(env) > 1 else [(obs, env.sft_target(state.meta))]
-        return [(turn_obs, self.policy.encode_targets([target])) for turn_obs, target in turns]
+        one-turn env, taught `target` when given); ValueError when a target does not fit the token budget."""
+        if max_turns(env) > 1:
+            turns = sft_turns(env, state, obs)
+        else:
+            turns = [(obs, env.sft_target(state.meta) if target is None else target)]
+        return [(turn_obs, self.policy.encode_targets([text])) for turn_obs, text in turns]
 
     def step(self, step: int) -> dict[str, float]:
-        observations, rows, skipped, samples = [], [], 0, 0
+        observations, rows, skipped, samples, mislabelled = [], [], 0, 0, 0
         while samples < self.config.batch_size:
             for state, obs in self.prefetch.resets(self.data.take(self.config.batch_size - samples)):
                 try:
-                    turns = self._turns(self.env, state, obs)
+                    target, wrong = self.teacher.target(state) if max_turns(self.env) == 1 else (None, False)
+                    turns = self._turns(self.env, state, obs, target)
                 except ValueError:
                     # A target longer than the token budget would teach an answer without its end: skip it.
                     skipped += 1
@@ -114,6 +125,7 @@ class SFTTrainer(TrainingLoop):
                         raise
                     continue
                 samples += 1
+                mislabelled += wrong
                 observations += [turn_obs for turn_obs, _ in turns]
                 rows += [encoded for _, encoded in turns]
         self.prefetch.ahead(self.data.peek(self.config.batch_size))
@@ -140,4 +152,6 @@ class SFTTrainer(TrainingLoop):
         lengths = mask.sum(axis=1)
         out["target_length"] = float(lengths[lengths > 0].mean())  # padding rows of episodes left out
         out["targets_skipped"] = float(skipped)
+        if self.config.label_noise:
+            out["targets_mislabelled"] = mislabelled / self.config.batch_size
         return out

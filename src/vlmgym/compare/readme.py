@@ -1,0 +1,114 @@
+"""The docs' study tables, generated from the studies' committed reports (studies/<name>/report.json).
+
+A block in README.md or a page under docs/
+
+    <!-- study-table: NAME -->
+    (generated: edits are overwritten)
+    <!-- /study-table -->
+
+holds study NAME's headline tables: every arm's mean reward and each RL arm's paired differences against the start and
+against each SFT control, per split, with the report's interval (bold where it excludes 0), then greedy, sampled mean
+and best-of-k reward on test where the runs sampled. `vlmgym study tables` rewrites every block from the reports;
+`--check` only lists the blocks that differ (exit 1), which the test suite runs, so no result row is typed by hand.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+BLOCK = re.compile(r"(<!-- study-table: (?P<name>[A-Za-z0-9_.-]+) -->\n)(?P<body>.*?)(<!-- /study-table -->)", re.S)
+PAGES = ("README.md", "docs")
+SAMPLED = (("mean_reward", "greedy"), ("sampled_mean_reward", "sampled mean, k sampled"),
+           ("best_of_k_reward", "best-of-k"))
+
+
+def report_file(root: Path, name: str) -> Path:
+    return root / "studies" / name / "report.json"
+
+
+def _cell(flat: Mapping[str, float], key: str, signed: bool, seeds: int) -> str:
+    """A mean over seeds with its t-interval; a difference bold where that interval excludes 0."""
+    from vlmgym.eval.report import format_value
+
+    value = format_value(flat[key], "reward", signed)
+    if seeds < 2 or f"{key}_ci_low" not in flat:
+        return value
+    low, high = flat[f"{key}_ci_low"], flat[f"{key}_ci_high"]
+    text = f"{value} [{format_value(low, 'reward', signed)}, {format_value(high, 'reward', signed)}]"
+    return f"**{text}**" if signed and (low > 0 or high < 0) else text
+
+
+def differences(report: Mapping[str, Any]) -> list[str]:
+    """The report's differences that involve an arm (not the start against the image-blind baselines)."""
+    return [f"{arm}_minus_sft" for arm in report["arms"]] + list(report["comparisons"])
+
+
+def table(report: Mapping[str, Any], name: str) -> str:
+    """Study `name`'s headline tables (markdown) from its report.json's content."""
+    seeds, results = len(report["seeds"]), report["results"]
+    policies = ["sft", *report["arms"]]
+    diffs = differences(report)
+    header = ["split", *policies, *(d.replace("_minus_", " - ") for d in diffs)]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for split, split_results in results.items():
+        cells = [_cell(split_results[p], "mean_reward", False, seeds) for p in policies]
+        cells += [_cell(split_results[d], "mean_reward", True, seeds) for d in diffs]
+        lines.append(f"| {split} | " + " | ".join(cells) + " |")
+    level = f"{100 * report['confidence']:.0f}%"
+    interval = (f"{level} t-interval over the {seeds} seeds, **bold** where it excludes 0" if seeds > 1
+                else f"{level} bootstrap over test samples: one seed, no run-to-run variance")
+    out = [f"Mean reward (greedy) over seeds {', '.join(map(str, report['seeds']))} [{interval}]; "
+           f"`{report['study']}`, env {report['env']}, every arm selected by `validation.select: "
+           f"{report['select']}`; the full report: [studies/{name}/report.md](studies/{name}/report.md).", "",
+           *lines]
+    test = results.get("test", {})
+    if all("best_of_k_reward" in test.get(p, {}) for p in policies):
+        rows = ["| test | " + " | ".join([*policies, *(d.replace("_minus_", " - ") for d in diffs
+                                                        if d.endswith("_minus_sft"))]) + " |"]
+        rows.append("|" + "---|" * (1 + len(policies) + len(report["arms"])))
+        for key, label in SAMPLED:
+            cells = [_cell(test[p], key, False, seeds) for p in policies]
+            cells += [_cell(test[d], key, True, seeds) for d in diffs if d.endswith("_minus_sft")]
+            rows.append(f"| {label} | " + " | ".join(cells) + " |")
+        out += ["", "Greedy against sampled answers on test (k per prompt at the rollout's temperature): the best "
+                "of k rising with greedy is new answers; greedy rising toward an unchanged best-of-k is sharpening.",
+                "", *rows]
+    return "\n".join(out) + "\n"
+
+
+def pages(root: Path) -> list[Path]:
+    return [root / "README.md", *sorted((root / "docs").rglob("*.md"))]
+
+
+def rendered(root: Path, text: str, where: Path) -> str:
+    """`text` with every study-table block rewritten from its study's report."""
+    def body(match: re.Match) -> str:
+        name = match.group("name")
+        path = report_file(root, name)
+        if not path.is_file():
+            raise FileNotFoundError(f"{where}: a study-table block names study {name!r}, but {path} does not "
+                                    f"exist (dvc repro studies/{name}/dvc.yaml writes it)")
+        content = table(json.loads(path.read_text()), name)
+        return match.group(1) + content + match.group(4)
+
+    return BLOCK.sub(body, text)
+
+
+def stale(root: Path) -> list[Path]:
+    """The pages whose study-table blocks differ from what the reports give."""
+    return [page for page in pages(root) if BLOCK.search(page.read_text())
+            and rendered(root, page.read_text(), page) != page.read_text()]
+
+
+def rewrite(root: Path) -> list[Path]:
+    """Rewrite every stale page; returns them."""
+    from vlmgym.runtime.atomic import write_text_atomically
+
+    changed = stale(root)
+    for page in changed:
+        write_text_atomically(page, rendered(root, page.read_text(), page))
+    return changed

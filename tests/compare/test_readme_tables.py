@@ -1,0 +1,72 @@
+"""The docs' study tables come from the studies' reports: a block renders a report's means, differences and
+intervals (bold only where the t-interval excludes 0), `vlmgym study tables` rewrites a stale block and `--check`
+finds one, and this repository's README and docs agree with its committed study reports."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from vlmgym.compare import readme
+from vlmgym.compare.study import tables
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def flat(mean, low, high, sampled=None):
+    out = {"mean_reward": mean, "mean_reward_ci_low": low, "mean_reward_ci_high": high, "seeds": 5.0}
+    for key, (value, lo, hi) in (sampled or {}).items():
+        out.update({key: value, f"{key}_ci_low": lo, f"{key}_ci_high": hi})
+    return out
+
+
+def report():
+    def sampled(mean, best):
+        return {"sampled_mean_reward": (mean, mean - 0.01, mean + 0.01), "best_of_k_reward": (best, best - 0.01,
+                                                                                             best + 0.01)}
+
+    test = {"sft": flat(0.30, 0.28, 0.32, sampled(0.22, 0.40)), "sft_longer": flat(0.50, 0.45, 0.55, sampled(0.4, 0.6)),
+            "grpo": flat(0.33, 0.31, 0.35, sampled(0.25, 0.41)),
+            "grpo_minus_sft": flat(0.03, 0.01, 0.05, sampled(0.03, 0.005)),
+            "sft_longer_minus_sft": flat(0.2, 0.15, 0.25, sampled(0.18, 0.2)),
+            "grpo_minus_sft_longer": flat(-0.17, -0.2, -0.1), "sft_minus_constant": flat(0.15, 0.1, 0.2)}
+    ood = {name: flat(value["mean_reward"] / 2, value["mean_reward"] / 2 - 0.05, value["mean_reward"] / 2 + 0.05)
+           for name, value in test.items()}
+    return {"study": "demo", "env": "someenv", "seeds": [5, 6, 7, 8, 9], "arms": ["sft_longer", "grpo"],
+            "select": "best_val", "confidence": 0.95, "comparisons": ["grpo_minus_sft_longer"],
+            "results": {"test": test, "test_ood": ood}}
+
+
+def test_a_block_shows_every_arm_and_difference_with_its_interval_bold_only_where_it_excludes_zero():
+    text = readme.table(report(), "demo")
+    assert "| split | sft | sft_longer | grpo | sft_longer - sft | grpo - sft | grpo - sft_longer |" in text
+    assert ("| test | 0.300 [0.280, 0.320] | 0.500 [0.450, 0.550] | 0.330 [0.310, 0.350] | **+0.200 [+0.150, +0.250]** "
+            "| **+0.030 [+0.010, +0.050]** | **-0.170 [-0.200, -0.100]** |") in text
+    # test_ood: grpo - sft = +0.015 [-0.035, +0.065] holds 0: not bold
+    assert "| +0.015 [-0.035, +0.065] |" in text and "**+0.015" not in text
+    assert "sft - constant" not in text  # the start against the blind baselines stays in the report
+    assert "| best-of-k | 0.400 [0.390, 0.410] | 0.600 [0.590, 0.610] | 0.410 [0.400, 0.420] | " in text
+    assert text.rstrip().endswith("| **+0.200 [+0.190, +0.210]** | +0.005 [-0.005, +0.015] |")
+    assert "[studies/demo/report.md](studies/demo/report.md)" in text and "seeds 5, 6, 7, 8, 9" in text
+
+
+def test_study_tables_rewrites_a_stale_block_and_check_finds_one(tmp_path, monkeypatch, capsys):
+    (tmp_path / "studies" / "demo").mkdir(parents=True)
+    (tmp_path / "docs").mkdir()
+    readme.report_file(tmp_path, "demo").write_text(json.dumps(report()))
+    page = tmp_path / "README.md"
+    page.write_text("# x\n\n<!-- study-table: demo -->\nhand-typed\n<!-- /study-table -->\n\nafter\n")
+    monkeypatch.chdir(tmp_path)
+    assert tables(["--check"]) == 1 and "README.md: differs" in capsys.readouterr().out
+    assert tables([]) == 0
+    assert tables(["--check"]) == 0 and page.read_text().endswith("<!-- /study-table -->\n\nafter\n")
+    assert "hand-typed" not in page.read_text() and "**+0.030 [+0.010, +0.050]**" in page.read_text()
+    page.write_text(page.read_text().replace("+0.030", "+0.031"))  # a number edited by hand
+    assert readme.stale(tmp_path) == [page]
+
+
+def test_this_repositorys_study_tables_agree_with_the_committed_reports():
+    assert readme.stale(REPO) == [], "run `vlmgym study tables` (the pages differ from the studies' reports)"
+    quoted = {m.group("name") for page in readme.pages(REPO) for m in readme.BLOCK.finditer(page.read_text())}
+    committed = {path.parent.name for path in (REPO / "studies").glob("*/report.json")}
+    assert committed <= quoted, f"studies with a report but no table in the docs: {sorted(committed - quoted)}"
