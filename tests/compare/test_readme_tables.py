@@ -55,11 +55,12 @@ def test_study_tables_rewrites_a_stale_block_and_check_finds_one(tmp_path, monke
     (tmp_path / "docs").mkdir()
     readme.report_file(tmp_path, "demo").write_text(json.dumps(report()))
     page = tmp_path / "README.md"
-    page.write_text("# x\n\n<!-- study-table: demo -->\nhand-typed\n<!-- /study-table -->\n\nafter\n")
+    example = "```markdown\n<!-- study-table: other -->\n<!-- /study-table -->\n```\n"  # shown, not filled
+    page.write_text(f"# x\n\n<!-- study-table: demo -->\nhand-typed\n<!-- /study-table -->\n\n{example}after\n")
     monkeypatch.chdir(tmp_path)
     assert tables(["--check"]) == 1 and "README.md: differs" in capsys.readouterr().out
     assert tables([]) == 0
-    assert tables(["--check"]) == 0 and page.read_text().endswith("<!-- /study-table -->\n\nafter\n")
+    assert tables(["--check"]) == 0 and page.read_text().endswith(f"<!-- /study-table -->\n\n{example}after\n")
     assert "hand-typed" not in page.read_text() and "**+0.030 [+0.010, +0.050]**" in page.read_text()
     page.write_text(page.read_text().replace("+0.030", "+0.031"))  # a number edited by hand
     assert readme.stale(tmp_path) == [page]
@@ -67,6 +68,6 @@ def test_study_tables_rewrites_a_stale_block_and_check_finds_one(tmp_path, monke
 
 def test_this_repositorys_study_tables_agree_with_the_committed_reports():
     assert readme.stale(REPO) == [], "run `vlmgym study tables` (the pages differ from the studies' reports)"
-    quoted = {m.group("name") for page in readme.pages(REPO) for m in readme.BLOCK.finditer(page.read_text())}
+    quoted = {name for page in readme.pages(REPO) for name in readme.blocks(page.read_text())}
     committed = {path.parent.name for path in (REPO / "studies").glob("*/report.json")}
     assert committed <= quoted, f"studies with a report but no table in the docs: {sorted(committed - quoted)}"

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 BLOCK = re.compile(r"(<!-- study-table: (?P<name>[A-Za-z0-9_.-]+) -->\n)(?P<body>.*?)(<!-- /study-table -->)", re.S)
+FENCE = re.compile(r"^```.*?^```[^\n]*$", re.S | re.M)  # a block shown in a code example is not one to fill
 PAGES = ("README.md", "docs")
 SAMPLED = (("mean_reward", "greedy"), ("sampled_mean_reward", "sampled mean, k sampled"),
            ("best_of_k_reward", "best-of-k"))
@@ -95,12 +96,21 @@ def rendered(root: Path, text: str, where: Path) -> str:
         content = table(json.loads(path.read_text()), name)
         return match.group(1) + content + match.group(4)
 
-    return BLOCK.sub(body, text)
+    out, last = [], 0
+    for fence in FENCE.finditer(text):
+        out += [BLOCK.sub(body, text[last:fence.start()]), fence.group(0)]
+        last = fence.end()
+    return "".join([*out, BLOCK.sub(body, text[last:])])
+
+
+def blocks(text: str) -> list[str]:
+    """The study names of the blocks in `text` (outside code examples)."""
+    return [m.group("name") for m in BLOCK.finditer(FENCE.sub("", text))]
 
 
 def stale(root: Path) -> list[Path]:
     """The pages whose study-table blocks differ from what the reports give."""
-    return [page for page in pages(root) if BLOCK.search(page.read_text())
+    return [page for page in pages(root) if blocks(page.read_text())
             and rendered(root, page.read_text(), page) != page.read_text()]
 
 
