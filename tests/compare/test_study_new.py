@@ -54,8 +54,6 @@ def test_new_refuses_an_existing_study_a_wrong_env_and_a_folder_outside_a_reposi
     with pytest.raises(UserError, match="studies/a exists: its settings are fixed"):
         layout.new_study("a", seeds=[2])
     assert layout.new_study("a", seeds=[2], rewrite=True).seeds == (2,)
-    with pytest.raises(ParamsError, match="study.env is 'nlvr2' but params.yaml trains env.name 'geospot'"):
-        layout.new_study("b", env="nlvr2")
     with pytest.raises(UserError, match="a study's name is a folder name"):
         layout.new_study("../b")
     monkeypatch.chdir(repo / "studies")
@@ -133,3 +131,32 @@ def test_the_starts_settings_change_the_sft_section_it_trains_with_and_nothing_e
     study.params_file.write_text(yaml.safe_dump(raw))
     with pytest.raises(ParamsError, match="start.seed: set by the study"):
         settings.load(study.folder).start_settings()
+
+
+def test_a_study_of_another_env_gets_its_own_pipeline_params_and_first_stages(repo):
+    import shutil
+
+    from vlmgym.params import load_section
+
+    shutil.copy(REPO / "dvc.yaml", repo / "dvc.yaml")  # the repository pipeline whose first stages it copies
+    study = layout.new_study("pairs", env="nlvr2", seeds=[5], arms=["grpo", "sft_longer"])
+    pipeline = repo / "studies/pairs/pipeline.yaml"
+    assert study.base_params == Path("studies/pairs/pipeline.yaml") and study.env == "nlvr2"
+    assert yaml.safe_load(study.params_file.read_text())["study"]["base_params"] == "pipeline.yaml"
+    env, sft = load_section("env", pipeline), load_section("sft", pipeline)
+    assert env.name == env.recipe == "nlvr2"
+    # nlvr2's recipe, as `vlmgym recipe nlvr2` writes it, and its data and base model under the study's folder
+    assert sft.init_dir == "studies/pairs/models/jax/base" and sft.shards_dir == "studies/pairs/data/shards"
+    assert load_section("data", pipeline).raw_dir == "studies/pairs/data/raw"
+    assert load_section("rollout", pipeline).shards_dir == load_section("train", pipeline).shards_dir == sft.shards_dir
+    stages = yaml.safe_load((repo / "studies/pairs/dvc.yaml").read_text())["stages"]
+    assert list(stages)[:5] == ["download", "shard", "base_model", "convert", "start"]
+    shard = stages["shard"]
+    assert shard["cmd"] == "python stages/shard.py --params studies/pairs/pipeline.yaml" and shard["wdir"] == "../.."
+    assert shard["deps"][-2:] == ["stages/shard.py", "studies/pairs/data/raw"]
+    assert shard["outs"] == ["studies/pairs/data/shards"]
+    assert shard["params"] == [{"studies/pairs/pipeline.yaml": ["env", "data.raw_dir", "shard"]}]
+    assert stages["convert"]["outs"] == ["studies/pairs/models/jax/base"]
+    assert stages["start"]["deps"][-2:] == ["studies/pairs/models/jax/base", "studies/pairs/data/shards"]
+    # the repository's own params are untouched
+    assert load_section("env", repo / "params.yaml").name == "geospot"

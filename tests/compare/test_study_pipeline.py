@@ -87,3 +87,25 @@ def test_a_study_runs_as_a_dvc_pipeline_reports_over_seeds_and_reruns_only_what_
     changed = stages_run(run_checked(["dvc", "repro", f"{STUDY}/dvc.yaml"], root, env).stdout)
     assert changed == [f"{STUDY}/dvc.yaml:{s}" for s in ("arm@5-grpo", "arm@6-grpo", "report")]
     assert "`grpo`: {\"optimizer\": {\"lr\": 0.0003}}" in (root / STUDY / "report.md").read_text()
+
+
+def test_a_study_of_another_env_builds_its_own_data_and_base_model_and_leaves_the_pipeline_alone(tmp_path):
+    root = tmp_path / "repo"
+    root.mkdir()
+    env = micro_checkout(root)  # the repository's pipeline trains geospot
+    run_checked(["vlmgym", "study", "new", "pairs", "--env", "nlvr2", "--seeds", "5", "--arms", "grpo"], root, env)
+    # nlvr2's recipe trains for minutes: the micro preset over it, as a user shrinks a study to try it
+    run_checked(["vlmgym", "preset", "configs/micro.yaml", "--params", "studies/pairs/pipeline.yaml"], root, env)
+    run_checked(["git", "add", "-A"], root, env)
+    run_checked(["git", "commit", "-qm", "study pairs: settings"], root, env)
+    ran = stages_run(run_checked(["dvc", "repro", "studies/pairs/dvc.yaml"], root, env).stdout)
+    assert ran == [f"studies/pairs/dvc.yaml:{s}" for s in ["download", "shard", "base_model", "convert", "start@5",
+                                                           "arm@5-grpo", "blind@5", "constant", "report"]]
+    assert (root / "studies/pairs/data/shards/test").is_dir() and (root / "studies/pairs/models/jax/base").is_dir()
+    assert not (root / "data/shards").exists() and not (root / "models").exists()  # the pipeline's own: not built
+    report = json.loads((root / "studies/pairs/report.json").read_text())
+    assert report["env"] == "nlvr2" and report["seeds"] == [5]
+    records = (root / "studies/pairs/runs/5/grpo/test.jsonl").read_text().splitlines()
+    assert records and json.loads(records[0])["answer"] is not None
+    assert "Data and pipelines are up to date." in run_checked(["dvc", "repro", "studies/pairs/dvc.yaml"], root,
+                                                               env).stdout

@@ -23,6 +23,7 @@ from typing import Any
 
 import yaml
 
+from vlmgym.compare import own_data
 from vlmgym.compare.settings import PARAMS, STUDIES, Study, check, from_raw
 
 DEFAULT_SEEDS = (5, 6, 7, 8, 9)
@@ -97,7 +98,10 @@ def dvc_stages(study: Study, sections: dict[str, Any]) -> dict[str, Any]:
         return {**spec, "wdir": os.path.relpath(".", study.folder), "cmd": f"vlmgym study {command}",
                 "deps": [*code, *deps], "params": params, "outs": outs}
 
+    head = own_data.head_stages(study.base_params, code) if own_data.own_pipeline(study.base_params,
+                                                                                 study.folder) else {}
     return {
+        **head,
         "start": stage(f"start {folder} --seed ${{item.seed}}", [base_model, *data],
                        [{base: ["sft", "model", "env", "rollout"]}, {own: ["start"]}], [f"{run}/sft"], by_seed),
         "arm": stage(f"arm {folder} --seed ${{item.seed}} --arm ${{item.arm}}", [*data, f"{run}/sft"],
@@ -131,8 +135,9 @@ def new_study(name: str, *, base_params: str = "params.yaml", env: str | None = 
               select: str | None = None, settings: dict[str, dict[str, Any]] | None = None,
               start: dict[str, Any] | None = None, rewrite: bool = False) -> Study:
     """Write studies/<name>/params.yaml and dvc.yaml (from the repository root, the working directory) and return
-    the study: `env` defaults to the base params' env.name, `select` to their train.validation.select. An existing
-    study is refused unless `rewrite` (its settings are its pre-registration)."""
+    the study: `env` defaults to the base params' env.name (another env: the study gets its own pipeline.yaml and
+    first stages, vlmgym.compare.own_data), `select` to their train.validation.select. An existing study is refused
+    unless `rewrite` (its settings are its pre-registration)."""
     from vlmgym.params import load_section
     from vlmgym.runtime.atomic import write_text_atomically
     from vlmgym.runtime.errors import UserError
@@ -146,6 +151,8 @@ def new_study(name: str, *, base_params: str = "params.yaml", env: str | None = 
     if (folder / PARAMS).exists() and not rewrite:
         raise UserError(f"{folder} exists: its settings are fixed (pre-registered); edit {folder / PARAMS} to change "
                         "them, or pick another name")
+    if env and env != load_section("env", base_params).name:  # another env: the study's own data and base model
+        base_params = str(own_data.write_pipeline(folder, base_params, env))
     raw = {"study": {"base_params": os.path.relpath(base_params, folder),
                      "env": env or load_section("env", base_params).name, "seeds": list(seeds), "arms": list(arms),
                      "select": select or load_section("train", base_params).validation.select},
