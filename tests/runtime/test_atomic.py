@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import time
@@ -61,6 +63,65 @@ def test_failed_folder_write_keeps_the_previous_folder(tmp_path):
         (folder / "a.txt").write_text("half")
         raise RuntimeError("disk full")
     assert (out / "a.txt").read_text() == "one" and [p.name for p in tmp_path.iterdir()] == ["base"]
+
+
+@contextlib.contextmanager
+def umask(mask: int):
+    previous = os.umask(mask)
+    try:
+        yield
+    finally:
+        os.umask(previous)
+
+
+@pytest.fixture
+def umask_022():
+    with umask(0o022):
+        yield
+
+
+def _mode(path) -> int:
+    return stat.S_IMODE(os.lstat(path).st_mode)
+
+
+def test_a_file_written_through_each_file_helper_gets_a_plain_opens_mode(tmp_path, umask_022):
+    # tempfile.mkstemp makes its temp 0600: reports/eval.html and metrics/eval.json came out unreadable to others.
+    write_text_atomically(tmp_path / "eval.html", "<html></html>")
+    with atomic_file(tmp_path / "eval.json") as tmp:
+        tmp.write_text("{}")
+    with open(tmp_path / "plain.txt", "w"):
+        pass
+    assert _mode(tmp_path / "plain.txt") == 0o644
+    assert _mode(tmp_path / "eval.html") == 0o644 and _mode(tmp_path / "eval.json") == 0o644
+
+
+def test_file_modes_follow_the_umask_and_keep_execute_bits(tmp_path):
+    with umask(0o077):
+        write_text_atomically(tmp_path / "private.txt", "x")
+    with umask(0o022), atomic_file(tmp_path / "run.sh") as tmp:
+        tmp.write_text("#!/bin/sh\n")
+        tmp.chmod(0o700)
+    assert _mode(tmp_path / "private.txt") == 0o600 and _mode(tmp_path / "run.sh") == 0o755
+
+
+def test_a_folder_written_through_atomic_dir_and_its_files_get_plain_modes(tmp_path, umask_022):
+    # mkdtemp makes the folder 0700, and safetensors' save_file writes model.safetensors 0600 on its own.
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.write_text("not this write's")
+    elsewhere.chmod(0o600)
+    out = tmp_path / "hf"
+    with atomic_dir(out) as folder:
+        save_file({"w": np.zeros(3, np.float32)}, str(folder / "model.safetensors"))
+        (folder / "params").mkdir()
+        (folder / "params" / "written_private").write_bytes(b"x")
+        (folder / "params" / "written_private").chmod(0o600)
+        (folder / "link").symlink_to(elsewhere)
+    assert _mode(out) == 0o755 and _mode(out / "params") == 0o755
+    assert _mode(out / "model.safetensors") == 0o644 and _mode(out / "params" / "written_private") == 0o644
+    assert _mode(elsewhere) == 0o600  # chmod through the link would change a file outside the output
 
 
 def _dead_pid() -> int:
