@@ -1,7 +1,8 @@
 """`vlmgym bench <name> ...`: the benchmarks, one module each.
 
 Nothing outside this package imports it, so editing a benchmark changes no pipeline stage's code (nor its DVC
-deps).
+deps). `vlmgym --help` lists BENCHMARKS too (vlmgym.cli.help_text, which loads this module by name): a benchmark
+added to the table is listed there as well.
 """
 
 from __future__ import annotations
