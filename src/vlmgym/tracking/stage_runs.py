@@ -191,13 +191,17 @@ DATA_ROOT = "data/"
 def log_inputs(dep_tags: Mapping[str, str], root: Path, stage: str) -> None:
     """Log each data dependency (`dvc.dep.data/...` tags) as an MLflow dataset input of the active run."""
     import mlflow
-    from mlflow.data.dataset_source_registry import resolve_dataset_source
+    from mlflow.data.dataset_source_registry import get_registered_sources, resolve_dataset_source
     from mlflow.data.meta_dataset import MetaDataset
 
+    # MLflow registers a local-files source twice (for the "" and the "file" URI schemes, both named
+    # LocalArtifactDatasetSource), so resolving a file:// URI among all sources warns that it "can be interpreted in
+    # multiple ways" on every call. Naming the first one as the only candidate gives the same source, unwarned.
+    local = [s for s in get_registered_sources() if s._get_source_type() == "local"][:1]
     for tag, digest in dep_tags.items():
         path = tag.removeprefix("dvc.dep.")
         if path.startswith(DATA_ROOT):
-            source = resolve_dataset_source((root / path).resolve().as_uri())
+            source = resolve_dataset_source((root / path).resolve().as_uri(), candidate_sources=local or None)
             mlflow.log_input(MetaDataset(source, name=path, digest=digest), context=stage)
 
 
