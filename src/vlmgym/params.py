@@ -34,6 +34,7 @@ from vlmgym.config.sections import (
 from vlmgym.config.spec import (
     ParamsError,
     canonical_paths,
+    canonical_tree,
     checked_env_class,
     env_sections_field,
     merged,
@@ -51,8 +52,8 @@ from vlmgym.runtime.atomic import atomic_file
 __all__ = ["DEFAULT_PARAMS_FILE", "LORA_TEXT_TARGETS", "REMAT_DOC", "SECTIONS", "DataParams", "EnvParams", "EvalParams",
            "ExportParams", "LoRAParams", "ModelParams", "ParamsError", "PerceptionParams", "RolloutParams", "SFTParams",
            "ShardParams", "TrackingParams", "TrainParams", "canonical_paths", "default_sections", "from_dict",
-           "load_all", "load_section", "main", "merged", "nested_keys", "read_yaml", "render_yaml", "spec", "to_dict",
-           "value_at", "with_values", "write_params"]
+           "load_all", "load_section", "main", "merged", "merged_params", "nested_keys", "read_yaml", "render_yaml",
+           "spec", "to_dict", "value_at", "with_values", "write_params"]
 
 T = TypeVar("T")
 DEFAULT_PARAMS_FILE = Path("params.yaml")
@@ -88,7 +89,7 @@ def read_yaml(path: str | Path = DEFAULT_PARAMS_FILE) -> dict[str, Any]:
     return _mapping(path.read_bytes(), path)
 
 
-def _mapping(data: bytes, path: Path) -> dict[str, Any]:
+def _mapping(data: bytes, path: str | Path) -> dict[str, Any]:
     raw = yaml.load(data, Loader=_YAML_LOADER) or {}
     if not isinstance(raw, dict):
         raise ParamsError(f"{path}: expected a mapping of sections, got {type(raw).__name__}")
@@ -114,7 +115,7 @@ def load_all(path: str | Path = DEFAULT_PARAMS_FILE) -> dict[str, Any]:
     return _all_sections(read_yaml(path), path)
 
 
-def _all_sections(raw: dict[str, Any], path: Path) -> dict[str, Any]:
+def _all_sections(raw: dict[str, Any], path: str | Path) -> dict[str, Any]:
     unknown = sorted(set(raw) - set(SECTIONS))
     if unknown:
         raise ParamsError(f"{path}: unknown section(s) {unknown} (known: {', '.join(sorted(SECTIONS))})")
@@ -199,19 +200,32 @@ def render_yaml(sections: dict[str, Any] | None = None) -> str:
     return "\n".join(lines)
 
 
+def merged_params(base: dict[str, Any], over: dict[str, Any], base_where: str, over_where: str) -> dict[str, Any]:
+    """`over` (a preset, a recipe) merged into `base` (a params file's mapping) as `merged` does, with every key
+    alias on both sides renamed to its key first: an alias in `over` (TRL's train.num_generations) then replaces the
+    key `base` holds under vlmgym's name (group_size), where the two spellings merged as they are would both be kept,
+    an error. A key and its alias together in one of them is an error naming it (base_where, over_where)."""
+    return merged(_canonical_sections(base, base_where), _canonical_sections(over, over_where))
+
+
+def _canonical_sections(raw: dict[str, Any], where: str) -> dict[str, Any]:
+    # an unknown section or a section that is no mapping is left for validation to name
+    return {name: canonical_tree(SECTIONS[name], value, f"{where}: {name}")
+            if name in SECTIONS and isinstance(value, dict) else value for name, value in raw.items()}
+
+
 def write_params(raw: dict[str, Any], params_file: str | Path, what: str) -> dict[str, Any]:
     """Replace `params_file` with the sections of `raw`, validated first (from the temp file itself: the file is
-    replaced only when it loads), each key with its doc, the file's leading comment kept; returns the sections."""
+    replaced only when it loads), each key with its doc, the file's leading comment kept; returns the sections.
+    An error names `what` and `params_file`, never the temp file."""
     params_file = Path(params_file)
     lines = params_file.read_text().splitlines()
     header = "".join(f"{line}\n" for line in lines[: next((i for i, x in enumerate(lines) if not x.startswith("#")),
                                                            len(lines))])
     with atomic_file(params_file) as tmp:
         tmp.write_text(yaml.safe_dump(raw, sort_keys=False))
-        try:
-            sections = load_all(tmp)
-        except ParamsError as err:
-            raise ParamsError(f"{what} merged into {params_file}: {err}") from err
+        where = f"{what} merged into {params_file}"
+        sections = _all_sections(_mapping(tmp.read_bytes(), where), where)
         tmp.write_text(header + ("\n" if header else "") + render_yaml(sections))
     return sections
 

@@ -157,6 +157,17 @@ def canonical_paths(cls: type, values: dict[str, Any], where: str) -> dict[str, 
     return out
 
 
+def canonical_tree(cls: type, raw: dict[str, Any], where: str) -> dict[str, Any]:
+    """A mapping of section `cls` as a file holds it, with every key alias at any depth renamed to its field (values
+    unchanged); keys that are not fields (an env's own section) are left as they are."""
+    hints = typing.get_type_hints(cls)
+    out = canonical_keys(cls, raw, where)
+    for key, value in out.items():
+        if isinstance(value, dict) and dataclasses.is_dataclass(hints.get(key)):
+            out[key] = canonical_tree(hints[key], value, f"{where}.{key}")
+    return out
+
+
 def value_at(section: Any, key: str) -> Any:
     """The value of a dotted key of a section."""
     for part in key.split("."):
