@@ -1,5 +1,6 @@
-"""`vlmgym recipe`: an env's recipe applied over params.yaml, every other env's recipe keys reset to their defaults,
-and the stop when env.name and env.recipe disagree."""
+"""`vlmgym recipe`: an env's recipe applied over params.yaml (--on-top; over the defaults:
+tests/cli/test_preset_command.py), every other env's recipe keys reset to their defaults, and the stop when env.name
+and env.recipe disagree."""
 
 from __future__ import annotations
 
@@ -36,7 +37,7 @@ def test_switching_env_name_alone_stops_with_the_command_that_applies_the_recipe
 
 def test_a_recipe_sets_its_keys_and_another_envs_keys_go_back_to_their_defaults(params_file, monkeypatch):
     monkeypatch.setattr(NLVR2Env, "recipe", {"sft": {"optimizer": {"lr": 0.001}, "steps": 300}})
-    assert recipes.main(["nlvr2", "--params", str(params_file)]) == 0
+    assert recipes.main(["nlvr2", "--on-top", "--params", str(params_file)]) == 0
     sections = params_mod.load_all(params_file)
     assert (sections["env"].name, sections["env"].recipe) == ("nlvr2", "nlvr2")
     assert (sections["sft"].optimizer.lr, sections["sft"].steps) == (0.001, 300)
@@ -44,7 +45,8 @@ def test_a_recipe_sets_its_keys_and_another_envs_keys_go_back_to_their_defaults(
     default_train = params_mod.load_all(REPO / "params.yaml")["train"]
     assert sections["train"].sampling.temperature == 1.0 and default_train.sampling.temperature == 0.6
     assert sections["train"] == replace(default_train, sampling=replace(default_train.sampling, temperature=1.0))
-    assert recipes.main(["digits", "--params", str(params_file)]) == 0  # digits' recipe leaves sft.optimizer.lr out
+    # digits' recipe leaves sft.optimizer.lr out
+    assert recipes.main(["digits", "--on-top", "--params", str(params_file)]) == 0
     sections = params_mod.load_all(params_file)
     assert (sections["env"].name, sections["sft"].optimizer.lr, sections["sft"].steps) == ("digits", 0.003, 600)
 
@@ -65,14 +67,14 @@ def test_the_overrides_are_dvc_exp_run_arguments_that_survive_word_splitting(mon
 @pytest.mark.parametrize("env", sorted(registry.names()))
 def test_dvc_applies_every_recipes_overrides_to_the_default_params(env, params_file):
     """What `dvc exp run $(vlmgym recipe <env> --overrides)` does to params.yaml (dvc's own hydra overrides), also
-    for keys the default params leave out (message_decoding's generator section)."""
+    for keys the default params leave out (message_decoding's generator section): what --on-top writes."""
     from dvc.utils.hydra import apply_overrides
 
     words = recipes.overrides(recipes.recipe_overlay(env))
     apply_overrides(str(params_file), words[1::2])
     expected = params_file.with_name("applied.yaml")
     shutil.copy(REPO / "params.yaml", expected)
-    assert recipes.main([env, "--params", str(expected)]) == 0
+    assert recipes.main([env, "--on-top", "--params", str(expected)]) == 0
     assert params_mod.load_all(params_file) == params_mod.load_all(expected)
 
 
@@ -89,8 +91,8 @@ def test_geospots_recipe_is_what_the_default_params_hold(params_file):
     overlay = recipes.recipe_overlay("geospot")
     assert overlay["sft"]["steps"] == 450 and overlay["train"]["sampling"]["temperature"] == 0.6
     before = params_mod.load_all(params_file)
-    assert recipes.main(["geospot", "--params", str(params_file)]) == 0
-    assert params_mod.load_all(params_file) == before  # params.yaml is geospot with its recipe
+    assert recipes.main(["geospot", "--on-top", "--params", str(params_file)]) == 0
+    assert params_mod.load_all(params_file) == before  # params.yaml holds geospot's recipe
 
 
 def test_every_built_in_recipe_validates(params_file):
