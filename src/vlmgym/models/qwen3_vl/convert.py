@@ -8,6 +8,7 @@ reshaped), so HF -> JAX -> HF is bit-exact, and `check_export` verifies it on th
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import shutil
@@ -19,6 +20,7 @@ import jax
 import ml_dtypes  # noqa: F401  (registers bfloat16 with numpy so safetensors can read bf16 as numpy)
 import numpy as np
 import orbax.checkpoint as ocp
+from absl import logging as absl_logging
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
@@ -235,6 +237,26 @@ def to_hf_dict(cfg: Qwen3VLConfig) -> dict[str, Any]:
     }
 
 
+@contextlib.contextmanager
+def _without_ocdbt_merge_warning(folder: Path) -> Iterator[None]:
+    """Drop orbax's absl warning "Skipping merge of OCDBT checkpoints: No per-process OCDBT checkpoint subdirs
+    found in <folder>..." for saves under `folder`, while the block runs.
+
+    Orbax tries to merge per-process OCDBT stores after every pytree save, even one written without OCDBT
+    (use_ocdbt=False, as save_checkpoint does), and warns when it finds none: there is nothing to merge, the
+    checkpoint is complete. Any other record, and this one for any other folder, is kept."""
+    def keep(record):
+        message = record.getMessage()
+        return not ("Skipping merge of OCDBT checkpoints" in message and str(folder) in message)
+
+    logger = absl_logging.get_absl_logger()
+    logger.addFilter(keep)
+    try:
+        yield
+    finally:
+        logger.removeFilter(keep)
+
+
 def save_checkpoint(path: str | Path, cfg: Qwen3VLConfig, params: Params, hf_config: dict[str, Any] | None = None,
                     side_files_from: str | Path | None = None,
                     extra: Callable[[Path], None] | None = None) -> Path:
@@ -248,7 +270,8 @@ def save_checkpoint(path: str | Path, cfg: Qwen3VLConfig, params: Params, hf_con
     # Params spread over several processes are saved by all of them together, into one shared folder.
     with (distributed.shared_dir(final) if distributed.count() > 1 else atomic_dir(final)) as tmp:
         checkpointer = ocp.Checkpointer(ocp.StandardCheckpointHandler(use_ocdbt=False))
-        checkpointer.save(tmp / "params", args=ocp.args.StandardSave(params))  # synchronous
+        with _without_ocdbt_merge_warning(tmp / "params"):
+            checkpointer.save(tmp / "params", args=ocp.args.StandardSave(params))  # synchronous
         if distributed.is_primary():  # the small files once
             for record in ("_CHECKPOINT_METADATA", "commit_success.txt"):
                 (tmp / "params" / record).unlink(missing_ok=True)
