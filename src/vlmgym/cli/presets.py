@@ -2,7 +2,7 @@
 values with --on-top; validated, written atomically, and the keys it changed printed.
 
     vlmgym preset configs/micro.yaml                   # params.yaml: the defaults with micro's keys
-    vlmgym preset --on-top configs/micro_tools.yaml    # params.yaml as it is, with micro_tools' keys
+    vlmgym preset configs/micro_tools.yaml --on-top    # params.yaml as it is, with micro_tools' keys
     vlmgym preset configs/micro.yaml --params other.yaml
 
 The defaults are every key's default value (what `vlmgym params --yaml` prints for an empty file): a key the preset
