@@ -29,7 +29,8 @@ def params_file(tmp_path):
 def at_defaults(tmp_path):
     """A params file at the defaults but for one key set by hand."""
     path = tmp_path / "params.yaml"
-    path.write_text("# my params\n\n" + params_mod.render_yaml())
+    path.write_text("# my params\n\n")
+    params_mod.write_params(presets.defaults(), path, "the defaults")  # the key defaults and the default env's recipe
     path.write_text(path.read_text().replace("tracking_uri: ''", f"tracking_uri: {HAND_SET_URI}"))
     assert params_mod.load_section("tracking", path).tracking_uri == HAND_SET_URI
     return path
@@ -106,9 +107,9 @@ def test_the_changed_keys_are_printed(at_defaults, tmp_path, capsys):
 def test_the_keys_a_recipe_changed_are_printed(at_defaults, capsys):
     assert recipes.main(["nlvr2", "--on-top", "--params", str(at_defaults)]) == 0
     expected = {f"{'.'.join(path)}: {before} -> {after}" for path, before, after in [
-        (("env", "name"), "geospot", "nlvr2"), (("env", "recipe"), "''", "nlvr2"), (("sft", "steps"), 600, 350),
-        (("sft", "optimizer", "lr"), 0.003, 0.001), (("train", "optimizer", "lr"), 0.0001, "3.0e-05"),
-        (("train", "sampling", "temperature"), 1.0, 0.6)]}
+        (("env", "name"), "geospot", "nlvr2"), (("env", "recipe"), "geospot", "nlvr2"), (("sft", "steps"), 450, 350),
+        (("sft", "optimizer", "lr"), 0.003, 0.001), (("train", "optimizer", "lr"), 0.0001, "3.0e-05")]}
+    # both recipes sample at temperature 0.6: not a change
     assert set(changed_lines(capsys.readouterr().out)) == expected
     assert params_mod.load_section("tracking", at_defaults).tracking_uri == HAND_SET_URI  # --on-top kept it
 

@@ -95,7 +95,8 @@ def test_a_study_of_another_env_builds_its_own_data_and_base_model_and_leaves_th
     env = micro_checkout(root)  # the repository's pipeline trains geospot
     run_checked(["vlmgym", "study", "new", "pairs", "--env", "nlvr2", "--seeds", "5", "--arms", "grpo"], root, env)
     # nlvr2's recipe trains for minutes: the micro preset over it, as a user shrinks a study to try it
-    run_checked(["vlmgym", "preset", "configs/micro.yaml", "--params", "studies/pairs/pipeline.yaml"], root, env)
+    run_checked(["vlmgym", "preset", "configs/micro.yaml", "--on-top", "--params", "studies/pairs/pipeline.yaml"],
+                root, env)
     run_checked(["git", "add", "-A"], root, env)
     run_checked(["git", "commit", "-qm", "study pairs: settings"], root, env)
     ran = stages_run(run_checked(["dvc", "repro", "studies/pairs/dvc.yaml"], root, env).stdout)

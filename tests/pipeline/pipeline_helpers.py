@@ -71,7 +71,7 @@ def env_pipeline(root: Path, overlay: dict) -> tuple[Path, dict[str, str], str]:
 
     env = micro_checkout(root)
     (root / "overlay.yaml").write_text(yaml.safe_dump(overlay))
-    run_checked(["vlmgym", "preset", "overlay.yaml"], root, env)
+    run_checked(["vlmgym", "preset", "overlay.yaml", "--on-top"], root, env)
     run_checked(["git", "add", "-A"], root, env)
     run_checked(["git", "commit", "-qm", "overlay"], root, env)
     # the micro run takes about 2 min on 2 quiet cores; the margin is for a machine shared with other jobs

@@ -35,7 +35,7 @@ def _build(root):
                                        "sft": {"perception": {"steps": 3, "batch_size": 4,
                                                               "optimizer": {"warmup_steps": 1}}}}))
     # in the checkout: its working directory is where 'colour_env' imports from (as for the stages)
-    run_checked(["vlmgym", "preset", overlay.name], root, env)
+    run_checked(["vlmgym", "preset", overlay.name, "--on-top"], root, env)
     run_checked(["git", "add", "-A"], root, env)
     run_checked(["git", "commit", "-qm", "colour env"], root, env)
     return {"root": str(root), "env": env, "output": run_checked(["dvc", "repro"], root, env).stdout}

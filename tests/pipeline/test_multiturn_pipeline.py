@@ -105,7 +105,7 @@ def _build_mirror(root: Path) -> dict:
     env = micro_checkout(root)
     (root / ".venv").symlink_to(VENV_BIN.parent)  # the guide's commands call .venv/bin/...
     (root / "quick.yaml").write_text(yaml.safe_dump({"eval": {"hf_samples": 2}}))  # a shorter transformers check
-    run_checked(["vlmgym", "preset", "quick.yaml"], root, env)
+    run_checked(["vlmgym", "preset", "quick.yaml", "--on-top"], root, env)
     run_checked(["git", "add", "-A"], root, env)
     run_checked(["git", "commit", "-qm", "micro"], root, env)  # dvc exp run needs a commit to start from
     return {"root": str(root), "output": run_checked(["bash", "-ec", guide_command()], root, env).stdout}

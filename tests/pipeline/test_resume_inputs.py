@@ -21,7 +21,7 @@ SFT_WEIGHTS = "models/jax/sft/params/"
 def test_a_changed_data_seed_trains_a_new_sft_model(pipeline, tmp_path):
     root, env = copy_of(pipeline, tmp_path / "checkout")
     (root / "seed.yaml").write_text("data:\n  seed: 1\n")
-    run_checked(["vlmgym", "preset", "seed.yaml"], root, env)
+    run_checked(["vlmgym", "preset", "seed.yaml", "--on-top"], root, env)
     result = run_checked(["dvc", "repro", "sft"], root, env)
     assert stages_run(result.stdout) == ["download", "shard", "sft"]
     before = {path: md5 for path, md5 in pipeline["digests"].items() if path.startswith(SFT_WEIGHTS)}

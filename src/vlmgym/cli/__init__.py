@@ -11,7 +11,8 @@ Table = dict[str, tuple[str, str]]
 
 COMMANDS: Table = {
     "params": ("vlmgym.params:main", "validate params.yaml (or another params file) and print it"),
-    "preset": ("vlmgym.cli.presets:main", "merge a partial params file (e.g. configs/micro.yaml) into params.yaml"),
+    "preset": ("vlmgym.cli.presets:main",
+               "write a partial params file (e.g. configs/micro.yaml) over the defaults, or --on-top over params.yaml"),
     "recipe": ("vlmgym.cli.recipes:main", "switch params.yaml to an env with the settings it trains with"),
     "parity": ("vlmgym.models.qwen3_vl.parity:main", "compare the JAX port with transformers on the same inputs"),
     "clean-temps": ("vlmgym.runtime.temps:main",

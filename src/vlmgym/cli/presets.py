@@ -5,7 +5,8 @@ values with --on-top; validated, written atomically, and the keys it changed pri
     vlmgym preset configs/micro_tools.yaml --on-top    # params.yaml as it is, with micro_tools' keys
     vlmgym preset configs/micro.yaml --params other.yaml
 
-The defaults are every key's default value (what `vlmgym params --yaml` prints for an empty file): a key the preset
+The defaults are every key's default value (what `vlmgym params --yaml` prints for an empty file) with the default
+env's recipe, the values a fresh checkout's params.yaml holds (but for its validation batch sizes): a key the preset
 leaves out goes back to its default, one set by hand (tracking.tracking_uri) too; --on-top keeps the file's values.
 Either way every key whose value changed is printed with its previous and its new value. Mappings merge key by key;
 any other value (lists included) replaces the old one; a key's other name (TRL's train.num_generations) replaces the
@@ -27,8 +28,13 @@ from vlmgym.envs.recipes import paths
 
 
 def defaults() -> dict[str, Any]:
-    """Every key at its default, as a params file holds them (the default env's own sections included)."""
-    return values(params_mod.default_sections())
+    """Every key at its default, as a params file holds them (the default env's own sections included), with the
+    default env's recipe: the params a fresh checkout ships, so a preset over the defaults starts where a new
+    user's params.yaml does."""
+    from vlmgym.envs.recipes import recipe_overlay
+    from vlmgym.envs.registry import DEFAULT_ENV
+
+    return params_mod.merged(values(params_mod.default_sections()), recipe_overlay(DEFAULT_ENV))
 
 
 def values(sections: Mapping[str, Any]) -> dict[str, Any]:
