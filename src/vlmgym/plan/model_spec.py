@@ -6,6 +6,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from vlmgym.config.sections import LORA_TEXT_TARGETS
+
 CONFIGS = ("tiny", "2b", "4b", "8b")
 TINY_VOCAB = 2048  # the pipeline's default tiny tokenizer (model.tiny_vocab_size)
 
@@ -21,13 +23,17 @@ class PlanSpec:
     answer: int = 64  # completion tokens (train.max_new_tokens; sft: max_target_tokens)
     group: int = 8  # completions per prompt (train.group_size; 1: sft, or one prompt copy per completion)
     micro_batches: int = 1  # gradient accumulation (train.micro_batches)
+    share_prefix: bool = True  # train.share_prefix: the learner runs each prompt once per group (False: per answer)
     image: tuple[int, int] = (96, 128)  # height, width of each prompt's image after the processor's resize
     remat: str = "none"
     algorithm: str = "grpo"  # grpo (rloo runs the same update) or sft
     freeze: str = "none"
     lora_rank: int = 0  # train.lora.rank: adapters on the decoder's q/k/v/o/gate/up/down, only they trained
+    lora_targets: tuple[str, ...] = LORA_TEXT_TARGETS  # train.lora.targets: the decoder projections adapted
+    lora_vision: bool = False  # train.lora.vision: the vision tower's blocks adapted too
     dtype: str = "fp32"
     param_dtype: str = "fp32"
+    tiny: tuple[int, int, int] = (128, 4, TINY_VOCAB)  # the tiny model's width, layers, vocabulary (model.tiny_*)
 
     @property
     def devices(self) -> int:
@@ -50,5 +56,9 @@ class PlanSpec:
             raise ValueError("sft scores one completion per prompt: use --group 1")
         if self.lora_rank < 0 or (self.lora_rank and self.freeze != "none"):
             raise ValueError("--lora-rank must be >= 0, and with LoRA the base is frozen whole (no --freeze)")
+        if self.lora_rank and (set(self.lora_targets) - set(LORA_TEXT_TARGETS)
+                               or not (self.lora_targets or self.lora_vision)):
+            raise ValueError(f"LoRA targets {self.lora_targets} (vision {self.lora_vision}): expected some of "
+                             f"{LORA_TEXT_TARGETS} or the vision tower")
         if any(side % 32 for side in self.image):
             raise ValueError(f"image {self.image}: both sides must be multiples of 32 (the processor's resize)")

@@ -81,13 +81,14 @@ class Planner:
         else:
             self.optimizer = Optimizer(OptimizerConfig(learning_rate=1e-6), trainable_mask(self.params, spec.freeze))
         self.policy = Qwen3VLLearner(cfg, SamplingSettings(max_new_tokens=spec.answer), mesh=self.mesh,
-                                     share_prefix=spec.group > 1, remat=spec.remat)
+                                     share_prefix=spec.share_prefix and spec.group > 1, remat=spec.remat)
         self.compiles = CompileCounter()
         self.compiled: dict[str, Any] = {}  # each program compiled so far, by name (a test runs them for real)
 
     def _with_adapters(self, rank: int) -> Any:
         """The abstract params with the adapters `init_adapters` adds (replicated, as it places them)."""
-        adapted = jax.eval_shape(lambda p: lora.init_adapters(p, self.cfg, lora.LoRAConfig(rank=rank)), self.params)
+        adapters = lora.LoRAConfig(rank=rank, targets=tuple(self.spec.lora_targets), vision=self.spec.lora_vision)
+        adapted = jax.eval_shape(lambda p: lora.init_adapters(p, self.cfg, adapters), self.params)
         base = {jax.tree_util.keystr(path): leaf.sharding
                 for path, leaf in jax.tree_util.tree_leaves_with_path(self.params)}
 

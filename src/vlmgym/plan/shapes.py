@@ -20,14 +20,17 @@ from vlmgym.plan.model_spec import TINY_VOCAB, PlanSpec
 from vlmgym.rollout.engine import Buckets, bucketed_patch_layout
 
 
-def plan_config(name: str, dtype: str = "fp32", param_dtype: str = "fp32") -> Qwen3VLConfig:
-    """A shipped real config ('2b', '4b', '8b') or the pipeline's default tiny model ('tiny': `TinyDims()` with a
-    2,048-token vocabulary whose special tokens come first, as the tiny tokenizer numbers them)."""
+def plan_config(name: str, dtype: str = "fp32", param_dtype: str = "fp32",
+                tiny: tuple[int, int, int] = (128, 4, TINY_VOCAB)) -> Qwen3VLConfig:
+    """A shipped real config ('2b', '4b', '8b') or the pipeline's tiny model ('tiny': `TinyDims.scaled` to `tiny`'s
+    width and layers, with its vocabulary (default: the pipeline's, 2,048 tokens) whose special tokens come first,
+    as the tiny tokenizer numbers them)."""
     if name != "tiny":
         return named_config(name, dtype, param_dtype)
-    d = TinyDims()
+    hidden_size, num_layers, vocab_size = tiny
+    d = TinyDims.scaled(hidden_size, num_layers)
     ids = {token: index for index, token in enumerate(SPECIAL_TOKENS)}
-    text = {"vocab_size": TINY_VOCAB, "hidden_size": d.hidden_size, "intermediate_size": d.intermediate_size,
+    text = {"vocab_size": vocab_size, "hidden_size": d.hidden_size, "intermediate_size": d.intermediate_size,
             "num_hidden_layers": d.num_layers, "num_attention_heads": d.num_heads,
             "num_key_value_heads": d.num_kv_heads, "head_dim": d.head_dim, "rms_norm_eps": 1e-6,
             "rope_parameters": {"rope_type": "default", "rope_theta": d.rope_theta,
@@ -41,6 +44,11 @@ def plan_config(name: str, dtype: str = "fp32", param_dtype: str = "fp32") -> Qw
           "video_token_id": ids["<|video_pad|>"], "vision_start_token_id": ids["<|vision_start|>"],
           "vision_end_token_id": ids["<|vision_end|>"]}
     return from_hf_dict(hf, dtype, param_dtype)
+
+
+def spec_config(spec: PlanSpec) -> Qwen3VLConfig:
+    """The model config `spec` plans for."""
+    return plan_config(spec.config, spec.dtype, spec.param_dtype, spec.tiny)
 
 
 def image_tokens(cfg: Qwen3VLConfig, image: tuple[int, int]) -> int:
@@ -76,9 +84,10 @@ def _pixels(cfg: Qwen3VLConfig, rows: int) -> jax.ShapeDtypeStruct:
 
 def learner_micro(cfg: Qwen3VLConfig, spec: PlanSpec) -> dict[str, Any]:
     """One micro-batch of the trainer's gradient function (grpo_gradients' or sft_gradients' `micro`), pixel rows
-    abstract. GRPO with group > 1 runs each prompt once for its group (the shared-prefix learner)."""
+    abstract. GRPO with group > 1 runs each prompt once for its group (the shared-prefix learner), or with
+    share_prefix off one prompt copy per completion (Qwen3VLPolicy.build_batch)."""
     rows = spec.micro_rows
-    prompts = _prompts(cfg, spec, rows // spec.group)
+    prompts = _prompts(cfg, spec, rows // spec.group if spec.share_prefix else rows)
     grids = prompts.pop("image_grid_thw").astype(np.int64)
     # Qwen3VLLearner._with_patch_layout: patches padded to a multiple of the longest image
     total = int(grids[:, 1:].prod(axis=1).sum())
