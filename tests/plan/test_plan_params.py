@@ -130,7 +130,7 @@ def test_a_checkpoint_in_model_hf_dir_of_the_planned_model_tokenizes_the_prompt(
 
 
 def test_a_shape_the_params_cannot_give_stops_naming_its_flag(tmp_path, capsys):
-    digits = write(tmp_path / "digits.yaml", {"env": {"name": "digits"}})
+    digits = write(tmp_path / "digits.yaml", {"env": {"name": "digits", "recipe": ""}})
     with pytest.raises(SystemExit):
         parse_args(["--params", digits])
     assert "env digits: its question depends on each sample" in capsys.readouterr().err

@@ -6,10 +6,11 @@
                 [--freeze none|vision] [--lora-rank R] [--[no-]share-prefix] [--algorithm grpo|sft] [--no-rollout]
                 [--accelerator] [--json PATH]
 
-`--params` reads the shapes from a params file or a preset merged over the defaults (several merge in order, as
-`vlmgym preset` applies them): the model, mesh, batch, micro-batches, remat, freeze, LoRA and answer length from
-their keys, the image and the prompt's length from the pipeline's own resize and tokenizer (params_shapes.py). It
-prints each shape with where it came from before compiling.
+`--params` reads the shapes from a params file or a preset merged over the defaults (as `vlmgym preset FILE` writes
+params.yaml; a further --params merges on top, as `vlmgym preset FILE --on-top`): the model, mesh, batch,
+micro-batches, remat, freeze, LoRA and answer length from their keys, the image and the prompt's length from the
+pipeline's own resize and tokenizer (params_shapes.py). It prints each shape with where it came from before
+compiling.
 
 Compiles the trainer's learner update (`grpo_gradients` or `sft_gradients`: loss + backward; `apply_update`:
 the AdamW step) and the rollout engine's prefill and decode loop for abstract inputs (jax.ShapeDtypeStruct,
@@ -61,8 +62,9 @@ FLAG_DEFAULTS = {"mesh": (1, 1, 1), "answer": 64, "group": 8, "micro_batches": 1
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="vlmgym plan", description=__doc__.split("\n\n")[0])
     parser.add_argument("--params", action="append", metavar="FILE", default=None,
-                        help="read the shapes from this params file or preset, merged over the defaults (repeat to "
-                             "merge overlays in order, e.g. a recipe then its LoRA overlay); any flag below wins")
+                        help="read the shapes from this params file or preset merged over the defaults, as `vlmgym "
+                             "preset FILE` writes params.yaml; repeated, each further file on top (`--on-top`), e.g. "
+                             "a recipe then its LoRA overlay. Any flag below wins over the params")
     parser.add_argument("--config", choices=CONFIGS, default=None,
                         help="model: a shipped Qwen3-VL or the tiny one (params: model.source)")
     parser.add_argument("--mesh", type=lambda t: _ints(t, 3, ","), default=None,

@@ -54,12 +54,15 @@ class DeriveError(ValueError):
 
 
 def load(paths: Sequence[str | Path]) -> dict[str, Any]:
-    """Every section of the params files merged in order over the defaults (as `vlmgym preset` merges a preset into
-    params.yaml: mappings key by key, other values replaced), validated as the stages validate a params file."""
-    raw: dict[str, Any] = {}
+    """Every section of the params files, validated as the stages validate a params file: the first merged over the
+    defaults as `vlmgym preset FILE` writes params.yaml (every key's default with the default env's recipe: a full
+    params file keeps all its values), each further one on top as `vlmgym preset FILE --on-top` merges it."""
+    from vlmgym.cli.presets import defaults
+
+    raw, where = defaults(), "the defaults"
     for path in paths:
-        raw = params_mod.merged(raw, params_mod.read_yaml(path))
-    where = " + ".join(str(p) for p in paths)
+        raw = params_mod.merged_params(raw, params_mod.read_yaml(path), where, str(path))
+        where = f"{where} + {path}"
     unknown = sorted(set(raw) - set(params_mod.SECTIONS))
     if unknown:
         raise params_mod.ParamsError(f"{where}: unknown section(s) {unknown} "
