@@ -3,9 +3,11 @@
 Reads the rollout JSONL of every policy (outputs/rollouts/<policy>.jsonl, greedy answers) and writes
 metrics/eval.json (each policy's metrics with `_ci_low`/`_ci_high`, the paired `grpo_minus_sft` differences and
 the `hf_baseline` figures; the baseline's speed goes to the MLflow run only, as it differs on every run),
+metrics/headline.json (a few of those figures, the pipeline's DVC metrics: vlmgym.eval.outputs.headline_figures),
 metrics/plots/*.csv (DVC plots: distance CDF per policy, training reward curve),
 reports/eval.md, reports/eval.html and the PNGs. The HF baseline runs transformers on the exported folder
 (models/hf/grpo) over the first `eval.hf_samples` test prompts and compares with the JAX engine's greedy answers.
+The evaluate run logs every figure; the pipeline's parent run gets the headline ones.
 The training curves come from the train stage's per-step figures, metrics/curves/train.jsonl (vlmgym.eval.curve),
 a DVC output of the train stage and a dep of this one: the report depends on DVC-tracked files only, never on the
 MLflow store. The evaluate run's lineage tags link it to the train run that wrote the evaluated model: its
@@ -21,7 +23,7 @@ import argparse
 import sys
 
 from vlmgym.eval.evaluate import evaluate_pipeline
-from vlmgym.eval.outputs import mlflow_metrics
+from vlmgym.eval.outputs import headline_metrics, mlflow_metrics
 from vlmgym.params import load_section
 from vlmgym.runtime.collector import collect_less
 from vlmgym.tracking import model_registry as registry
@@ -45,7 +47,8 @@ def main(argv: list[str] | None = None) -> int:
         outputs, hf_timing = evaluate_pipeline(eval_params, rollout, model, env_params, curve_file("train"),
                                                data=data)
         run.log_metrics(mlflow_metrics(outputs.results))
-        run.log_pipeline_results(mlflow_metrics(outputs.results))  # the headline results of the whole pipeline
+        # The parent's row in MLflow's table: the headline figures, under the names this run logs them by
+        run.log_pipeline_results(headline_metrics(outputs))
         run.log_metrics({f"hf_baseline/{name}": value for name, value in hf_timing.items()})
         for path in outputs.files.values():
             run.log_artifact(path, artifact_path="plots" if path.suffix in (".png", ".csv") else "report")

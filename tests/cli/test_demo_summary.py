@@ -12,6 +12,9 @@ def test_the_summary_names_the_champion_and_unsent_logs(tmp_path, monkeypatch, c
     assert demo_summary.main() == 0
     out = capsys.readouterr().out
     assert '"grpo/mean_reward": 0.5' in out and 'models:/vlmgym-nlvr2@champion' in out
+    # `dvc metrics show` is pointed at the headline, which fits a terminal, not at every figure of eval.json
+    assert "dvc metrics show metrics/headline.json   (the headline; every figure with its interval: " \
+           "reports/eval.md, metrics/eval.json)" in out
     assert "Unsent" not in out
     (tmp_path / "mlflow-spool" / "run1").mkdir(parents=True)
     demo_summary.main()

@@ -165,7 +165,8 @@ def test_write_evaluation_writes_every_output(tmp_path, images, policies):
                                metric_options={"reverse_geocoder": nowhere})
     assert set(outputs.results) == {"sft", "grpo", "grpo_minus_sft"}
     assert sorted(str(p.relative_to(tmp_path)) for p in outputs.files.values()) == sorted(
-        ["metrics/eval.json", "reports/eval.md", "reports/eval.html", "metrics/plots/distance_cdf.csv",
+        ["metrics/eval.json", "metrics/headline.json", "reports/eval.md", "reports/eval.html",
+         "metrics/plots/distance_cdf.csv",
          "reports/distance_cdf.png", "metrics/plots/train_reward.csv", "reports/train_reward.png"])
     assert json.loads(outputs.files["metrics"].read_text())["grpo"]["n"] == len(policies["grpo"])
     page = outputs.files["html"].read_text()

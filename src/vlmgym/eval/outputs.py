@@ -1,4 +1,5 @@
-"""Everything the evaluate stage writes, from rollout records: metrics JSON, tables, plots data, PNGs, HTML."""
+"""Everything the evaluate stage writes, from rollout records: metrics JSON (every figure, and the headline's few),
+tables, plots data, PNGs, HTML."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from typing import Any
 from PIL import Image
 
 from vlmgym.envs.base import Env
-from vlmgym.eval.blind import blind_check, blind_comparisons
+from vlmgym.eval.blind import HEADLINE, blind_check, blind_comparisons
 from vlmgym.eval.metrics import COLLAPSE_TOP_SHARE, answer_spread, collapsed, env_class, evaluate_policies
 from vlmgym.eval.records import write_metrics_json
 from vlmgym.eval.report import write_html, write_markdown
@@ -30,11 +31,13 @@ BLIND_HEADING = ("Image-blind check (each trained policy minus each baseline, me
 
 @dataclass(frozen=True)
 class EvaluationOutputs:
-    """The metrics (as in metrics/eval.json) and every file written, by role."""
+    """The metrics (as in metrics/eval.json), every file written, by role, and the headline figures: each name in
+    metrics/headline.json -> the (results key, metric) it is."""
 
     results: dict[str, dict[str, float]]
     files: dict[str, Path] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)  # e.g. a trained policy that collapsed to one answer
+    headline: dict[str, tuple[str, str]] = field(default_factory=dict)
 
 
 def answer_collapse(records_by_policy: Mapping[str, Sequence[Mapping[str, Any]]],
@@ -59,6 +62,72 @@ def mlflow_metrics(results: Mapping[str, Mapping[str, float]]) -> dict[str, floa
     return {f"{policy}/{name}": value for policy, metrics in results.items() for name, value in metrics.items()}
 
 
+def main_metric(env: type[Env]) -> str:
+    """The env's main score: the statistic that counts its correct answers (Env.solved_metric), else the first row of
+    its report table (Env.metric_rows); "" when it has neither."""
+    return env.solved_metric or next(iter(env.metric_rows), "")
+
+
+def headline_figures(env: type[Env], results: Mapping[str, Mapping[str, float]], policies: Sequence[str],
+                     comparisons: Sequence[tuple[str, str]] = (),
+                     baselines: Sequence[str] = ()) -> dict[str, tuple[str, str]]:
+    """The few figures metrics/headline.json holds, chosen from `results` (as write_evaluation computes them): name
+    in the file -> (results key, metric).
+
+    - `<policy>`: each policy's mean reward; `<policy>_lo`, `<policy>_hi`: its interval, for the policies the
+      comparisons name (every policy when there is none);
+    - `<a>-<b>`, `<a>-<b>_lo`, `<a>-<b>_hi`: each comparison's paired difference of mean reward and its interval;
+    - `<b>-<baseline>`: each comparison's control minus each image-blind baseline (the constant answer, itself with
+      blanked images), mean reward: the control is where the treatment starts, and its margin says whether that
+      start reads the image at all;
+    - `format_valid`: the format-valid rate of the first comparison's treatment (the last policy without one);
+    - that policy's main score (main_metric) under the env's own name for it, where the env has one.
+
+    The names are short because `dvc metrics show` prints one column per name: the default pipeline's 14 fit in
+    200 columns, where metrics/eval.json's thousand do not."""
+    pairs = [(a, b) for a, b in comparisons if f"{a}_minus_{b}" in results]
+    compared = {policy for pair in pairs for policy in pair}
+    figures: dict[str, tuple[str, str]] = {}
+
+    def add(name: str, key: str, metric: str) -> None:
+        if name in figures:
+            raise ValueError(f"metrics/headline.json: {name!r} names both {figures[name]} and {(key, metric)}; "
+                             "rename the policy")
+        figures[name] = (key, metric)
+
+    for policy in policies:
+        add(policy, policy, HEADLINE)
+        if policy in compared or not pairs:
+            add(f"{policy}_lo", policy, f"{HEADLINE}_ci_low")
+            add(f"{policy}_hi", policy, f"{HEADLINE}_ci_high")
+    for a, b in pairs:
+        add(f"{a}-{b}", f"{a}_minus_{b}", HEADLINE)
+        add(f"{a}-{b}_lo", f"{a}_minus_{b}", f"{HEADLINE}_ci_low")
+        add(f"{a}-{b}_hi", f"{a}_minus_{b}", f"{HEADLINE}_ci_high")
+    for control in dict.fromkeys(b for _, b in pairs):
+        for baseline in baselines:
+            if f"{control}_minus_{baseline}" in results:
+                add(f"{control}-{baseline}", f"{control}_minus_{baseline}", HEADLINE)
+    lead = pairs[0][0] if pairs else policies[-1]
+    add("format_valid", lead, "format_valid_rate")
+    score = main_metric(env)
+    if score and score in results[lead]:
+        add(score, lead, score)
+    return figures
+
+
+def headline_values(results: Mapping[str, Mapping[str, float]],
+                    figures: Mapping[str, tuple[str, str]]) -> dict[str, float]:
+    """{name: value} of the headline figures (headline_figures), as metrics/headline.json holds them."""
+    return {name: results[key][metric] for name, (key, metric) in figures.items()}
+
+
+def headline_metrics(outputs: EvaluationOutputs) -> dict[str, float]:
+    """The headline figures under the names the evaluate run logs them by (mlflow_metrics: "<key>/<metric>"), for
+    the pipeline's parent run, whose row in MLflow's table is then as short as `dvc metrics show`."""
+    return {f"{key}/{metric}": outputs.results[key][metric] for key, metric in outputs.headline.values()}
+
+
 def write_evaluation(env: type[Env] | str, records_by_policy: Mapping[str, Sequence[Mapping[str, Any]]],
                      images: Mapping[str, Sequence[Image.Image]], *, out_root: str | Path = ".",
                      reward_curve: RewardCurves | Sequence[tuple[int, float]] | None = None,
@@ -77,7 +146,8 @@ def write_evaluation(env: type[Env] | str, records_by_policy: Mapping[str, Seque
     """Compute every metric and write the stage's outputs under `out_root` (each file atomically).
 
     `env` is an Env class or name; `env_params` its own params section (None: its defaults), `metric_options`
-    keyword arguments of its Env.task_statistics. Files: metrics/eval.json, reports/eval.md, reports/eval.html,
+    keyword arguments of its Env.task_statistics. Files: metrics/eval.json, metrics/headline.json (a few of its
+    figures: headline_figures), reports/eval.md, reports/eval.html,
     the env's own plots (Env.write_report_files, e.g. a distance CDF), metrics/plots/train_reward.csv and
     reports/train_reward.png (when `reward_curve` is given: the total alone, or RewardCurves whose per-level
     curves also go to metrics/plots/train_reward_levels.csv and beside the total in the PNG, and whose validation
@@ -119,11 +189,13 @@ def write_evaluation(env: type[Env] | str, records_by_policy: Mapping[str, Seque
     for policy, spread in spreads.items():
         results[policy]["answers_distinct_share"] = spread["distinct_share"]
         results[policy]["answers_top_share"] = spread["top_share"]
-    files = {"metrics": root / "metrics" / "eval.json", "table": root / "reports" / "eval.md",
-             "html": root / "reports" / "eval.html"}
+    files = {"metrics": root / "metrics" / "eval.json", "headline": root / "metrics" / "headline.json",
+             "table": root / "reports" / "eval.md", "html": root / "reports" / "eval.html"}
     sections = {key: dict(values) for key, values in (extra_metrics or {}).items()}
     ood_keyed = {f"{key}_{ood_split}": values for key, values in ood_results.items()}
     write_metrics_json(files["metrics"], {**results, **ood_keyed, **sections})
+    headline = headline_figures(env, results, list(records_by_policy), comparisons, list(baselines))
+    write_metrics_json(files["headline"], headline_values(results, headline))
     collapse = collapse_section(spreads, warnings)
     blind_figures, blind_warnings = blind_check(results, pairs, in_split)
     ood_figures, ood_warnings = blind_check(ood_results, pairs, ood_split)
@@ -158,7 +230,7 @@ def write_evaluation(env: type[Env] | str, records_by_policy: Mapping[str, Seque
     write_html(files["html"], env, shown, records_by_policy, images, env_params=env_params, title=title,
                confidence=confidence, max_samples=max_samples, sections={**sections, **collapse}, figures=figures,
                figure_notes=notes, tables=tables)
-    return EvaluationOutputs({**results, **ood_keyed, **sections}, files, warnings)
+    return EvaluationOutputs({**results, **ood_keyed, **sections}, files, warnings, headline)
 
 
 def side_by_side(results: Mapping[str, Mapping[str, float]], ood_results: Mapping[str, Mapping[str, float]],

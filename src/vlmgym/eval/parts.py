@@ -5,7 +5,8 @@ Each sub-env `<name>` reads its rollouts from `<rollouts_dir>/<name>/` and its s
 and gets its own metrics (its Env class's task_statistics and metric_rows, intervals, paired differences, the
 out-of-distribution split), its own report page and plots, and its own training reward curve (the `env/<name>/...`
 figures of the train stage's curve file, vlmgym.envs.base.part_metric). Written:
-- metrics/eval.json: {name: that sub-env's metrics, as metrics/eval.json holds them for one env};
+- metrics/eval.json: {name: that sub-env's metrics, as metrics/eval.json holds them for one env}, and
+  metrics/headline.json the same way: {name: that sub-env's headline figures};
 - reports/<name>/: its eval.md, eval.html and plots; metrics/plots/<name>/: its CSVs;
 - reports/eval.md and reports/eval.html: one section per sub-env (its page's content, headings one level down).
 The HF baseline (eval.hf_samples) runs on the first sub-env only: it checks the exported weights, not a task.
@@ -23,7 +24,7 @@ from typing import Any
 
 from vlmgym import envs
 from vlmgym.envs.base import part_metric
-from vlmgym.eval.outputs import EvaluationOutputs
+from vlmgym.eval.outputs import EvaluationOutputs, headline_values
 from vlmgym.eval.records import write_metrics_json
 from vlmgym.params import DataParams, EnvParams, EvalParams, ModelParams, RolloutParams
 from vlmgym.runtime.atomic import write_text_atomically
@@ -64,6 +65,8 @@ def evaluate_parts(eval_params: EvalParams, rollout: RolloutParams, model: Model
     names = envs.parts(env_params)
     results: dict[str, dict[str, float]] = {}
     nested: dict[str, dict] = {}
+    headlines: dict[str, dict[str, float]] = {}
+    headline: dict[str, tuple[str, str]] = {}
     files: dict[str, Path] = {}
     warnings: list[str] = []
     timing: dict[str, float] = {}
@@ -80,6 +83,9 @@ def evaluate_parts(eval_params: EvalParams, rollout: RolloutParams, model: Model
                 curve_prefix=part_metric(name, ""), data=data)
             timing.update({f"{name}/{k}": v for k, v in part_timing.items()})
             nested[name] = outputs.results
+            headlines[name] = headline_values(outputs.results, outputs.headline)
+            headline.update({f"{name}/{figure}": (f"{name}/{key}", metric)
+                             for figure, (key, metric) in outputs.headline.items()})
             results.update({f"{name}/{key}": values for key, values in outputs.results.items()})
             warnings += [f"{name}: {w}" for w in outputs.warnings]
             markdown.append(demote_markdown((part_root / "reports" / "eval.md").read_text()))
@@ -93,9 +99,11 @@ def evaluate_parts(eval_params: EvalParams, rollout: RolloutParams, model: Model
                 files[f"{name}/{path.name}"] = path
     title = f"vlmgym evaluation (several envs: {', '.join(names)})"
     files["metrics"] = root / "metrics" / "eval.json"
+    files["headline"] = root / "metrics" / "headline.json"
     files["table"] = root / "reports" / "eval.md"
     files["html"] = root / "reports" / "eval.html"
     write_metrics_json(files["metrics"], nested)
+    write_metrics_json(files["headline"], headlines)
     intro = ("One policy trained on several envs; each section is one env's evaluation, on its own test split, "
              "as a single-env run reports it.")
     write_text_atomically(files["table"], f"# {title}\n\n{intro}\n\n" + "\n".join(markdown))
@@ -103,4 +111,4 @@ def evaluate_parts(eval_params: EvalParams, rollout: RolloutParams, model: Model
     write_text_atomically(files["html"], head.replace("<title>", f"<title>{heading} | ", 1)
                           + f"<body><h1>{heading}</h1><p>{html.escape(intro)}</p>" + "".join(bodies)
                           + "</body></html>\n")
-    return EvaluationOutputs(results, files, warnings), timing
+    return EvaluationOutputs(results, files, warnings, headline), timing

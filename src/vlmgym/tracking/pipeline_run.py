@@ -6,7 +6,9 @@ starts creates the parent run (tag `vlmgym.role` = `pipeline`) with every sectio
 the DVC experiment name as its run name, the git state, and the DVC process as its writer (so a killed
 `dvc repro` leaves no RUNNING parent: vlmgym.tracking.run_recovery closes it like a stage run). Each stage run points at
 it with MLflow's `mlflow.parentRunId` tag, which is what `mlflow ui` nests by; the evaluate stage copies its
-results onto it, so one row of the experiment table holds one pipeline's params and results:
+headline figures onto it (those of metrics/headline.json, under the evaluate run's names, e.g.
+`grpo_minus_sft/mean_reward`; the evaluate run itself keeps every figure), so one row of the experiment table holds
+one pipeline's params and results, few enough to read:
 
     mlflow.search_runs(experiment_names=["vlmgym"], filter_string="tags.`vlmgym.role` = 'pipeline'")
 
