@@ -14,19 +14,23 @@ REPO = Path(__file__).resolve().parents[2]
 RECIPE = str(REPO / "configs" / "qwen3vl_4b_osv5m.yaml")
 LORA = str(REPO / "configs" / "qwen3vl_4b_osv5m_lora.yaml")
 # The OSV-5M recipe's shapes as BENCHMARKS.md's memory plans typed them ("Memory plan" rows 1-8, "LoRA on one
-# 80 GB GPU" rows 1-6): each row's --params form must plan exactly what its flags did.
+# 80 GB GPU" rows 1-6): each row's --params command there must plan exactly what its flags did.
 TYPED = ["--batch", "128", "--seq", "370", "--answer", "128", "--group", "8", "--micro-batches", "8"]
-ROWS = [
-    ([], ["--config", "4b", "--mesh", "1,8,1", *TYPED, "--freeze", "vision", "--remat", "none"]),
-    (["--remat", "layer"], ["--config", "4b", "--mesh", "1,8,1", *TYPED, "--freeze", "vision", "--remat", "layer"]),
-    (["--config", "2b"], ["--config", "2b", "--mesh", "1,8,1", *TYPED, "--freeze", "vision", "--remat", "none"]),
-    (["--config", "8b", "--remat", "layer"],
-     ["--config", "8b", "--mesh", "1,8,1", *TYPED, "--freeze", "vision", "--remat", "layer"]),
-    (["--freeze", "none"], ["--config", "4b", "--mesh", "1,8,1", *TYPED, "--freeze", "none", "--remat", "none"]),
-    (["--params", LORA], ["--config", "4b", "--mesh", "1,1,1", *TYPED, "--lora-rank", "16", "--remat", "layer"]),
-    (["--params", LORA, "--config", "8b", "--remat", "none"],
-     ["--config", "8b", "--mesh", "1,1,1", *TYPED, "--lora-rank", "16", "--remat", "none"]),
-]
+
+
+def _row(config: str, remat: str, *, freeze: str = "vision", lora: bool = False) -> tuple[list[str], list[str]]:
+    """(the --params command's arguments after --params RECIPE, the flags the row was run with)"""
+    extra = ["--params", LORA] if lora else []
+    extra += [] if config == "4b" else ["--config", config]
+    extra += [] if remat == ("layer" if lora else "none") else ["--remat", remat]
+    extra += [] if freeze == "vision" or lora else ["--freeze", freeze]
+    shape = ["--mesh", "1,1,1", "--lora-rank", "16"] if lora else ["--mesh", "1,8,1", "--freeze", freeze]
+    return extra, ["--config", config, *TYPED, *shape, "--remat", remat]
+
+
+ROWS = [*(_row(config, remat) for config in ("2b", "4b", "8b") for remat in ("none", "layer")),
+        *(_row("4b", remat, freeze="none") for remat in ("none", "layer")),
+        *(_row(config, remat, lora=True) for config in ("4b", "2b", "8b") for remat in ("none", "layer"))]
 
 
 def write(path: Path, params: dict) -> str:
