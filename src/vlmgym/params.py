@@ -170,34 +170,98 @@ def default_sections() -> dict[str, Any]:
 
 
 def render_yaml(sections: dict[str, Any] | None = None) -> str:
-    """params.yaml text for the given section objects (default: all defaults), each key with its doc as a comment."""
+    """params.yaml text for the given section objects (default: all defaults), each key with its doc as a comment.
+
+    The text is what DVC's own YAML dumper writes back unchanged: `dvc exp run -S key=value` (and `dvc exp apply`)
+    reloads the file with ruamel.yaml, replaces every list and scalar with a plain value and dumps it, so a list
+    written in flow style comes back as a block list, a long string is folded at 80 columns and a blank line after
+    a block list is dropped. Written in that form, setting one key changes one line of the file."""
+    from dvc.utils.serialize import dumps_yaml  # only writers pay for importing DVC, not every stage reading params
+
     sections = sections or default_sections()
     lines: list[str] = []
+    ends_in_block_list = False
 
-    def emit(obj: Any, indent: int) -> None:
-        pad = "  " * indent
+    def emit(obj: Any, path: list[str]) -> None:
+        nonlocal ends_in_block_list
+        pad = "  " * len(path)
         for f in dataclasses.fields(obj):
             value = getattr(obj, f.name)
             if f.metadata.get("env_sections"):
                 for name, section in value.items():
                     lines.append(f"{pad}{name}:  # {type(section).__doc__.strip().splitlines()[0]}")
-                    emit(section, indent + 1)
+                    emit(section, [*path, name])
                 continue
-            if dataclasses.is_dataclass(value):
-                doc = f.metadata.get("doc", "")
-                lines.append(f"{pad}{f.name}:" + (f"  # {doc}" if doc else ""))
-                emit(value, indent + 1)
-                continue
-            text = yaml.safe_dump(value, default_flow_style=True, width=10_000).strip()
-            text = text.removesuffix("\n...").strip()
             doc = f.metadata.get("doc", "")
-            lines.append(f"{pad}{f.name}: {text}" + (f"  # {doc}" if doc else ""))
+            if dataclasses.is_dataclass(value):
+                lines.append(f"{pad}{f.name}:" + (f"  # {doc}" if doc else ""))
+                emit(value, [*path, f.name])
+                continue
+            lines.extend(_leaf_lines(dumps_yaml, [*path, f.name], value, doc))
+            ends_in_block_list = isinstance(value, list | tuple) and bool(value)
 
     for name, obj in sections.items():
         lines.append(f"{name}:  # {type(obj).__doc__.strip().splitlines()[0]}")
-        emit(obj, 1)
-        lines.append("")
-    return "\n".join(lines)
+        ends_in_block_list = False
+        emit(obj, [name])
+        # ruamel keeps the blank line after a block list as a comment of the list's last item, lost when DVC puts a
+        # plain list in its place: a blank line there would vanish on the first `dvc exp run -S`
+        if not ends_in_block_list:
+            lines.append("")
+    return "\n".join(lines) + ("" if lines[-1] == "" else "\n")
+
+
+def _leaf_lines(dump: Any, path: list[str], value: Any, doc: str) -> list[str]:
+    """The lines of the key at `path` and its value, as `dump` (DVC's dumper) writes them in the whole file: the key
+    is dumped inside its parents' keys so that it folds at the column it has there, and their lines are dropped."""
+    from ruamel.yaml.comments import CommentedMap
+
+    def dvc_form(v: Any) -> Any:
+        # DVC merges into a mapping it loaded in place, so a flow mapping stays one (keys sorted, as PyYAML wrote
+        # them before); a list it replaces with a plain one, which its dumper writes as a block list
+        if isinstance(v, dict):
+            flow = CommentedMap((k, dvc_form(x)) for k, x in sorted(v.items()))
+            flow.fa.set_flow_style()
+            return flow
+        return [dvc_form(x) for x in v] if isinstance(v, list | tuple) else v
+
+    def nest(v: Any) -> Any:
+        for key in reversed(path):
+            v = {key: v}
+        return v
+
+    text = dump(nest(dvc_form(value)))
+    read = yaml.load(text, Loader=_YAML_LOADER)
+    for key in path:
+        read = read[key]
+    block = isinstance(value, list | tuple) and bool(value)
+    if not _reads_back(read, value):
+        # ruamel writes YAML 1.2: `on` and `1:30` plain, 1e-05 with no dot, which PyYAML (YAML 1.1, vlmgym's
+        # reader) reads as true, 90 and a string. Such a value is written as PyYAML writes it. DVC's -S keeps a
+        # number's text as the file has it, so 1.0e-05 stays; such a string it writes again unquoted.
+        text = yaml.safe_dump(nest(_plain(value)), default_flow_style=False)
+        block = isinstance(value, list | tuple | dict) and bool(value)
+    lines = text.splitlines()[len(path) - 1:]
+    if doc:
+        # a block collection's comment follows its key; a scalar folded over lines takes one after its last line
+        lines[0 if block else -1] += f"  # {doc}"
+    return lines
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _plain(x) for k, x in value.items()}
+    return [_plain(x) for x in value] if isinstance(value, list | tuple) else value
+
+
+def _reads_back(read: Any, value: Any) -> bool:
+    """Whether PyYAML reads a written value back as the value itself, type and all."""
+    if isinstance(value, list | tuple):
+        return isinstance(read, list) and len(read) == len(value) and all(map(_reads_back, read, value))
+    if isinstance(value, dict):
+        return isinstance(read, dict) and read.keys() == value.keys() and all(_reads_back(read[k], value[k])
+                                                                              for k in value)
+    return type(read) is type(value) and read == value
 
 
 def merged_params(base: dict[str, Any], over: dict[str, Any], base_where: str, over_where: str) -> dict[str, Any]:
