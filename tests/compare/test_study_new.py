@@ -155,7 +155,7 @@ def test_a_study_of_another_env_gets_its_own_pipeline_params_and_first_stages(re
     assert shard["cmd"] == "python stages/shard.py --params studies/pairs/pipeline.yaml" and shard["wdir"] == "../.."
     assert shard["deps"][-2:] == ["stages/shard.py", "studies/pairs/data/raw"]
     assert shard["outs"] == ["studies/pairs/data/shards"]
-    assert shard["params"] == [{"studies/pairs/pipeline.yaml": ["env", "data.raw_dir", "shard"]}]
+    assert shard["params"] == [{"studies/pairs/pipeline.yaml": ["env.name", "data.raw_dir", "shard"]}]
     assert stages["convert"]["outs"] == ["studies/pairs/models/jax/base"]
     assert stages["start"]["deps"][-2:] == ["studies/pairs/models/jax/base", "studies/pairs/data/shards"]
     # the repository's own params are untouched

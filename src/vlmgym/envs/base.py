@@ -123,6 +123,11 @@ class Env(EvaluationParts, abc.ABC):
     # {"optimizer": {"lr": 0.001}}}); `vlmgym recipe <env>` applies it (vlmgym.cli.recipes). Empty: the defaults,
     # the default env's recipe.
     recipe: ClassVar[Mapping[str, Any]] = {}
+    # For `vlmgym plan --params` where no params key says it: the typical raw (height, width) of the env's hub images,
+    # and the Qwen3-VL text tokens of its first-turn prompt besides the image pads (a recorded count for when no
+    # Qwen3-VL tokenizer is at hand). None: the planner asks for --image / --seq.
+    hub_image_size: ClassVar[tuple[int, int] | None] = None
+    qwen_prompt_text_tokens: ClassVar[int | None] = None
 
     # --- optional: samples and episodes ----------------------------------------
 

@@ -6,13 +6,13 @@ LoRA (rank, targets, vision) and answer length (train.max_new_tokens; sft.max_ta
 pipeline's own code run on the params:
 
 - the image: the env's raw image (a synthetic world's data.image_height x image_width; for hub data a recorded
-  typical size, HUB_IMAGE_SIZES) through the shard stage's downscale (`prepare_image` under shard.max_pixels)
+  typical size, Env.hub_image_size) through the shard stage's downscale (`prepare_image` under shard.max_pixels)
   and the model processor's resize (`smart_resize`: model.min/max_pixels for the tiny model, the checkpoint's
   preprocessor_config.json or the hub's budget for Qwen3-VL);
 - the prompt: the env's first-turn question (`Env.observation`) in the chat template, tokenized as the pipeline
   tokenizes it (`build_inputs`): for the tiny model with the tokenizer the base_model stage trains (the same corpus
   and vocabulary); for Qwen3-VL with the checkpoint's own in model.hf_dir when that folder holds the planned model,
-  else from a recorded count (QWEN_TEXT_TOKENS), marked as an estimate.
+  else from a recorded count (Env.qwen_prompt_text_tokens), marked as an estimate.
 
 Shapes the params cannot give (a question that depends on each sample, hub images of an env without a recorded
 size, more than one image or turn per prompt) stop with a DeriveError naming the flag that gives them.
@@ -32,19 +32,7 @@ import numpy as np
 
 from vlmgym import params as params_mod
 from vlmgym.envs import registry
-from vlmgym.envs.geospot.env import PROMPT as GEOSPOT_PROMPT
 from vlmgym.plan.model_spec import CONFIGS
-
-# Raw (height, width) of an env's hub images, which no params key gives. OSV-5M's photos vary in size; 682x512
-# (width x height) is the most common (configs/qwen3vl_4b_osv5m.yaml sets shard.max_pixels to its pixel count).
-HUB_IMAGE_SIZES = {"geospot": (512, 682)}
-
-# Qwen3-VL tokens of a first-turn prompt apart from its image pads, by the user's question, for when no Qwen3-VL
-# tokenizer is at hand (it comes with the checkpoint). An estimate, not a tokenization: the geospot question's 34
-# are what BENCHMARKS.md's plans of the OSV-5M recipe took (370-token prompts = 336 image tokens + 34). The
-# compiled programs see only the prompt's length bucket (Buckets.prompt_lengths: 370 pads to 512), so a count
-# that is a few tokens off plans the same step; the printed plan names the bucket.
-QWEN_TEXT_TOKENS = {GEOSPOT_PROMPT: 34}
 
 _QWEN_SIZE = re.compile(r"qwen3-vl-(\d+)b", re.IGNORECASE)
 
@@ -227,8 +215,8 @@ class Prompt:
 
     def _one_image_one_turn(self) -> None:
         cls = self.env_class
-        if cls.name == "mixture":
-            raise DeriveError("env mixture: its sub-envs' prompts and images differ; pass --image and --seq "
+        if registry.parts(self.env_params) != [self.env_params.name]:
+            raise DeriveError(f"env {cls.name}: its parts' prompts and images differ; pass --image and --seq "
                               "(the largest image, the longest prompt)")
         count = cls.schema.image_count if cls.schema is not None else 1
         if count != 1:
@@ -243,8 +231,8 @@ class Prompt:
         data, shard, name = self.sections["data"], self.sections["shard"], self.env_class.name
         if data.source == "synthetic":
             raw, how = (data.image_height, data.image_width), "data.image_height x image_width"
-        elif name in HUB_IMAGE_SIZES:
-            raw, how = HUB_IMAGE_SIZES[name], f"data.source hub: {name}'s typical image, HUB_IMAGE_SIZES"
+        elif self.env_class.hub_image_size is not None:
+            raw, how = self.env_class.hub_image_size, f"data.source hub: {name}'s typical image (Env.hub_image_size)"
         else:
             raise DeriveError(f"env {name} with data.source hub: its images' size is not in the params; pass --image "
                               "(height x width after the processor's resize)")
@@ -290,22 +278,12 @@ class Prompt:
                 "the envs' corpus")
         if self.checkpoint is not None:
             return count_text_tokens(self.checkpoint, messages), f"tokenized by {self.model.hf_dir}'s tokenizer"
-        question = _question(messages)
-        if question in QWEN_TEXT_TOKENS:
-            return QWEN_TEXT_TOKENS[question], (f"an estimate for {self.env_class.name}'s question, "
-                                                f"QWEN_TEXT_TOKENS; no tokenizer: {self.checkpoint_note}")
+        recorded = self.env_class.qwen_prompt_text_tokens
+        if recorded is not None:
+            return recorded, (f"an estimate for {self.env_class.name}'s question (Env.qwen_prompt_text_tokens); no "
+                              f"tokenizer: {self.checkpoint_note}")
         raise DeriveError(f"the prompt's text tokens need the Qwen3-VL tokenizer ({self.checkpoint_note}): run the "
                           "base_model stage for model.source, or pass --seq (the prompt's tokens, image included)")
-
-
-def _question(messages: list[dict]) -> str | None:
-    """The text of a first turn that is one user message of one image and one text (else None)."""
-    if len(messages) != 1 or messages[0].get("role") != "user":
-        return None
-    parts = messages[0].get("content")
-    if not isinstance(parts, list) or [p.get("type") for p in parts] != ["image", "text"]:
-        return None
-    return parts[1].get("text")
 
 
 def shard_size(image: tuple[int, int], max_pixels: int) -> tuple[int, int]:
@@ -330,7 +308,7 @@ def count_text_tokens(processor: Any, messages: list[dict]) -> int:
 
 def tiny_tokenizer(env_params: Any, vocab_size: int) -> Any:
     """The tokenizer the base_model stage trains for the tiny model under these env params (stages/base_model.py:
-    the envs' corpus, the active env's (a mixture's sub-envs') texts and their tools' calls)."""
+    the envs' corpus, the active env's texts (each part's, for an env of several) and their tools' calls)."""
     from vlmgym.envs.tools import tool_corpus
 
     texts = registry.corpus(active=registry.parts(env_params))

@@ -78,6 +78,11 @@ class GeospotEnv(Env):
     # partly competent (greedy val 0.317; 0.477 after 600), and sampling at 0.6 keeps GRPO's samples near the greedy
     # answer, so what it learns moves the greedy answer too (val +0.050 by step 125; +0.018 at temperature 1).
     recipe = {"sft": {"steps": 450}, "train": {"sampling": {"temperature": 0.6}}}
+    # OSV-5M's photos vary in size; 682x512 (width x height) is the most common (configs/qwen3vl_4b_osv5m.yaml sets
+    # shard.max_pixels to its pixel count). The question's 34 Qwen3-VL text tokens are what BENCHMARKS.md's plans of
+    # the OSV-5M recipe took (370-token prompts = 336 image tokens + 34): an estimate, not a tokenization.
+    hub_image_size = (512, 682)
+    qwen_prompt_text_tokens = 34
 
     def __init__(self, samples: Sequence[SampleLike] | None = None, *, shards_dir: str = "data/shards",
                  split: str = "train", limit: int | None = None, tokenizer: Any = None,

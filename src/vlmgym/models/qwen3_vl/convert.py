@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import re
 import shutil
 from collections.abc import Callable, Iterator
@@ -20,7 +21,6 @@ import jax
 import ml_dtypes  # noqa: F401  (registers bfloat16 with numpy so safetensors can read bf16 as numpy)
 import numpy as np
 import orbax.checkpoint as ocp
-from absl import logging as absl_logging
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
@@ -249,7 +249,7 @@ def _without_ocdbt_merge_warning(folder: Path) -> Iterator[None]:
         message = record.getMessage()
         return not ("Skipping merge of OCDBT checkpoints" in message and str(folder) in message)
 
-    logger = absl_logging.get_absl_logger()
+    logger = logging.getLogger("absl")  # absl.logging's own logger, read without importing absl
     logger.addFilter(keep)
     try:
         yield
