@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 # Stage commands in dvc.yaml call `python`: run them with the venv first on PATH.
 export PATH := $(abspath $(BIN)):$(PATH)
 
-.PHONY: demo test test-fast install install-dev lint browser clean-outputs
+.PHONY: demo test test-fast install install-dev install-gpu lint browser clean-outputs
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -24,6 +24,13 @@ $(VENV)/.installed-dev: pyproject.toml | $(BIN)/python
 
 install: $(VENV)/.installed
 install-dev: $(VENV)/.installed-dev
+
+# On a machine with an NVIDIA GPU: the same install plus JAX's CUDA 12 build (pyproject.toml's `cuda` extra), then
+# the devices JAX sees. torch is left as `make install` installs it: the pipeline runs it on the CPU only.
+install-gpu: | $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e '.[cuda]'
+	touch $(VENV)/.installed
+	$(BIN)/python -c 'import jax; print("JAX", jax.__version__, "sees:", jax.devices())'
 
 demo: install
 	$(BIN)/dvc repro
