@@ -1,7 +1,8 @@
 """vlmgym compare: training algorithms from one SFT start per seed at a matched budget, as a study written and run.
 
-    vlmgym compare [--params params.yaml] [--arms sft_longer grpo ppo dpo [rloo]] [--variant NAME=KEY=VALUE[,...]]
-                   [--seeds N [--first-seed F]] [--select best_val|last] [--name compare]
+    vlmgym compare [--params params.yaml] [--arms sft_longer sft_compute grpo ppo dpo [rloo]]
+                   [--variant NAME=KEY=VALUE[,...]] [--seeds N [--first-seed F]] [--select best_val|last]
+                   [--name compare]
 
 writes the study studies/<name>/ (`vlmgym study`, docs/studies.md: seeds F..F+N-1, the arms, each variant's settings;
 a study of that name is rewritten) and runs `dvc repro studies/<name>/dvc.yaml`, then prints its report
@@ -9,6 +10,7 @@ a study of that name is rewritten) and runs `dvc repro studies/<name>/dvc.yaml`,
 settings trains nothing, a changed arm retrains that arm alone, and a killed training resumes from its
 checkpoints. Arms and variants are the study's (vlmgym.compare.arms): every arm starts from its seed's SFT start,
 RL arms at train.steps x batch_prompts x group_size sampled completions, sft_longer on as many SFT sequences,
+sft_compute for as many training FLOPs,
 every arm selected on val by one rule (`--select`, default the params' train.validation.select).
 
 `--variant NAME=KEY=VALUE[,KEY=VALUE...]` (repeatable) adds an arm NAME: the train section with those keys changed
