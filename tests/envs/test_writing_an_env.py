@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 
 from vlmgym import envs
+from vlmgym.envs.registry import PLUGIN_DIR
 
 REPO = Path(__file__).resolve().parents[2]
 GUIDE = REPO / "docs" / "writing-an-env.md"
@@ -21,7 +22,9 @@ def guide() -> str:
 def test_guide_shows_the_tested_module():
     blocks = re.findall(r"```python\n(.*?)```", guide(), re.S)
     assert blocks == [EXAMPLE.read_text()], "docs/writing-an-env.md's example and tests/envs/colour_env.py differ"
-    assert "dvc exp run $(.venv/bin/vlmgym recipe colour_env:ColourEnv --overrides)" in guide()
+    # the command copies it into the plug-in folder, where the registry finds it by its name
+    assert (f"cp tests/envs/colour_env.py {PLUGIN_DIR}/colour.py && .venv/bin/dvc exp run "
+            "$(.venv/bin/vlmgym recipe colour --overrides)") in guide()
 
 
 def test_readme_links_the_guide():

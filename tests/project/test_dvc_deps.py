@@ -114,3 +114,20 @@ def test_no_stage_depends_on_the_benchmarks():
     for stage, spec in DVC["stages"].items():
         assert not any(bench == REPO / d or bench in (REPO / d).parents or REPO / d in bench.parents
                        for d in spec["deps"] if (REPO / d).is_relative_to(SRC)), stage
+
+
+def builds_an_env(stage: str) -> bool:
+    """Whether stage `stage` can import the env registry, which imports plug-ins by name (closure's logic)."""
+    return SRC / "vlmgym" / "envs" / "registry.py" in closure(REPO / "stages" / f"{stage}.py")
+
+
+@pytest.mark.parametrize("stage", sorted(DVC["stages"]))
+def test_stages_that_build_an_env_depend_on_the_plugin_folder(stage):
+    """A plug-in env in the project's folder is code the stage runs: editing it must rerun the stage, and a stage
+    that builds no env must not rerun for it."""
+    from vlmgym.envs.registry import PLUGIN_DIR
+
+    # DVC stops on a dep that does not exist, so the folder is in git even without a plug-in
+    assert (REPO / PLUGIN_DIR).is_dir() and any((REPO / PLUGIN_DIR).iterdir())
+    assert (PLUGIN_DIR in DVC["stages"][stage]["deps"]) == builds_an_env(stage), (
+        f"dvc.yaml stage {stage!r}: {'add' if builds_an_env(stage) else 'remove'} the dep {PLUGIN_DIR}")

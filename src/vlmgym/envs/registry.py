@@ -1,12 +1,15 @@
 """Environment registry: names -> Env classes, imported only when first made (so importing vlmgym.envs is cheap).
 
-An env is found by `env.name` in three ways:
+An env is found by `env.name` in four ways, the first that knows the name winning:
 - a built-in name (geospot, nlvr2, digits, message_decoding, rec; mixture trains on several of them at once) or
   one added with `register(name, "package.module:Class")`;
 - an entry point of group `vlmgym.envs` of an installed package, e.g. in its pyproject.toml
   `[project.entry-points."vlmgym.envs"]` then `colour = "my_package.colour:ColourEnv"`;
+- a plug-in of the project's plug-in folder (PLUGIN_DIR, beside params.yaml): `plugins/colour.py` (or a package
+  `plugins/colour/`) whose Env subclass is named `colour`, found as `env.name: colour`;
 - `package.module:Class` itself (importable from sys.path; the working directory is tried too, so a module
-  beside params.yaml works), registered under the class's `name` on first use.
+  beside params.yaml works, and `plugins.colour:ColourEnv` names a plug-in's class), registered under the class's
+  `name` on first use.
 
 The `env` section of params.yaml (EnvParams) lives here too: its name and each env's own settings mean something
 only through the registry. Validation (vlmgym.config.spec.from_dict) looks env names and the envs' sections up in
@@ -29,6 +32,10 @@ from vlmgym.config.spec import ParamsError, spec
 from vlmgym.envs.base import Env
 
 ENTRY_POINT_GROUP = "vlmgym.envs"
+# The project's plug-in folder, under the working directory (the stages run in the repository root, beside
+# params.yaml). dvc.yaml lists it as a dep of every stage that builds an env, which a module elsewhere is not: an
+# edit to a plug-in there reruns the stages it can change rather than reusing their stale results.
+PLUGIN_DIR = "plugins"
 DEFAULT_ENV = "geospot"
 # The envs shipped with vlmgym.
 BUILTIN: dict[str, str] = {
@@ -82,28 +89,47 @@ def _entry_points() -> dict[str, str]:
     return {ep.name: ep.value for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)}
 
 
+def plugin_names() -> list[str]:
+    """The plug-ins of the working directory's PLUGIN_DIR, sorted: each module `<name>.py` and package `<name>/`
+    (one with an `__init__.py`) whose name is an identifier not starting with `_`; [] without the folder."""
+    folder = Path(PLUGIN_DIR)
+    if not folder.is_dir():
+        return []
+    found = []
+    for path in folder.iterdir():
+        if path.suffix == ".py" and path.is_file():
+            found.append(path.stem)
+        elif (path / "__init__.py").is_file():
+            found.append(path.name)
+    return sorted(name for name in found if name.isidentifier() and not name.startswith("_"))
+
+
 def names() -> list[str]:
-    """Known env names (registered and entry points), sorted."""
-    return sorted(set(_REGISTRY) | set(_entry_points()))
+    """Known env names (registered, entry points and the plug-in folder's), sorted."""
+    return sorted(set(_REGISTRY) | set(_entry_points()) | set(plugin_names()))
 
 
 def is_known(name: str) -> bool:
-    """Whether `name` is a registered env or an entry point (a 'module:Class' string is not a name)."""
-    return name in _REGISTRY or name in _entry_points()
+    """Whether `name` is a registered env, an entry point or a plug-in of the plug-in folder (a 'module:Class'
+    string is not a name)."""
+    return name in _REGISTRY or name in _entry_points() or name in plugin_names()
+
+
+def _import(module_name: str) -> Any:
+    try:
+        return importlib.import_module(module_name)
+    except ModuleNotFoundError as err:
+        # `python stages/x.py` puts stages/ first on sys.path, not the working directory: try it too.
+        if os.getcwd() in sys.path or not module_name.startswith(err.name or "\0"):
+            raise
+        sys.path.append(os.getcwd())
+        return importlib.import_module(module_name)
 
 
 def _load(target: str, what: str) -> type[Env]:
     module_name, _, class_name = target.partition(":")
     try:
-        try:
-            module = importlib.import_module(module_name)
-        except ModuleNotFoundError as err:
-            # `python stages/x.py` puts stages/ first on sys.path, not the working directory: try it too.
-            if os.getcwd() in sys.path or not module_name.startswith(err.name or "\0"):
-                raise
-            sys.path.append(os.getcwd())
-            module = importlib.import_module(module_name)
-        cls = getattr(module, class_name)
+        cls = getattr(_import(module_name), class_name)
     except (ImportError, AttributeError) as err:
         raise ImportError(f"{what}: cannot load {target!r}: {err}") from err
     if not (isinstance(cls, type) and issubclass(cls, Env)):
@@ -111,8 +137,34 @@ def _load(target: str, what: str) -> type[Env]:
     return cls
 
 
+def _load_plugin(name: str) -> type[Env]:
+    """The Env subclass named `name` that the plug-in folder's module (or package) `name` defines."""
+    module_name, where = f"{PLUGIN_DIR}.{name}", Path(PLUGIN_DIR) / name
+    try:
+        module = _import(module_name)
+    except ImportError as err:
+        raise ImportError(f"env {name!r}: cannot import the plug-in {where}: {err}") from err
+    folder = Path(PLUGIN_DIR).resolve()
+    origin = Path(getattr(module, "__file__", None) or "").resolve()
+    if not origin.is_relative_to(folder):
+        # another importable package called PLUGIN_DIR came first on sys.path
+        raise ImportError(f"env {name!r}: {module_name} was imported from {origin}, not from {folder}; rename the "
+                          f"package that shadows the plug-in folder, or give env.name as 'module:Class'")
+    # its own classes: an Env class it imports (a base it subclasses, another plug-in) is not its env
+    defined = list(dict.fromkeys(cls for cls in vars(module).values()
+                                 if isinstance(cls, type) and issubclass(cls, Env) and cls is not Env
+                                 and (cls.__module__ == module_name or cls.__module__.startswith(module_name + "."))))
+    named = [cls for cls in defined if cls.name == name]
+    if len(named) != 1:
+        classes = ", ".join(f"{cls.__qualname__} (name {cls.name!r})" for cls in defined) or "none"
+        raise ImportError(f"env {name!r}: the plug-in {where} must define one Env subclass whose `name` is "
+                          f"{name!r}, it defines {classes}; or give env.name as '{module_name}:Class'")
+    return named[0]
+
+
 def env_class(name: str) -> type[Env]:
-    """The class for `name`: registered, an entry point, or 'package.module:Class' (then registered)."""
+    """The class for `name`: registered, an entry point, a plug-in of the plug-in folder, or 'package.module:Class'
+    (each registered on first use)."""
     if not isinstance(name, str) or not name:
         raise KeyError(f"env name must be a non-empty string, got {name!r}")
     if ":" in name:
@@ -125,9 +177,13 @@ def env_class(name: str) -> type[Env]:
         return cls
     if name not in _REGISTRY:
         points = _entry_points()
-        if name not in points:
-            raise KeyError(f"unknown env {name!r}; known: {', '.join(names())} (or give 'package.module:Class')")
-        _REGISTRY[name] = points[name]
+        if name in points:
+            _REGISTRY[name] = points[name]
+        elif name in plugin_names():
+            _REGISTRY[name] = _load_plugin(name)
+        else:
+            raise KeyError(f"unknown env {name!r}; known: {', '.join(names())} (or give 'package.module:Class', "
+                           f"or add {PLUGIN_DIR}/{name}.py)")
     target = _REGISTRY[name]
     if isinstance(target, str):
         cls = _load(target, f"env {name!r}")
