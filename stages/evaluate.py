@@ -4,10 +4,12 @@ Reads the rollout JSONL of every policy (outputs/rollouts/<policy>.jsonl, greedy
 metrics/eval.json (each policy's metrics with `_ci_low`/`_ci_high`, the paired `grpo_minus_sft` differences and
 the `hf_baseline` figures; the baseline's speed goes to the MLflow run only, as it differs on every run),
 metrics/headline.json (a few of those figures, the pipeline's DVC metrics: vlmgym.eval.outputs.headline_figures),
-metrics/plots/*.csv (DVC plots: distance CDF per policy, training reward curve),
-reports/eval.md, reports/eval.html and the PNGs. The HF baseline runs transformers on the exported folder
-(models/hf/grpo) over the first `eval.hf_samples` test prompts and compares with the JAX engine's greedy answers.
-The evaluate run logs every figure; the pipeline's parent run gets the headline ones.
+metrics/plots/*.csv (plot data: distance CDF per policy, training reward curve),
+reports/eval.md, reports/eval.html and the PNGs, among them reports/curves_sft.png and curves_train.png (loss,
+reward, validation reward, KL and entropy per step, from metrics/curves/: vlmgym.eval.curve). dvc.yaml's plots are
+the images, which `dvc plots show` embeds without loading vega from the network. The HF baseline runs transformers
+on the exported folder (models/hf/grpo) over the first `eval.hf_samples` test prompts and compares with the JAX
+engine's greedy answers. The evaluate run logs every figure; the pipeline's parent run gets the headline ones.
 The training curves come from the train stage's per-step figures, metrics/curves/train.jsonl (vlmgym.eval.curve),
 a DVC output of the train stage and a dep of this one: the report depends on DVC-tracked files only, never on the
 MLflow store. The evaluate run's lineage tags link it to the train run that wrote the evaluated model: its
@@ -22,6 +24,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from vlmgym.eval.curve import write_training_curve_pngs
 from vlmgym.eval.evaluate import evaluate_pipeline
 from vlmgym.eval.outputs import headline_metrics, mlflow_metrics
 from vlmgym.params import load_section
@@ -50,12 +53,13 @@ def main(argv: list[str] | None = None) -> int:
         # The parent's row in MLflow's table: the headline figures, under the names this run logs them by
         run.log_pipeline_results(headline_metrics(outputs))
         run.log_metrics({f"hf_baseline/{name}": value for name, value in hf_timing.items()})
-        for path in outputs.files.values():
+        curve_pngs = write_training_curve_pngs({stage: curve_file(stage) for stage in ("sft", "train")})
+        for path in [*outputs.files.values(), *curve_pngs.values()]:
             run.log_artifact(path, artifact_path="plots" if path.suffix in (".png", ".csv") else "report")
         # The `champion` alias of vlmgym-<env> moves to the evaluated export when its mean reward beats the champion's.
         registry.promote_evaluated(run, env_params.name, eval_params.hf_dir, eval_params.hf_policy, outputs.results)
     print(outputs.files["table"].read_text())
-    print(f"evaluate: wrote {', '.join(str(p) for p in outputs.files.values())}")
+    print(f"evaluate: wrote {', '.join(str(p) for p in [*outputs.files.values(), *curve_pngs.values()])}")
     return 0
 
 
