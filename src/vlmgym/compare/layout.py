@@ -87,7 +87,8 @@ def code_deps() -> list[str]:
 def dvc_stages(study: Study, sections: dict[str, Any]) -> dict[str, Any]:
     """The stages of the study's dvc.yaml (paths from the repository root, the stages' wdir)."""
     folder, base, own = study.folder.as_posix(), study.base_params.as_posix(), study.params_file.as_posix()
-    code = code_deps()
+    # the project's plug-in envs (vlmgym.envs.registry): an edit to one reruns what it changes
+    code = [*code_deps(), *(["plugins"] if Path("plugins").is_dir() else [])]
     data = sorted({sections[s].shards_dir for s in ("sft", "train", "rollout")})
     base_model = sections["sft"].init_dir
     run = f"{folder}/runs/${{item.seed}}"
