@@ -87,7 +87,7 @@ def test_a_variant_needs_settings_and_is_paired_with_its_algorithms_arm_and_with
         layout.new_study("v", arms=["grpo", "gspo"], settings={"gspo": {}})
     study = layout.new_study("v", arms=["sft_longer", "grpo", "gspo"],
                              settings={"gspo": {"importance_sampling_level": "sequence"}})
-    assert study.arm_settings("gspo") == {"importance_sampling_level": "sequence"}
+    assert study.arm_settings("gspo") == {"objective.importance_sampling_level": "sequence"}
     assert settings.comparisons(study, study.sections()) == [
         ("grpo", "sft_longer"), ("gspo", "sft_longer"), ("gspo", "grpo")]
     with pytest.raises(ParamsError, match="arm.grpo.seed: set by the study"):
@@ -153,7 +153,8 @@ def test_a_study_of_another_env_gets_its_own_pipeline_params_and_first_stages(re
     assert list(stages)[:5] == ["download", "shard", "base_model", "convert", "start"]
     shard = stages["shard"]
     assert shard["cmd"] == "python stages/shard.py --params studies/pairs/pipeline.yaml" and shard["wdir"] == "../.."
-    assert shard["deps"][-2:] == ["stages/shard.py", "studies/pairs/data/raw"]
+    assert "stages/shard.py" in shard["deps"] and shard["deps"][-1] == "studies/pairs/data/raw"
+    assert len(set(shard["deps"])) == len(shard["deps"])
     assert shard["outs"] == ["studies/pairs/data/shards"]
     assert shard["params"] == [{"studies/pairs/pipeline.yaml": ["env.name", "data.raw_dir", "shard"]}]
     assert stages["convert"]["outs"] == ["studies/pairs/models/jax/base"]

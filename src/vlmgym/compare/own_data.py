@@ -82,6 +82,7 @@ def head_stages(base_params: Path, code: list[str]) -> dict[str, Any]:
         keys = [key for entry in spec.get("params", [])
                 for key in ([entry] if isinstance(entry, str) else [k for v in entry.values() for k in v])]
         stages[name] = {"wdir": "../..", "cmd": f"{spec['cmd']} --params {base_params.as_posix()}",
-                        "deps": [*code, *rename([d for d in spec.get("deps", []) if not d.startswith("src/")])],
+                        "deps": list(dict.fromkeys([*code, *rename([d for d in spec.get("deps", [])
+                                                                      if not d.startswith("src/")])])),
                         "params": [{base_params.as_posix(): keys}], "outs": rename(spec["outs"])}
     return stages
