@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import math
 import re
 import types
@@ -23,7 +24,8 @@ class ParamsError(ValueError):
 
 def spec(default: Any = dataclasses.MISSING, *, ge=None, gt=None, le=None, lt=None, choices=None,
          doc: str = "", default_factory: Any = dataclasses.MISSING, env_sections: str | None = None,
-         env_name: bool = False, aliases: tuple[str, ...] = (), value_aliases: dict[str, Any] | None = None) -> Any:
+         env_name: bool = False, aliases: tuple[str, ...] = (), value_aliases: dict[str, Any] | None = None,
+         flat_aliases: bool = False) -> Any:
     """A dataclass field with validation bounds and a one-line description.
 
     env_sections="Params": the field holds the envs' own sections ({env name: dataclass}), written in the file
@@ -31,9 +33,13 @@ def spec(default: Any = dataclasses.MISSING, *, ge=None, gt=None, le=None, lt=No
     env_name=True: the value must name an env (registered, an entry point or 'package.module:Class').
     aliases: other names the file may use for the key (e.g. TRL's); value_aliases: other spellings of values, the
     whole value or each item of a list (e.g. PEFT's module names). Both become the canonical ones on reading.
+    flat_aliases=True (a sub-section): each of its keys, under its name or an alias, may also be written in the
+    holding section itself, as another name for `<field>.<key>`: the layout of files written before those keys
+    moved into the sub-section (train.beta for train.objective.beta).
     """
     meta = {"ge": ge, "gt": gt, "le": le, "lt": lt, "choices": choices, "doc": doc, "env_sections": env_sections,
-            "env_name": env_name, "aliases": tuple(aliases), "value_aliases": dict(value_aliases or {})}
+            "env_name": env_name, "aliases": tuple(aliases), "value_aliases": dict(value_aliases or {}),
+            "flat_aliases": flat_aliases}
     if default_factory is not dataclasses.MISSING:
         return field(default_factory=default_factory, metadata=meta)
     return field(default=default, metadata=meta)
@@ -94,15 +100,64 @@ def _with_section_defaults(f: dataclasses.Field, hint: type, value: dict[str, An
 
 
 def canonical_keys(cls: type, raw: dict[str, Any], where: str) -> dict[str, Any]:
-    """`raw` with every key alias (spec's aliases) renamed to its field; both spellings at once is an error."""
-    names = {alias: f.name for f in dataclasses.fields(cls) for alias in f.metadata.get("aliases", ())}
+    """`raw` with every key alias (spec's aliases) renamed to its field and every key of a sub-section read flat
+    (spec's flat_aliases) moved into that sub-section's mapping; a key given under two names is an error naming
+    both."""
     out = dict(raw)
-    for alias, name in names.items():
+    for alias, name in _alias_names(cls).items():
         if alias in out:
             if name in out:
                 raise ParamsError(f"{where}.{alias} is another name for {name}: give one of them")
             out[name] = out.pop(alias)
+    for holder, sub in _flat_sub_sections(cls):
+        sub_names = _key_names(sub)
+        flat = {key: out.pop(key) for key in list(out) if key in sub_names}
+        if flat:
+            out[holder] = _with_flat_keys(sub, out.get(holder), flat, where, holder)
     return out
+
+
+@functools.cache
+def _flat_sub_sections(cls: type) -> tuple[tuple[str, type], ...]:
+    """(field, sub-section class) of each sub-section of `cls` whose keys the file may also write flat."""
+    hints = typing.get_type_hints(cls)
+    out = tuple((f.name, hints[f.name]) for f in dataclasses.fields(cls) if f.metadata.get("flat_aliases"))
+    own = {f.name for f in dataclasses.fields(cls)} | set(_alias_names(cls))
+    for holder, sub in out:
+        clash = own & _key_names(sub)
+        if clash:  # a flat key would be two keys at once: the section's own and the sub-section's
+            raise TypeError(f"{cls.__name__}.{holder}: flat_aliases but {sorted(clash)} are keys of both")
+    return out
+
+
+def _alias_names(cls: type) -> dict[str, str]:
+    """{alias: field} of the spec aliases of `cls`'s own fields."""
+    return {alias: f.name for f in dataclasses.fields(cls) for alias in f.metadata.get("aliases", ())}
+
+
+@functools.cache
+def _key_names(cls: type) -> frozenset[str]:
+    """Every name a key of section `cls` may be written under: its fields and their aliases."""
+    return frozenset({f.name for f in dataclasses.fields(cls)} | set(_alias_names(cls)))
+
+
+def _with_flat_keys(sub: type, nested: Any, flat: dict[str, Any], where: str, holder: str) -> dict[str, Any]:
+    """The mapping of sub-section `holder` with its keys that the holding section gave flat added; a key given both
+    flat and in the sub-section is an error naming both spellings."""
+    if nested is None:
+        nested = {}
+    if not isinstance(nested, dict):
+        raise ParamsError(f"{where}.{holder}: expected a mapping, got {nested!r}")
+    flat_keys = canonical_keys(sub, flat, where)  # two flat spellings of one key: an error here already
+    aliases = _alias_names(sub)
+    flat_given = {aliases.get(k, k): k for k in flat}
+    nested_given = {aliases.get(k, k): k for k in nested}
+    section = where.rsplit(": ", 1)[-1]  # the key's path without the file's name, which `where` starts with
+    for key in flat_keys:
+        if key in nested_given:
+            raise ParamsError(f"{where}.{flat_given[key]} is another name for {section}.{holder}.{nested_given[key]}: "
+                              "give one of them")
+    return {**nested, **flat_keys}
 
 
 def canonical_value(value: Any, aliases: dict[str, Any] | None) -> Any:
@@ -142,18 +197,30 @@ def with_values(section: T, values: dict[str, Any]) -> T:
 
 
 def canonical_paths(cls: type, values: dict[str, Any], where: str) -> dict[str, Any]:
-    """Dotted keys of section `cls` with every alias, at any depth, renamed to its field (values unchanged)."""
+    """Dotted keys of section `cls` with every alias, at any depth, renamed to its field and every key of a
+    sub-section read flat (spec's flat_aliases) given its sub-section's path (values unchanged); two keys naming the
+    same one are an error."""
     hints = typing.get_type_hints(cls)
-    canonical_keys(cls, {key.partition(".")[0]: None for key in values}, where)  # both spellings: an error
+    aliases = _alias_names(cls)
+    flat = {name: holder for holder, sub in _flat_sub_sections(cls) for name in _key_names(sub)}
+    section = where.rsplit(": ", 1)[-1]  # the keys' path without the file's name, which `where` may start with
     out: dict[str, Any] = {}
+    given: dict[str, str] = {}
     for key, value in values.items():
         head, dot, rest = key.partition(".")
-        (name,) = canonical_keys(cls, {head: None}, where)
+        if head in flat:  # the key of a sub-section, written flat: its path in the sub-section
+            head, dot, rest = flat[head], ".", f"{head}{dot}{rest}"
+        name = aliases.get(head, head)
         if dot and dataclasses.is_dataclass(hints.get(name)):
-            out.update({f"{name}.{k}": v for k, v in canonical_paths(hints[name], {rest: value},
-                                                                       f"{where}.{name}").items()})
+            (inner,) = canonical_paths(hints[name], {rest: value}, f"{where}.{name}")
+            path = f"{name}.{inner}"
         else:
-            out[f"{name}{dot}{rest}"] = value
+            path = f"{name}{dot}{rest}"
+        if path in given:
+            alias, other = (given[path], key) if key == path else (key, given[path])
+            raise ParamsError(f"{where}.{alias} is another name for {section}.{other}: give one of them")
+        given[path] = key
+        out[path] = value
     return out
 
 
