@@ -24,6 +24,7 @@ from vlmgym.config.sections import (
     ExportParams,
     LoRAParams,
     ModelParams,
+    ObjectiveParams,
     PerceptionParams,
     RolloutParams,
     SFTParams,
@@ -50,10 +51,10 @@ from vlmgym.envs.registry import DEFAULT_ENV, EnvParams
 from vlmgym.runtime.atomic import atomic_file
 
 __all__ = ["DEFAULT_PARAMS_FILE", "LORA_TEXT_TARGETS", "REMAT_DOC", "SECTIONS", "DataParams", "EnvParams", "EvalParams",
-           "ExportParams", "LoRAParams", "ModelParams", "ParamsError", "PerceptionParams", "RolloutParams", "SFTParams",
-           "ShardParams", "TrackingParams", "TrainParams", "canonical_paths", "default_sections", "from_dict",
-           "load_all", "load_section", "main", "merged", "merged_params", "nested_keys", "read_yaml", "render_yaml",
-           "spec", "to_dict", "value_at", "with_values", "write_params"]
+           "ExportParams", "LoRAParams", "ModelParams", "ObjectiveParams", "ParamsError", "PerceptionParams",
+           "RolloutParams", "SFTParams", "ShardParams", "TrackingParams", "TrainParams", "canonical_paths",
+           "default_sections", "from_dict", "load_all", "load_section", "main", "merged", "merged_params",
+           "nested_keys", "read_yaml", "render_yaml", "spec", "to_dict", "value_at", "with_values", "write_params"]
 
 T = TypeVar("T")
 DEFAULT_PARAMS_FILE = Path("params.yaml")
@@ -145,7 +146,10 @@ def _section(name: str, file: dict[str, Any], path: str | Path, overrides: dict 
     raw = file.get(name) or {}
     if not isinstance(raw, dict):
         raise ParamsError(f"{path}: section {name!r} must be a mapping, got {raw!r}")
-    raw = merged(raw, overrides or {})  # an override of one sub-section key keeps the file's others
+    if overrides:
+        # an override of one sub-section key keeps the file's others; the file's keys under their canonical names
+        # first, so that an override of train.objective.beta replaces a file's flat train.beta, not joins it
+        raw = merged(canonical_tree(SECTIONS[name], raw, f"{path}: {name}"), overrides)
     if name != "env" and env_sections_field(SECTIONS[name]) is not None:
         _resolve_active_env(file, path)  # so a 'package.module:Class' env's own section here is known
     return from_dict(SECTIONS[name], raw, where=f"{path}: {name}")

@@ -38,7 +38,7 @@ def test_compare_writes_the_study_runs_it_with_dvc_and_prints_its_report(repo, c
     assert raw["study"] == {"base_params": "../../params.yaml", "env": "geospot", "seeds": [5, 6, 7],
                             "arms": ["grpo", "sft_longer", "gspo"], "select": "best_val"}
     assert raw["arm"] == {"grpo": {}, "sft_longer": {},
-                          "gspo": {"importance_sampling_level": "sequence", "optimizer.lr": 3e-5}}
+                          "gspo": {"objective.importance_sampling_level": "sequence", "optimizer.lr": 3e-5}}
     assert repo == [[sys.executable, "-m", "dvc", "repro", "studies/compare/dvc.yaml"]]
     assert capsys.readouterr().out.endswith("# the report\n\n")
     # again with other arms: the same study, rewritten (DVC reruns what changed)

@@ -49,7 +49,7 @@ def test_sft_compute_trains_for_the_flops_of_the_rl_arms_steps():
     assert sft_step_flops(sft, 60) == 6 * 16 * (60 + sft.max_target_tokens)
     assert sft_compute_steps(train, sft, 60) == -(-150 * 8 * positions // (6 * 16 * (60 + 64)))
     # a KL reference adds a forward over the learner's positions; a copy of the prompt per answer, 64 prompts
-    assert rl_step_flops(replace(train, beta=0.01), 60) == 10 * positions
+    assert rl_step_flops(with_values(train, {"objective.beta": 0.01}), 60) == 10 * positions
     assert rl_step_flops(replace(train, share_prefix=False), 60) == 2 * positions + 6 * 64 * (60 + 64)
     # two updates per sampled batch: the learner's forward and backward twice
     assert rl_step_flops(replace(train, num_iterations=2), 60) == 14 * positions
@@ -65,16 +65,20 @@ def test_every_arm_ends_by_the_studys_one_selection_rule(tmp_path):
 
 
 def test_a_variant_is_the_train_section_with_its_settings(params_file, tmp_path):
-    settings = validated_settings("gspo", {"importance_sampling_level": "sequence", "optimizer": {"lr": 3e-5}},
-                                  params_file, "arm.gspo")
-    assert settings == {"importance_sampling_level": "sequence", "optimizer.lr": 3e-5}
+    settings = validated_settings("gspo", {"objective": {"importance_sampling_level": "sequence"},
+                                           "optimizer": {"lr": 3e-5}}, params_file, "arm.gspo")
+    assert settings == {"objective.importance_sampling_level": "sequence", "optimizer.lr": 3e-5}
     config = arm_config("gspo", sections(), tmp_path, Path("ck"), settings, select="last")
-    assert config == with_values(replace(sections()["train"], importance_sampling_level="sequence"), {
-        "optimizer.lr": 3e-5, "validation.select": "last", "out_dir": str(tmp_path / "gspo/model"),
-        "checkpointing.dir": "ck/gspo"})
+    assert config == with_values(sections()["train"], {
+        "objective.importance_sampling_level": "sequence", "optimizer.lr": 3e-5, "validation.select": "last",
+        "out_dir": str(tmp_path / "gspo/model"), "checkpointing.dir": "ck/gspo"})
+    # the objective's keys written flat (as study files before train.objective hold them) are the same settings
+    assert validated_settings("gspo", {"importance_sampling_level": "sequence", "optimizer.lr": 3e-5}, params_file,
+                              "arm.gspo") == settings
     # TRL's names become vlmgym's keys, as `vlmgym params` prints them
-    assert validated_settings("grpo", {"loss_type": "grpo", "optimizer.min_lr_rate": 0.1}, params_file, "arm.grpo") == {
-        "loss_aggregation": "sequence_mean", "optimizer.end_lr_ratio": 0.1}
+    assert validated_settings("grpo", {"loss_type": "grpo", "beta": 0.01, "optimizer.min_lr_rate": 0.1}, params_file,
+                              "arm.grpo") == {
+        "objective.loss_aggregation": "sequence_mean", "objective.beta": 0.01, "optimizer.end_lr_ratio": 0.1}
     with pytest.raises(ValueError, match="unknown arm 'gspo'"):
         arm_config("gspo", sections(), tmp_path, Path("ck"))
 
@@ -91,6 +95,9 @@ def test_a_variant_is_the_train_section_with_its_settings(params_file, tmp_path)
     ("grpo", {"no_such_key": 1}, "train.no_such_key: unknown key"),
     ("sft_longer", {"group_size": 2}, "sft.group_size: unknown key"),
     ("gspo", {"importance_sampling_level": "sentence"}, "is not one of"),
+    ("grpo", {"beta": 0.01, "objective": {"beta": 0.02}}, "arm.grpo.beta is another name for arm.grpo.objective.beta"),
+    ("grpo", {"loss_type": "grpo", "objective.loss_aggregation": "dr_grpo"},
+     "arm.grpo.loss_type is another name for arm.grpo.objective.loss_aggregation"),
 ])
 def test_wrong_settings_are_one_line_naming_the_arm_and_key(params_file, arm, settings, message):
     with pytest.raises(ParamsError, match=message) as raised:

@@ -1,11 +1,13 @@
 """params.yaml loading: typed sections, and errors that name the key, the value and the file."""
 
+import dataclasses
 import json
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from vlmgym import params
 from vlmgym.envs import Env, registry
@@ -70,7 +72,8 @@ def test_unknown_section_is_an_error(tmp_path):
 @pytest.mark.parametrize(("text", "key"), [
     ("train:\n  optimizer:\n    lr: .inf\n", "train.optimizer.lr"),
     ("sft:\n  optimizer:\n    lr: .nan\n", "sft.optimizer.lr"),
-    ("train:\n  epsilon_high: -.inf\n", "train.epsilon_high"),
+    ("train:\n  objective:\n    epsilon_high: -.inf\n", "train.objective.epsilon_high"),
+    ("train:\n  epsilon_high: -.inf\n", "train.objective.epsilon_high"),  # the flat name, read as the nested key
     ("train:\n  optimizer:\n    max_grad_norm: 1e999\n", "train.optimizer.max_grad_norm"),  # a string, read as inf
     ("sft:\n  perception:\n    optimizer:\n      lr: .inf\n", "sft.perception.optimizer.lr"),
     ("env:\n  geospot:\n    tau_km: [1.0, .inf, 1.0, 1.0]\n", "env.geospot.tau_km[1]"),
@@ -204,7 +207,7 @@ sft:
 def test_trl_and_peft_names_read_as_vlmgyms_and_print_canonical(tmp_path, capsys):
     path = write(tmp_path, TRL_NAMED)
     train = params.load_section("train", path)
-    assert (train.algorithm, train.group_size, train.max_new_tokens, train.loss_aggregation,
+    assert (train.algorithm, train.group_size, train.max_new_tokens, train.objective.loss_aggregation,
             train.optimizer.end_lr_ratio) == (
         "online_dpo", 4, 32, "sequence_mean", 0.2)
     assert train.lora.targets == ["q", "v", "down"]
@@ -212,15 +215,109 @@ def test_trl_and_peft_names_read_as_vlmgyms_and_print_canonical(tmp_path, capsys
     assert params.main([str(path)]) == 0
     printed = json.loads(capsys.readouterr().out)
     assert printed["train"]["group_size"] == 4 and "num_generations" not in printed["train"]
-    assert printed["train"]["algorithm"] == "online_dpo" and printed["train"]["loss_aggregation"] == "sequence_mean"
+    assert printed["train"]["algorithm"] == "online_dpo"
+    assert printed["train"]["objective"]["loss_aggregation"] == "sequence_mean" and "loss_type" not in printed["train"]
     assert printed["train"]["lora"]["targets"] == ["q", "v", "down"]
 
 
 def test_a_key_and_its_alias_together_are_an_error(tmp_path):
     with pytest.raises(params.ParamsError, match="train.num_generations is another name for group_size"):
         params.load_section("train", write(tmp_path, "train:\n  group_size: 8\n  num_generations: 4\n"))
-    with pytest.raises(params.ParamsError, match="train.loss_aggregation: value 'bnpo' is not one of"):
+    with pytest.raises(params.ParamsError, match="train.objective.loss_aggregation: value 'bnpo' is not one of"):
         params.load_section("train", write(tmp_path, "train:\n  loss_type: bnpo\n"))
+
+
+# Every key of train.objective under the flat name params files used before it, and TRL's names, at values other
+# than the defaults.
+FLAT_OBJECTIVE = {"epsilon": 0.1, "epsilon_high": 0.3, "beta": 0.04, "loss_aggregation": "dr_grpo",
+                  "scale_rewards": "batch", "importance_sampling_level": "sequence",
+                  "sampler_correction": "token_truncate", "sampler_correction_cap": 2.0,
+                  "sampler_correction_floor": 0.5, "mask_truncated_completions": True, "overlong_buffer": 4,
+                  "overlong_penalty": 0.5, "top_entropy_quantile": 0.2}
+
+
+def test_the_objectives_flat_names_read_into_train_objective_and_print_nested(tmp_path, capsys):
+    assert set(FLAT_OBJECTIVE) == {f.name for f in dataclasses.fields(params.ObjectiveParams)}
+    path = write(tmp_path, yaml.safe_dump({"train": {"old_logprobs": "learner", **FLAT_OBJECTIVE}}))
+    train = params.load_section("train", path)
+    assert train.objective == params.ObjectiveParams(**FLAT_OBJECTIVE) and train.old_logprobs == "learner"
+    assert params.main([str(path)]) == 0
+    printed = json.loads(capsys.readouterr().out)["train"]
+    assert printed["objective"] == FLAT_OBJECTIVE and not set(FLAT_OBJECTIVE) & set(printed)
+    assert params.main([str(path), "--yaml"]) == 0
+    text = capsys.readouterr().out
+    assert "\n  objective:  # " in text and "\n    beta: 0.04  # " in text and "\n  beta:" not in text
+    # written back as printed, the file loads to the same section
+    assert params.load_section("train", write(tmp_path, text)) == train
+
+
+def test_trls_flat_names_read_into_train_objective(tmp_path):
+    path = write(tmp_path, "train:\n  beta: 0.04\n  epsilon: 0.1\n  epsilon_high: 0.3\n  loss_type: grpo\n"
+                           "  scale_rewards: none\n  num_generations: 4\n  max_completion_length: 32\n")
+    train = params.load_section("train", path)
+    assert (train.objective.beta, train.objective.epsilon, train.objective.epsilon_high) == (0.04, 0.1, 0.3)
+    assert (train.objective.loss_aggregation, train.objective.scale_rewards) == ("sequence_mean", "none")
+    assert (train.group_size, train.max_new_tokens) == (4, 32)
+    # TRL's loss_type inside the sub-section too
+    nested = params.load_section("train", write(tmp_path, "train:\n  objective:\n    loss_type: dapo\n"))
+    assert nested.objective.loss_aggregation == "token_mean"
+
+
+@pytest.mark.parametrize(("text", "flat", "nested"), [
+    ("  beta: 0.1\n  objective:\n    beta: 0.2\n", "train.beta", "train.objective.beta"),
+    ("  loss_type: grpo\n  objective:\n    loss_aggregation: dr_grpo\n", "train.loss_type",
+     "train.objective.loss_aggregation"),
+    ("  loss_aggregation: dr_grpo\n  objective:\n    loss_type: grpo\n", "train.loss_aggregation",
+     "train.objective.loss_type"),
+    ("  loss_type: grpo\n  loss_aggregation: dr_grpo\n", "train.loss_type", "loss_aggregation"),
+])
+def test_a_key_given_flat_and_nested_is_a_one_line_error_naming_both(tmp_path, text, flat, nested):
+    path = write(tmp_path, f"train:\n{text}")
+    with pytest.raises(params.ParamsError) as err:
+        params.load_all(path)
+    assert str(err.value) == f"{path}: {flat} is another name for {nested}: give one of them"
+
+
+def test_a_flat_objective_key_in_a_preset_replaces_the_nested_one(tmp_path):
+    # a preset (or recipe) written before train.objective merges over a params file written after it, and the
+    # other way round, without both spellings meeting in the result
+    nested = {"train": {"objective": {"beta": 0.0, "epsilon": 0.1}}}
+    flat = {"train": {"beta": 0.04, "loss_type": "grpo"}}
+    raw = params.merged_params(nested, flat, "params.yaml", "preset.yaml")
+    assert raw == {"train": {"objective": {"beta": 0.04, "epsilon": 0.1, "loss_aggregation": "grpo"}}}
+    assert params.merged_params(flat, nested, "params.yaml", "preset.yaml") == {
+        "train": {"objective": {"beta": 0.0, "epsilon": 0.1, "loss_aggregation": "grpo"}}}
+    path = write(tmp_path, "# kept\n")
+    train = params.write_params(raw, path, "the preset")["train"]
+    assert (train.objective.beta, train.objective.loss_aggregation) == (0.04, "sequence_mean")
+    assert path.read_text().startswith("# kept\n") and "\n  objective:" in path.read_text()
+
+
+def test_dvc_set_param_of_a_flat_or_a_nested_objective_key_loads(tmp_path):
+    from dvc.utils.hydra import apply_overrides
+
+    old = write(tmp_path, "train:\n  beta: 0.0\n")  # a params file written before train.objective
+    apply_overrides(old, ["train.beta=0.01"])
+    assert params.load_section("train", old).objective.beta == 0.01
+    new = tmp_path / "new.yaml"
+    new.write_text(params.render_yaml())
+    apply_overrides(new, ["train.objective.beta=0.02"])
+    assert params.load_section("train", new).objective.beta == 0.02
+    apply_overrides(new, ["++train.beta=0.03"])  # both spellings in one file: refused, not one silently kept
+    with pytest.raises(params.ParamsError, match="train.beta is another name for train.objective.beta"):
+        params.load_section("train", new)
+
+
+def test_an_override_of_a_nested_objective_key_replaces_a_files_flat_one(tmp_path):
+    # what a study arm's settings do to a base params file written before train.objective
+    path = write(tmp_path, "train:\n  beta: 0.0\n  epsilon: 0.1\n")
+    train = params.load_section("train", path, overrides={"objective": {"beta": 0.01}})
+    assert (train.objective.beta, train.objective.epsilon) == (0.01, 0.1)
+
+
+def test_the_objective_section_is_hashable_for_the_jitted_step():
+    assert hash(params.ObjectiveParams()) == hash(params.ObjectiveParams())
+    assert params.ObjectiveParams(loss_aggregation="grpo").loss_aggregation == "sequence_mean"
 
 
 def test_sections_built_in_code_take_the_aliases_too():

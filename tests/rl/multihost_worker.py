@@ -28,7 +28,7 @@ from vlmgym.models.qwen3_vl.config import load_hf_config  # noqa: E402
 from vlmgym.models.qwen3_vl.convert import hf_to_params, read_safetensors  # noqa: E402
 from vlmgym.models.qwen3_vl.mesh import make_mesh, param_shardings  # noqa: E402
 from vlmgym.models.qwen3_vl.processor import Processor  # noqa: E402
-from vlmgym.params import TrainParams, with_values  # noqa: E402
+from vlmgym.params import ObjectiveParams, TrainParams, with_values  # noqa: E402
 from vlmgym.rl import trainer_parts as trainer_module  # noqa: E402
 from vlmgym.rl.grpo_trainer import GRPOTrainer  # noqa: E402
 from vlmgym.rl.policy import Qwen3VLPolicy  # noqa: E402
@@ -45,9 +45,9 @@ trainer_module.optimizer_config = lambda section: dataclasses.replace(_optimizer
 
 # GSPO's sequence ratio, the learner's old log-probs with the truncated sampler correction, the entropy mask (a
 # quantile over the whole batch, across processes), truncated answers masked and DAPO's overlong penalty.
-KNOBS = {"importance_sampling_level": "sequence", "old_logprobs": "learner", "sampler_correction": "token_truncate",
-         "sampler_correction_cap": 2.0, "top_entropy_quantile": 0.5, "mask_truncated_completions": True,
-         "overlong_buffer": 4, "overlong_penalty": 0.5}
+KNOBS = {"old_logprobs": "learner", "objective": ObjectiveParams(
+    importance_sampling_level="sequence", sampler_correction="token_truncate", sampler_correction_cap=2.0,
+    top_entropy_quantile=0.5, mask_truncated_completions=True, overlong_buffer=4, overlong_penalty=0.5)}
 
 FIGURES = ("reward_mean", "reward_std", "loss", "grad_norm", "completion_length")
 

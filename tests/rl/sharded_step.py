@@ -13,19 +13,19 @@ from vlmgym.models.qwen3_vl.config import load_hf_config
 from vlmgym.models.qwen3_vl.convert import hf_to_params, read_safetensors
 from vlmgym.models.qwen3_vl.mesh import make_mesh, shard_params
 from vlmgym.models.qwen3_vl.processor import Processor
+from vlmgym.params import ObjectiveParams
 from vlmgym.rl.loop import CompileCounter
-from vlmgym.rl.objective import Objective
 from vlmgym.rl.optim import Optimizer, OptimizerConfig, trainable_mask
 from vlmgym.rl.policy import Qwen3VLPolicy
 from vlmgym.rl.update import apply_update, grpo_gradients
 from vlmgym.rollout.sampling import SamplingSettings
 
-PLAIN = Objective(epsilon=0.2, epsilon_high=0.28, aggregation="token_mean", beta=0.0, current_as_old=False)
+PLAIN = ObjectiveParams(epsilon=0.2, epsilon_high=0.28, loss_aggregation="token_mean", beta=0.0)
 # Every objective knob of the loss on at once: GSPO's sequence ratio, the truncated sampler correction, the entropy
 # mask (its quantile is taken over the whole batch, wherever its rows live).
-KNOBS = Objective(epsilon=0.2, epsilon_high=0.28, aggregation="token_mean", beta=0.0, current_as_old=False,
-                     importance_sampling_level="sequence", sampler_correction="token_truncate",
-                     sampler_correction_cap=2.0, top_entropy_quantile=0.5)
+KNOBS = ObjectiveParams(epsilon=0.2, epsilon_high=0.28, loss_aggregation="token_mean", beta=0.0,
+                        importance_sampling_level="sequence", sampler_correction="token_truncate",
+                        sampler_correction_cap=2.0, top_entropy_quantile=0.5)
 
 
 def update(policy, params, micro, objective=PLAIN):

@@ -38,7 +38,7 @@ def _copy(params):
 def _config(**overrides):
     settings = {"steps": 2, "batch_prompts": 2, "group_size": 2, "max_new_tokens": 8, "optimizer.lr": 1e-2,
                 "validation.every": 0, "validation.select": "last", "optimizer.warmup_steps": 0,
-                "checkpointing.every": 1, "beta": 0.1, "lora": LoRAParams(rank=4, alpha=8.0)}
+                "checkpointing.every": 1, "objective.beta": 0.1, "lora": LoRAParams(rank=4, alpha=8.0)}
     return with_values(TrainParams(), {**settings, **overrides})
 
 
@@ -112,7 +112,7 @@ def test_resume_on_another_base_is_refused(tiny_vlm, tmp_path):
 def test_ppo_with_lora_trains_adapters_and_value_head(tiny_vlm, tmp_path):
     from vlmgym.rl.ppo_trainer import PPOTrainer
 
-    config = _config(algorithm="ppo", beta=0.0, **{"ppo.kl_coef": 0.05})
+    config = _config(algorithm="ppo", **{"objective.beta": 0.0, "ppo.kl_coef": 0.05})
     trainer = _trainer(tiny_vlm, tmp_path / "ppo", config=config, cls=PPOTrainer)
     assert trainer.reference_params is None
     params = trainer.run()

@@ -246,7 +246,7 @@ def test_multi_turn_training_resumes_exactly_after_a_kill(tiny_vlm, talkative, a
 
 def test_lora_and_the_kl_term_train_episodes_too(tiny_vlm, talkative, always_zoom, tmp_path):
     # the reference's log-probs of every turn (the KL term's) come from the base inside the trained tree
-    config = _config(beta=0.1, lora=LoRAParams(rank=4, alpha=8.0))
+    config = _config(**{"objective.beta": 0.1}, lora=LoRAParams(rank=4, alpha=8.0))
     params = lora.init_adapters(jax.tree.map(jax.numpy.copy, talkative), tiny_vlm.cfg,
                                 lora.LoRAConfig.from_section(config.lora))
     trainer = GRPOTrainer(_policy(tiny_vlm), _env(tiny_vlm), params, config, tmp_path / "lora", progress_bar=False)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from toy import ToyEnv, ToyPolicy
 
-from vlmgym.params import ParamsError, TrainParams, with_values
+from vlmgym.params import ObjectiveParams, ParamsError, TrainParams, with_values
 from vlmgym.rl import grpo, grpo_trainer
 from vlmgym.rl.grpo_trainer import GRPOTrainer
 from vlmgym.rl.loop import Samples
@@ -43,7 +43,7 @@ def micro_spy(monkeypatch):
 
 
 def test_truncated_answers_carry_no_loss_but_keep_their_reward(tmp_path, micro_spy):
-    trainer = _trainer(tmp_path, "masked", steps=1, mask_truncated_completions=True)
+    trainer = _trainer(tmp_path, "masked", steps=1, **{"objective.mask_truncated_completions": True})
     trainer.run()
     (micro, normalizer, tokens, sampled_mask), = micro_spy
     truncated = grpo.truncated_rows(tokens, sampled_mask, POLICY.eos_ids)
@@ -59,7 +59,8 @@ def test_truncated_answers_carry_no_loss_but_keep_their_reward(tmp_path, micro_s
 def test_the_overlong_penalty_enters_the_reward(tmp_path, micro_spy):
     plain = _trainer(tmp_path, "plain", steps=1)
     plain.run()
-    penalised = _trainer(tmp_path, "penalised", steps=1, overlong_buffer=2, overlong_penalty=0.5)
+    penalised = _trainer(tmp_path, "penalised", steps=1,
+                         **{"objective.overlong_buffer": 2, "objective.overlong_penalty": 0.5})
     penalised.run()
     (_, _, tokens, mask), (micro, _, _, _) = micro_spy
     lengths = mask.sum(axis=1)
@@ -113,7 +114,8 @@ class OffsetSampler(ToyPolicy):
 
 def test_the_sampler_correction_reweighs_a_perturbed_sampler(tmp_path):
     policy = OffsetSampler()
-    truncated = _trainer(tmp_path, "tis", policy, steps=1, old_logprobs="learner", sampler_correction="token_truncate")
+    truncated = _trainer(tmp_path, "tis", policy, steps=1, old_logprobs="learner",
+                         **{"objective.sampler_correction": "token_truncate"})
     truncated.run()
     # learner / sampler = e^0.5 on every token, under the cap of 3: every weight is e^0.5.
     assert truncated.history[0]["sampler_weight_mean"] == pytest.approx(np.exp(0.5), rel=1e-5)
@@ -123,8 +125,8 @@ def test_the_sampler_correction_reweighs_a_perturbed_sampler(tmp_path):
     assert truncated.history[0]["policy_loss"] == pytest.approx(np.exp(0.5) * plain.history[0]["policy_loss"],
                                                                 rel=1e-4)
     # Masked at a cap of 1.5, every token is out (e^0.5 = 1.65): no loss, no gradient, the weights stay.
-    masked = _trainer(tmp_path, "mis", policy, steps=1, old_logprobs="learner", sampler_correction="token_mask",
-                      sampler_correction_cap=1.5)
+    masked = _trainer(tmp_path, "mis", policy, steps=1, old_logprobs="learner",
+                      **{"objective.sampler_correction": "token_mask", "objective.sampler_correction_cap": 1.5})
     start = policy.init(jax.random.key(0))
     masked.run()
     assert masked.history[0]["sampler_weight_zero"] == 1.0 and masked.history[0]["policy_loss"] == 0.0
@@ -133,8 +135,9 @@ def test_the_sampler_correction_reweighs_a_perturbed_sampler(tmp_path):
 
 
 def test_gspo_clips_by_the_sequence_ratio_in_later_iterations(tmp_path):
-    runs = {level: _trainer(tmp_path, level, steps=2, num_iterations=3, old_logprobs="learner", epsilon=0.01,
-                            epsilon_high=0.01, importance_sampling_level=level, **{"optimizer.lr": 0.05})
+    runs = {level: _trainer(tmp_path, level, steps=2, num_iterations=3, old_logprobs="learner",
+                            **{"objective.epsilon": 0.01, "objective.epsilon_high": 0.01,
+                               "objective.importance_sampling_level": level, "optimizer.lr": 0.05})
             for level in ("token", "sequence", "sequence_token")}
     for trainer in runs.values():
         trainer.run()
@@ -147,18 +150,18 @@ def test_gspo_clips_by_the_sequence_ratio_in_later_iterations(tmp_path):
 
 
 @pytest.mark.parametrize(("overrides", "message"), [
-    ({"sampler_correction": "token_mask"}, "set train.old_logprobs: learner"),
-    ({"algorithm": "ppo", "importance_sampling_level": "sequence"}, "does not use"),
-    ({"algorithm": "dpo", "mask_truncated_completions": True}, "does not use"),
-    ({"overlong_buffer": 65}, "longer than train.max_new_tokens"),
+    ({"objective.sampler_correction": "token_mask"}, "set train.old_logprobs: learner"),
+    ({"algorithm": "ppo", "objective.importance_sampling_level": "sequence"}, "does not use"),
+    ({"algorithm": "dpo", "objective.mask_truncated_completions": True}, "does not use"),
+    ({"objective.overlong_buffer": 65}, "longer than train.max_new_tokens"),
 ])
 def test_knobs_that_cannot_apply_are_refused(overrides, message):
     with pytest.raises(ParamsError, match=message):
-        TrainParams(**overrides)
+        with_values(TrainParams(), overrides)
 
 
 def test_the_knobs_choices_are_the_losses():
-    fields = {f.name: f for f in dataclasses.fields(TrainParams)}
+    fields = {f.name: f for f in dataclasses.fields(ObjectiveParams)}
     assert fields["importance_sampling_level"].metadata["choices"] == grpo.IMPORTANCE_SAMPLING_LEVELS
     assert fields["sampler_correction"].metadata["choices"] == grpo.SAMPLER_CORRECTIONS
 
@@ -167,7 +170,7 @@ def test_the_knobs_choices_are_the_losses():
 def test_only_the_high_entropy_tokens_carry_the_loss(tmp_path, quantile):
     whole = _trainer(tmp_path, "whole", steps=1)
     whole.run()
-    top = _trainer(tmp_path, f"top{quantile}", steps=1, top_entropy_quantile=quantile)
+    top = _trainer(tmp_path, f"top{quantile}", steps=1, **{"objective.top_entropy_quantile": quantile})
     top.run()
     kept = top.history[0]["entropy_kept"]
     tokens = whole.history[0]["completion_length"] * BASE.batch_prompts * BASE.group_size
@@ -183,4 +186,4 @@ def test_entropy_masking_needs_a_policy_that_reports_entropies(tmp_path):
         logprobs_and_entropies = None  # a policy that scores tokens but has no entropies
 
     with pytest.raises(ValueError, match="has no logprobs_and_entropies"):
-        _trainer(tmp_path, "none", NoEntropy(), top_entropy_quantile=0.2)
+        _trainer(tmp_path, "none", NoEntropy(), **{"objective.top_entropy_quantile": 0.2})

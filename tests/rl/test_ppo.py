@@ -155,7 +155,7 @@ def test_the_detached_critic_never_moves_the_policy():
 
 def test_ppo_rejects_grpo_kl_and_unknown_critics(tmp_path):
     with pytest.raises(ValueError, match=r"train.ppo.kl_coef"):
-        _trainer(tmp_path / "a", beta=0.1)
+        _trainer(tmp_path / "a", **{"objective.beta": 0.1})
     with pytest.raises(ValueError, match=r"ppo.critic"):
         ppo.check_critic("separate")
 

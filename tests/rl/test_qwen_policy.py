@@ -94,8 +94,8 @@ def test_one_update_moves_a_rollouts_logprob_in_its_advantages_direction(tiny_vl
     # The real Qwen policy, a fixed sampled rollout, one GRPO update: a positive advantage must raise the rollout's
     # log-prob and a negative one lower it (a sign, masking or alignment bug anywhere would break one of the two).
     # Both signs in one test: they share the rollout and every compiled program.
+    from vlmgym.params import ObjectiveParams
     from vlmgym.rl.loop import CompileCounter
-    from vlmgym.rl.objective import Objective
     from vlmgym.rl.optim import Optimizer, OptimizerConfig, trainable_mask
     from vlmgym.rl.update import apply_update, grpo_gradients
 
@@ -109,7 +109,7 @@ def test_one_update_moves_a_rollouts_logprob_in_its_advantages_direction(tiny_vl
     before = float(np.asarray(logprobs(tiny_vlm.params, batch)).sum())
     optimizer = Optimizer(OptimizerConfig(learning_rate=1e-3, warmup_steps=0, total_steps=10, end_lr_ratio=1.0),
                           trainable_mask(tiny_vlm.params))
-    objective = Objective(epsilon=0.2, epsilon_high=0.28, aggregation="token_mean", beta=0.0, current_as_old=False)
+    objective = ObjectiveParams(epsilon=0.2, epsilon_high=0.28, loss_aggregation="token_mean", beta=0.0)
     compiles = CompileCounter()
     init = jax.jit(optimizer.init)  # one wrapper: a bound method read twice would be traced and compiled twice
     for sign in (1.0, -1.0):

@@ -11,9 +11,8 @@ from jax.extend.core import jaxprs_in_params
 
 from vlmgym.envs.geospot import GeospotEnv
 from vlmgym.models.qwen3_vl.model import encode_inputs
-from vlmgym.params import ParamsError, SFTParams, TrainParams, from_dict
+from vlmgym.params import ObjectiveParams, ParamsError, SFTParams, TrainParams, from_dict
 from vlmgym.rl.loop import CompileCounter
-from vlmgym.rl.objective import Objective
 from vlmgym.rl.optim import Optimizer, OptimizerConfig, trainable_mask
 from vlmgym.rl.policy import Qwen3VLLearner, Qwen3VLPolicy
 from vlmgym.rl.update import grpo_gradients, sft_gradients
@@ -53,7 +52,7 @@ def test_layer_remat_gives_the_plain_gradients(tiny_vlm):
     tokens = rng.integers(20, tiny_vlm.cfg.text.vocab_size, (2 * GROUP, 8)).astype(np.int32)
     mask = np.ones(tokens.shape, np.float32)
     mask[1, 5:] = 0
-    objective = Objective(epsilon=0.2, epsilon_high=0.28, aggregation="token_mean", beta=0.0, current_as_old=False)
+    objective = ObjectiveParams(epsilon=0.2, epsilon_high=0.28, loss_aggregation="token_mean", beta=0.0)
     optimizer = Optimizer(OptimizerConfig(learning_rate=1e-3), trainable_mask(tiny_vlm.params))
     advantages = rng.standard_normal(len(tokens)).astype(np.float32)
     results = []

@@ -97,8 +97,8 @@ def test_killed_run_resumes_exactly(uninterrupted, tmp_path):
 
 
 def test_learner_logprobs_and_extra_iterations_clip(tmp_path):
-    trainer = _run(tmp_path, "iterations", steps=2, num_iterations=3, old_logprobs="learner", epsilon=0.01,
-                   epsilon_high=0.01, micro_batches=2, **{"optimizer.lr": 0.05})
+    trainer = _run(tmp_path, "iterations", steps=2, num_iterations=3, old_logprobs="learner", micro_batches=2,
+                   **{"objective.epsilon": 0.01, "objective.epsilon_high": 0.01, "optimizer.lr": 0.05})
     # Later iterations are off-policy: the tiny clip range is hit.
     assert max(m["clip_fraction_low"] + m["clip_fraction_high"] for m in trainer.history) > 0
     assert all(m["approx_kl_behaviour"] > 0 for m in trainer.history)
@@ -130,7 +130,7 @@ def test_group_filtering_resamples_and_counts(tmp_path):
 
 
 def test_kl_to_reference_when_beta_is_on(tmp_path):
-    trainer = _run(tmp_path, "kl", steps=3, beta=0.1)
+    trainer = _run(tmp_path, "kl", steps=3, **{"objective.beta": 0.1})
     kl = [m["kl_to_reference"] for m in trainer.history]
     assert kl[0] == 0.0  # the reference is the starting policy
     assert kl[-1] > 0.0
@@ -213,8 +213,8 @@ def test_rloo_learns_and_takes_exactly_the_leave_one_out_step(tmp_path, uninterr
     rloo = _run(tmp_path, "rloo", algorithm="rloo")
     rewards = [m["reward_mean"] for m in rloo.history]
     assert np.mean(rewards[-3:]) > rewards[0] + 0.2, rewards
-    grpo_none = _run(tmp_path, "none", steps=1, scale_rewards="none")
-    rloo_none = _run(tmp_path, "rloo_none", steps=1, scale_rewards="none", algorithm="rloo")
+    grpo_none = _run(tmp_path, "none", steps=1, **{"objective.scale_rewards": "none"})
+    rloo_none = _run(tmp_path, "rloo_none", steps=1, algorithm="rloo", **{"objective.scale_rewards": "none"})
     # Same samples at step 1 (same seed, same start): the same rewards, a larger advantage magnitude.
     assert rloo_none.history[0]["reward_mean"] == grpo_none.history[0]["reward_mean"]
     assert rloo_none.history[0]["grad_norm"] == pytest.approx(grpo_none.history[0]["grad_norm"] * 8 / 7, rel=1e-4)

@@ -64,7 +64,7 @@ def rl_step_flops(train: TrainParams, prompt_tokens: float) -> float:
     prompts, answers = train.batch_prompts, train.batch_prompts * train.group_size
     sampled = prompts * prompt_tokens + answers * train.max_new_tokens
     learned = (prompts if train.share_prefix else answers) * prompt_tokens + answers * train.max_new_tokens
-    forwards = sampled + learned * ((train.beta > 0) + (train.old_logprobs == "learner"))
+    forwards = sampled + learned * ((train.objective.beta > 0) + (train.old_logprobs == "learner"))
     return 2 * forwards + 6 * learned * train.num_iterations
 
 

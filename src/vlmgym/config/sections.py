@@ -8,7 +8,8 @@ being silently ignored. Imports nothing else of vlmgym: the `env` section, which
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import warnings
+from dataclasses import dataclass, fields
 from typing import Any
 
 from vlmgym.config.spec import ParamsError, spec, use_canonical_values
@@ -180,6 +181,45 @@ TRL_LOSS_TYPES = {"dapo": "token_mean", "grpo": "sequence_mean"}
 
 
 @dataclass(frozen=True)
+class ObjectiveParams:
+    """train.objective: the GRPO/RLOO objective's static settings, from the advantages to the loss's reduction (PPO's
+    policy loss reads the clip range and the aggregation too). Hashable: the jitted gradient step takes it whole as
+    a static argument."""
+
+    epsilon: float = spec(0.2, gt=0, lt=1, doc="lower clip range of the importance ratio")
+    epsilon_high: float = spec(0.28, gt=0, doc="upper clip range (clip-higher)")
+    beta: float = spec(0.0, ge=0, doc="k3 KL penalty to the initial policy (0: no reference model held)")
+    loss_aggregation: str = spec("token_mean", choices=("token_mean", "sequence_mean", "dr_grpo"),
+                                 aliases=("loss_type",), value_aliases=TRL_LOSS_TYPES,
+                                 doc="how per-token losses are reduced: token_mean (TRL's dapo) over the batch's "
+                                     "answer tokens; sequence_mean (TRL's grpo) of each answer's mean; dr_grpo: "
+                                     "the sum over rows x max_new_tokens, TRL's constant")
+    scale_rewards: str = spec("group", choices=("group", "batch", "none"), doc="advantage std normalisation")
+    importance_sampling_level: str = spec(
+        "token", choices=("token", "sequence", "sequence_token"),
+        doc="the importance ratio the surrogate clips: one per token; sequence (GSPO): one per answer, its "
+            "length-normalised log-ratio; sequence_token (GSPO-token): the sequence ratio, each token's own gradient")
+    sampler_correction: str = spec(
+        "none", choices=("none", "token_truncate", "token_mask", "sequence_truncate", "sequence_mask"),
+        doc="weigh each token's loss by learner / sampler probability at sampling time (needs old_logprobs: "
+            "learner): *_truncate clips the weight into [floor, cap] (TIS), *_mask zeroes it outside (MIS); per "
+            "token or one per answer (its summed log-ratio); none: off")
+    sampler_correction_cap: float = spec(3.0, gt=0, doc="sampler_correction: the weight's upper bound")
+    sampler_correction_floor: float = spec(0.0, ge=0, doc="sampler_correction: the weight's lower bound (0: none)")
+    mask_truncated_completions: bool = spec(False, doc="an answer that used all max_new_tokens without an EOS carries "
+                                            "no loss (its reward still counts in its group's baseline)")
+    overlong_buffer: int = spec(0, ge=0, doc="DAPO's soft overlong penalty: over the last this many tokens of "
+                                "max_new_tokens the reward falls linearly, by overlong_penalty at the limit (0: off)")
+    overlong_penalty: float = spec(1.0, ge=0, doc="overlong_buffer: the penalty at max_new_tokens")
+    top_entropy_quantile: float = spec(1.0, ge=0, le=1,
+                                       doc="only this top share of answer tokens by entropy carry the policy loss "
+                                           "(1: all; 0: the highest only)")
+
+    def __post_init__(self) -> None:
+        use_canonical_values(self)
+
+
+@dataclass(frozen=True)
 class TrainParams:
     """train stage: GRPO (or RLOO, PPO, online DPO: `algorithm`) from the sft model."""
 
@@ -199,42 +239,17 @@ class TrainParams:
     freeze: str = spec("none", choices=("none", "vision"), doc="parameters kept frozen")
     remat: str = spec("none", choices=("none", "layer"), doc=REMAT_DOC)
     lora: LoRAParams = spec(default_factory=LoRAParams, doc="low-rank adapters")
-    epsilon: float = spec(0.2, gt=0, lt=1, doc="lower clip range of the importance ratio")
-    epsilon_high: float = spec(0.28, gt=0, doc="upper clip range (clip-higher)")
-    beta: float = spec(0.0, ge=0, doc="k3 KL penalty to the initial policy (0: no reference model held)")
+    objective: ObjectiveParams = spec(default_factory=ObjectiveParams, flat_aliases=True,
+                                      doc="the GRPO/RLOO objective: advantages, clip range, KL term, reduction and "
+                                          "knobs (each key is also read flat, train.<key>, as older files write it)")
     ppo: PPOParams = spec(default_factory=PPOParams, doc="algorithm ppo's value head and GAE")
     dpo: DPOParams = spec(default_factory=DPOParams, doc="algorithm online_dpo's preference loss")
-    loss_aggregation: str = spec("token_mean", choices=("token_mean", "sequence_mean", "dr_grpo"),
-                                 aliases=("loss_type",), value_aliases=TRL_LOSS_TYPES,
-                                 doc="how per-token losses are reduced: token_mean (TRL's dapo) over the batch's "
-                                     "answer tokens; sequence_mean (TRL's grpo) of each answer's mean; dr_grpo: "
-                                     "the sum over rows x max_new_tokens, TRL's constant")
-    scale_rewards: str = spec("group", choices=("group", "batch", "none"), doc="advantage std normalisation")
     filter_groups: bool = spec(False, doc="drop groups whose rewards are all equal and sample more prompts")
     max_sample_rounds: int = spec(4, ge=1, doc="sampling rounds per step when filtering groups")
     old_logprobs: str = spec("sampler", choices=("sampler", "learner"),
                              doc="behaviour log-probs: the sampler's (tempered softmax) or the learner's recomputation")
-    importance_sampling_level: str = spec(
-        "token", choices=("token", "sequence", "sequence_token"),
-        doc="the importance ratio the surrogate clips: one per token; sequence (GSPO): one per answer, its "
-            "length-normalised log-ratio; sequence_token (GSPO-token): the sequence ratio, each token's own gradient")
-    sampler_correction: str = spec(
-        "none", choices=("none", "token_truncate", "token_mask", "sequence_truncate", "sequence_mask"),
-        doc="weigh each token's loss by learner / sampler probability at sampling time (needs old_logprobs: "
-            "learner): *_truncate clips the weight into [floor, cap] (TIS), *_mask zeroes it outside (MIS); per "
-            "token or one per answer (its summed log-ratio); none: off")
-    sampler_correction_cap: float = spec(3.0, gt=0, doc="sampler_correction: the weight's upper bound")
-    sampler_correction_floor: float = spec(0.0, ge=0, doc="sampler_correction: the weight's lower bound (0: none)")
-    mask_truncated_completions: bool = spec(False, doc="an answer that used all max_new_tokens without an EOS carries "
-                                            "no loss (its reward still counts in its group's baseline)")
-    overlong_buffer: int = spec(0, ge=0, doc="DAPO's soft overlong penalty: over the last this many tokens of "
-                                "max_new_tokens the reward falls linearly, by overlong_penalty at the limit (0: off)")
-    overlong_penalty: float = spec(1.0, ge=0, doc="overlong_buffer: the penalty at max_new_tokens")
     filter_metric: str = spec("reward", doc="what filter_groups checks for spread: reward (the total) or a reward "
                               "component the env reports (e.g. a correctness bit)")
-    top_entropy_quantile: float = spec(1.0, ge=0, le=1,
-                                       doc="only this top share of answer tokens by entropy carry the policy loss "
-                                           "(1: all; 0: the highest only)")
     sampling: SamplingParams = spec(default_factory=SamplingParams, doc="the group's answers")
     max_new_tokens: int = spec(64, ge=1, aliases=("max_completion_length",), doc="completion length budget")
     seed: int = spec(0, ge=0, doc="seed of sampling and data order")
@@ -252,25 +267,38 @@ class TrainParams:
 
     def __post_init__(self) -> None:
         use_canonical_values(self)
-        if self.sampler_correction != "none" and self.old_logprobs != "learner":
-            raise ParamsError(f"train.sampler_correction={self.sampler_correction!r} weighs the learner's "
-                              "recomputation against the sampler: set train.old_logprobs: learner")
+        objective = self.objective
+        if objective.sampler_correction != "none" and self.old_logprobs != "learner":
+            raise ParamsError(f"train.objective.sampler_correction={objective.sampler_correction!r} weighs the "
+                              "learner's recomputation against the sampler: set train.old_logprobs: learner")
         if self.group_size < 2 and (self.algorithm in GROUP_ALGORITHMS or self.filter_groups):
             # a lone answer is its group's mean: every advantage (or every DPO pair) would be empty
             need = (f"train.algorithm={self.algorithm!r} compares the answers of a group"
                     if self.algorithm in GROUP_ALGORITHMS else "train.filter_groups keeps groups whose answers differ")
             raise ParamsError(f"train.group_size={self.group_size}: {need}, so it needs train.group_size >= 2")
-        if self.overlong_buffer > self.max_new_tokens:
-            raise ParamsError(f"train.overlong_buffer={self.overlong_buffer} is longer than train.max_new_tokens="
-                              f"{self.max_new_tokens}")
+        if objective.overlong_buffer > self.max_new_tokens:
+            raise ParamsError(f"train.objective.overlong_buffer={objective.overlong_buffer} is longer than "
+                              f"train.max_new_tokens={self.max_new_tokens}")
         if self.algorithm in ("ppo", "online_dpo"):
-            changed = [name for name, default in GRPO_LOSS_DEFAULTS.items() if getattr(self, name) != default]
+            changed = [name for name, default in GRPO_LOSS_DEFAULTS.items() if getattr(objective, name) != default]
             if changed:
                 name = changed[0]
-                raise ParamsError(f"train.{name} shapes the GRPO/RLOO loss, which train.algorithm={self.algorithm!r} "
-                                  f"does not use (leave it at {GRPO_LOSS_DEFAULTS[name]!r})")
+                raise ParamsError(f"train.objective.{name} shapes the GRPO/RLOO loss, which train.algorithm="
+                                  f"{self.algorithm!r} does not use (leave it at {GRPO_LOSS_DEFAULTS[name]!r})")
+
+    def __getattr__(self, name: str) -> Any:
+        # Only reached for a name the section lacks. Code written before the objective's keys moved into
+        # train.objective (a plug-in's, a script's) reads them flat: it gets train.objective's value and a warning
+        # naming the new place, rather than an AttributeError in the middle of a run.
+        if name in OBJECTIVE_KEYS:
+            warnings.warn(f"TrainParams.{name} is read from train.objective: use .objective.{name}",
+                          DeprecationWarning, stacklevel=2)
+            return getattr(self.objective, name)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
 
+# The keys of train.objective, which older code reads on the train section itself (TrainParams.__getattr__).
+OBJECTIVE_KEYS = frozenset(f.name for f in fields(ObjectiveParams))
 # The algorithms whose signal is the spread of rewards inside a group of answers to one prompt (PPO's is not: each
 # answer is its own episode against a value head).
 GROUP_ALGORITHMS = ("grpo", "rloo", "online_dpo")

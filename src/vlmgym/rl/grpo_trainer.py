@@ -18,7 +18,7 @@ from vlmgym.params import TrainParams
 from vlmgym.rl import grpo
 from vlmgym.rl.episode_groups import later_turn_micro_batches
 from vlmgym.rl.loop import Policy
-from vlmgym.rl.objective import Objective, combine_figures, step_advantages
+from vlmgym.rl.objective import combine_figures, step_advantages
 from vlmgym.rl.online import OnlineTrainer, Update
 from vlmgym.rl.sampling import Batch
 from vlmgym.rl.trainer_parts import group_observations, in_train_mode, micro_slices
@@ -34,12 +34,13 @@ class GRPOTrainer(OnlineTrainer):
 
     def __init__(self, policy: Policy, env: Env, params: Any, config: TrainParams, checkpoint_dir: str | Path,
                  **options: Any):
-        if config.top_entropy_quantile < 1 and not callable(getattr(policy, "logprobs_and_entropies", None)):
-            raise ValueError(f"train.top_entropy_quantile={config.top_entropy_quantile} ranks tokens by entropy: "
+        quantile = config.objective.top_entropy_quantile
+        if quantile < 1 and not callable(getattr(policy, "logprobs_and_entropies", None)):
+            raise ValueError(f"train.objective.top_entropy_quantile={quantile} ranks tokens by entropy: "
                              f"{type(policy).__name__} has no logprobs_and_entropies(params, batch)")
         # The start policy is held only for the loss's KL term.
         super().__init__(policy, env, params, config, checkpoint_dir, algorithms=("grpo", "rloo"),
-                         reference_of=params if config.beta > 0 else None, **options)
+                         reference_of=params if config.objective.beta > 0 else None, **options)
 
     def postfix(self, metrics: dict[str, float]) -> dict[str, str]:
         return {"reward": f"{metrics['reward_mean']:.3f}", "kl": f"{metrics['approx_kl_behaviour']:.2e}"}
@@ -49,7 +50,7 @@ class GRPOTrainer(OnlineTrainer):
         mask, tokens, sampler_logprobs = batch.mask, batch.tokens, batch.sampler_logprobs
         advantages = step_advantages(batch.rewards, batch.real_rows(c.group_size), c)
         loss_mask = mask
-        if c.mask_truncated_completions:  # their reward still counted in the advantages above
+        if c.objective.mask_truncated_completions:  # their reward still counted in the advantages above
             loss_mask = mask * ~grpo.truncated_rows(tokens, mask, self.policy.eos_ids)[:, None]
         micro_batches = []
         for rows in micro_slices(len(tokens), c.micro_batches):
@@ -61,10 +62,10 @@ class GRPOTrainer(OnlineTrainer):
         # a multi-turn episode's later turns: rows of their own (vlmgym.rl.episode_groups); none in one-turn envs
         later, later_sampler, later_mask = later_turn_micro_batches(
             self.policy, batch.groups, advantages, c.group_size, len(tokens) // c.micro_batches, self.policy.eos_ids,
-            c.mask_truncated_completions, self._micro_extra)
+            c.objective.mask_truncated_completions, self._micro_extra)
         micro_batches += later
         normalizer = jnp.float32(grpo.aggregation_normalizer(np.concatenate([loss_mask, later_mask]),
-                                                             c.loss_aggregation))
+                                                             c.objective.loss_aggregation))
         iterations, first_logprobs = self._iterations(step, micro_batches, normalizer)
         return Update(iterations, first_logprobs, np.concatenate([sampler_logprobs, later_sampler]),
                       np.concatenate([mask, later_mask]) if later else mask)
@@ -75,8 +76,8 @@ class GRPOTrainer(OnlineTrainer):
         c = self.config
         iterations = []
         for iteration in range(c.num_iterations):
-            objective = Objective.of(c, current_as_old=c.old_logprobs == "learner" and iteration == 0)
-            grads, auxes = accumulate(partial(self._gradients, normalizer=normalizer, objective=objective),
+            current_as_old = c.old_logprobs == "learner" and iteration == 0
+            grads, auxes = accumulate(partial(self._gradients, normalizer=normalizer, current_as_old=current_as_old),
                                       in_train_mode(micro_batches, self.adapters, step, iteration))
             self.params, self.opt_state, stats = apply_update(self.params, self.opt_state, grads,
                                                               optimizer=self.optimizer, compiles=self.compiles)
@@ -85,19 +86,19 @@ class GRPOTrainer(OnlineTrainer):
                 if c.old_logprobs == "learner":
                     for micro, aux in zip(micro_batches, auxes):
                         micro["behaviour"] = aux["logprobs"]
-            iterations.append({**combine_figures(auxes, with_kl=c.beta > 0),
+            iterations.append({**combine_figures(auxes, with_kl=c.objective.beta > 0),
                                **{k: float(v) for k, v in jax.device_get(stats).items()}})
         return iterations, first_logprobs
 
-    def _gradients(self, micro: dict, normalizer: jax.Array, objective: Objective) -> tuple:
+    def _gradients(self, micro: dict, normalizer: jax.Array, current_as_old: bool) -> tuple:
         return grpo_gradients(self.params, micro, normalizer, policy=self.policy, optimizer=self.optimizer,
-                              objective=objective, compiles=self.compiles)
+                              objective=self.config.objective, compiles=self.compiles, current_as_old=current_as_old)
 
     def _micro_extra(self, micro: dict) -> dict:
         """What a micro-batch needs beyond its rows: the sampler's log-probs for the sampler correction, the
         reference policy's for the KL term."""
         out = {}
-        if self.config.sampler_correction != "none":
+        if self.config.objective.sampler_correction != "none":
             out["sampler"] = micro["sampler_logprobs"]
         if self.reference() is not None:
             out["reference"] = policy_logprobs(self.reference(), micro["batch"], policy=self.policy,

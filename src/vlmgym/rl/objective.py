@@ -1,15 +1,16 @@
 """An RL step, part 2: the GRPO/RLOO objective, stated once. To change the GRPO loss, edit this module.
 
-`Objective` holds the loss's static settings (read from the `train` section in one place, `Objective.of`),
-`group_advantages` scores each answer against its group, `micro_loss` is the loss of one micro-batch (what TRL's
-GRPOTrainer calls `_compute_loss`), and the figure tables say how each of the loss's figures combines over
-micro-batches and iterations. The clipped surrogate's per-token arithmetic is vlmgym.rl.grpo.grpo_loss (PPO's
-policy loss too); sampling is vlmgym.rl.sampling, the jitted gradient and optimizer step vlmgym.rl.update.
+Its settings are the params section train.objective (vlmgym.params.ObjectiveParams), which the jitted step takes
+whole as a static argument; `group_advantages` scores each answer against its group, `micro_loss` is the loss of one
+micro-batch (what TRL's GRPOTrainer calls `_compute_loss`), and the figure tables say how each of the loss's figures
+combines over micro-batches and iterations. The clipped surrogate's per-token arithmetic is
+vlmgym.rl.grpo.grpo_loss (PPO's policy loss too); sampling is vlmgym.rl.sampling, the jitted gradient and optimizer
+step vlmgym.rl.update.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import warnings
 from functools import partial
 from typing import Any
 
@@ -17,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from vlmgym.params import TrainParams
+from vlmgym.params import ObjectiveParams, TrainParams
 from vlmgym.rl import grpo
 from vlmgym.rl.loop import Policy
 from vlmgym.rl.trainer_parts import scalar_figures
@@ -34,28 +35,16 @@ LAST_ITERATION = ("clip_fraction_low", "clip_fraction_high", "approx_kl_behaviou
                   "ratio_min")
 
 
-@dataclass(frozen=True)
-class Objective:
-    """The GRPO loss's static settings: a hashable static argument of the jitted gradient step."""
-
-    epsilon: float
-    epsilon_high: float
-    aggregation: str
-    beta: float
-    current_as_old: bool  # behaviour log-probs = this forward's own (stop-gradient) log-probs: ratio exactly 1
-    importance_sampling_level: str = "token"  # token, sequence (GSPO), sequence_token
-    sampler_correction: str = "none"  # none, or a grpo.SAMPLER_CORRECTIONS mode (micro["sampler"]: its log-probs)
-    sampler_correction_cap: float = 3.0
-    sampler_correction_floor: float = 0.0
-    top_entropy_quantile: float = 1.0  # < 1: only that top share of tokens by entropy carry the policy loss
-
-    @classmethod
-    def of(cls, c: TrainParams, current_as_old: bool = False) -> Objective:
-        """The objective a `train` section configures."""
-        return cls(epsilon=c.epsilon, epsilon_high=c.epsilon_high, aggregation=c.loss_aggregation, beta=c.beta,
-                   current_as_old=current_as_old, importance_sampling_level=c.importance_sampling_level,
-                   sampler_correction=c.sampler_correction, sampler_correction_cap=c.sampler_correction_cap,
-                   sampler_correction_floor=c.sampler_correction_floor, top_entropy_quantile=c.top_entropy_quantile)
+def Objective(*, epsilon: float, epsilon_high: float, aggregation: str, beta: float, current_as_old: bool = False,
+              **knobs: Any) -> ObjectiveParams:
+    """The loss's settings from the keywords of the frozen `Objective` this module held before they became the params
+    section train.objective, for callers still written against it; warns. Build an ObjectiveParams instead (its
+    loss_aggregation is `aggregation` here) and give grpo_gradients `current_as_old` itself."""
+    warnings.warn("vlmgym.rl.objective.Objective is deprecated: pass ObjectiveParams(...) as grpo_gradients' "
+                  "objective, and current_as_old on its own", DeprecationWarning, stacklevel=2)
+    if current_as_old:  # no setting of the section: dropping it would silently change the loss
+        raise TypeError("current_as_old is grpo_gradients' own argument now: pass it there")
+    return ObjectiveParams(epsilon=epsilon, epsilon_high=epsilon_high, loss_aggregation=aggregation, beta=beta, **knobs)
 
 
 @partial(jax.jit, static_argnames=("group_size", "scale_rewards", "eps", "leave_one_out"))
@@ -88,26 +77,29 @@ def group_advantages(rewards: jax.Array, group_size: int, scale_rewards: str = "
     return centred.reshape(-1)
 
 
-def micro_loss(params: Any, micro: dict, normalizer: jax.Array, policy: Policy,
-               objective: Objective) -> tuple[jax.Array, dict]:
+def micro_loss(params: Any, micro: dict, normalizer: jax.Array, policy: Policy, objective: ObjectiveParams,
+               current_as_old: bool = False) -> tuple[jax.Array, dict]:
     """The GRPO loss of one micro-batch (normalised by the whole batch's divisor) and its figures as sums.
 
     micro: "batch" (the learner's input), "mask" [rows, len] (the tokens that carry the loss), "advantages" [rows],
     "behaviour" [rows, len] (the log-probs the ratio is taken against), and "sampler" (the sampler's log-probs, with
-    a sampler correction) and "reference" (the start policy's, with beta > 0)."""
+    a sampler correction) and "reference" (the start policy's, with beta > 0).
+    current_as_old: the behaviour log-probs are this forward's own (stop-gradient) instead of micro["behaviour"], so
+    every ratio is exactly 1 (the first update with train.old_logprobs: learner, whose forward is the recomputation).
+    """
     if objective.top_entropy_quantile < 1.0:
         logprobs, entropies = policy.logprobs_and_entropies(params, micro["batch"])
         keep = grpo.high_entropy_mask(jax.lax.stop_gradient(entropies), micro["mask"],
                                       objective.top_entropy_quantile)
     else:
         logprobs, keep = policy.logprobs(params, micro["batch"]), None
-    behaviour = jax.lax.stop_gradient(logprobs) if objective.current_as_old else micro["behaviour"]
+    behaviour = jax.lax.stop_gradient(logprobs) if current_as_old else micro["behaviour"]
     weights, weight_figures = _sampler_weights(behaviour, micro, objective)
     if keep is not None:
         weights = keep if weights is None else weights * keep
         weight_figures["entropy_kept"] = keep.sum()
     out = grpo.grpo_loss(logprobs, behaviour, micro["advantages"], micro["mask"], epsilon=objective.epsilon,
-                         epsilon_high=objective.epsilon_high, aggregation=objective.aggregation,
+                         epsilon_high=objective.epsilon_high, aggregation=objective.loss_aggregation,
                          beta=objective.beta, reference_logprobs=micro.get("reference"), normalizer=normalizer,
                          importance_sampling_level=objective.importance_sampling_level, token_weights=weights)
     tokens = micro["mask"].astype(jnp.float32).sum()
@@ -115,7 +107,7 @@ def micro_loss(params: Any, micro: dict, normalizer: jax.Array, policy: Policy,
                       **loss_figures(out, tokens)}
 
 
-def _sampler_weights(behaviour: jax.Array, micro: dict, objective: Objective) -> tuple[jax.Array | None, dict]:
+def _sampler_weights(behaviour: jax.Array, micro: dict, objective: ObjectiveParams) -> tuple[jax.Array | None, dict]:
     """The sampler-correction weights (None when off) and their figures as sums over active tokens."""
     if objective.sampler_correction == "none":
         return None, {}
@@ -154,6 +146,6 @@ def step_advantages(rewards: np.ndarray, real: np.ndarray, c: TrainParams) -> np
     """Each row's advantage (GRPO's group baseline, RLOO's leave-one-out one); a padding group's rows get 0 (their
     mask is 0 too)."""
     advantages = np.zeros(len(rewards), np.float32)
-    advantages[real] = np.asarray(group_advantages(rewards[real], c.group_size, c.scale_rewards,
+    advantages[real] = np.asarray(group_advantages(rewards[real], c.group_size, c.objective.scale_rewards,
                                                    leave_one_out=c.algorithm == "rloo"))
     return advantages

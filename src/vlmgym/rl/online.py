@@ -102,7 +102,7 @@ class OnlineTrainer(TrainingLoop):
         """The step's figures: rewards of everything sampled, the update's, and the first learner forward's over
         the rows it trained."""
         c = self.config
-        out = {**sampled_figures(batch, self.policy.eos_ids, bool(c.overlong_buffer)),
+        out = {**sampled_figures(batch, self.policy.eos_ids, bool(c.objective.overlong_buffer)),
                **iteration_figures(update.iterations)}
         statistics = behaviour_statistics(update.first_logprobs, update.sampler_logprobs, update.mask)
         out.update({k: float(v) for k, v in jax.device_get(statistics).items()})

@@ -112,7 +112,7 @@ class Qwen3VLLearner:
 
     def logprobs_and_entropies(self, params: Any, batch: dict) -> tuple[jax.Array, jax.Array]:
         """`logprobs` and each position's entropy of the same tempered softmax [batch, max_new_tokens] (0 where
-        masked): what train.top_entropy_quantile ranks tokens by."""
+        masked): what train.objective.top_entropy_quantile ranks tokens by."""
         return self._score(params, batch, with_features=False, with_entropy=True)
 
     def _score(self, params: Any, batch: dict, with_features: bool, with_entropy: bool = False) -> Any:

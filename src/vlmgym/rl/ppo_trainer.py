@@ -87,9 +87,9 @@ class PPOTrainer(OnlineTrainer):
 
     def __init__(self, policy: Policy, env: Env, params: Any, config: TrainParams, checkpoint_dir: str | Path,
                  **options: Any):
-        if config.beta > 0:
-            raise ValueError("train.beta is GRPO's KL term in the loss; PPO's KL to the start policy is in the "
-                             "reward: set train.ppo.kl_coef instead")
+        if config.objective.beta > 0:
+            raise ValueError("train.objective.beta is GRPO's KL term in the loss; PPO's KL to the start policy is in "
+                             "the reward: set train.ppo.kl_coef instead")
         if max_turns(env) > 1:
             raise ValueError(f"train.algorithm {config.algorithm!r} trains one-turn answers; env {env.name!r} runs "
                              f"episodes of up to {env.max_turns} turns: train them with grpo, rloo or dpo")
@@ -98,8 +98,8 @@ class PPOTrainer(OnlineTrainer):
         # The start policy is held only for the reward's KL penalty.
         super().__init__(policy, env, combined, config, checkpoint_dir, algorithms=("ppo",),
                          reference_of=params if config.ppo.kl_coef > 0 else None, **options)
-        self.settings = PPOSettings(epsilon=config.epsilon, epsilon_high=config.epsilon_high,
-                                    aggregation=config.loss_aggregation, vf_coef=config.ppo.vf_coef,
+        self.settings = PPOSettings(epsilon=config.objective.epsilon, epsilon_high=config.objective.epsilon_high,
+                                    aggregation=config.objective.loss_aggregation, vf_coef=config.ppo.vf_coef,
                                     cliprange_value=config.ppo.cliprange_value,
                                     detached=config.ppo.critic == "detached")
 
@@ -135,7 +135,7 @@ class PPOTrainer(OnlineTrainer):
         for micro, rows in zip(micro_batches, slices):
             micro.update(behaviour=behaviour[rows], advantages=whitened[rows].astype(np.float32),
                          returns=returns[rows].astype(np.float32), old_values=old_values[rows].astype(np.float32))
-        normalizer = jnp.float32(grpo.aggregation_normalizer(mask, c.loss_aggregation))
+        normalizer = jnp.float32(grpo.aggregation_normalizer(mask, c.objective.loss_aggregation))
         figures = _value_figures(old_values, returns, mask)
         if reference_logprobs is not None:
             figures["kl_to_reference"] = float(((behaviour - reference_logprobs) * mask).sum() / max(mask.sum(), 1.0))

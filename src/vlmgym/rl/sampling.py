@@ -110,12 +110,12 @@ class Batch:
 
 class Sampler:
     """Each step's batch: the next prompts in a resumable seeded order (`data`), group_size answers each, scored,
-    with train.filter_groups' extra rounds and train.overlong_buffer's penalty."""
+    with train.filter_groups' extra rounds and train.objective.overlong_buffer's penalty."""
 
     def __init__(self, policy: Policy, env: Env, config: TrainParams):
-        if max_turns(env) > 1 and (config.overlong_buffer or distributed.count() > 1):
+        if max_turns(env) > 1 and (config.objective.overlong_buffer or distributed.count() > 1):
             raise ValueError(f"train: env {env.name!r} runs episodes of up to {env.max_turns} turns, which "
-                             "train.overlong_buffer and training over several processes do not support yet")
+                             "train.objective.overlong_buffer and training over several processes do not support yet")
         self.policy, self.env, self.config = policy, env, config
         self.data = DataOrder(len(env), config.seed)
         self.prefetch = ResetPrefetcher(env, getattr(policy, "prepare_ahead", None))
@@ -161,7 +161,7 @@ class Sampler:
             groups, tokens = self._answers(params, indices, resets, rng, first)
         sampled.rollout_time += time.perf_counter() - started
         sampled.tokens += tokens
-        if c.overlong_buffer:
+        if c.objective.overlong_buffer:
             penalties = [overlong_penalties(c, group.mask) for group in groups]
             groups = [replace(group, rewards=group.rewards + penalty) for group, penalty in zip(groups, penalties)]
             for penalty in penalties:
@@ -234,7 +234,7 @@ def gathered(local: Batch) -> Batch:
               for name in ("tokens", "mask", "logprobs", "rewards")}
     rewards = {name: distributed.gather_rows(np.asarray(getattr(mine, name), np.float64))
                for name in ("rewards", "final_rewards")}
-    # Only with train.overlong_buffer on (the same on every process): no collective for an empty list.
+    # Only with train.objective.overlong_buffer on (the same on every process): no collective for an empty list.
     penalty = (distributed.gather_rows(np.asarray(mine.overlong_penalty, np.float64)) if mine.overlong_penalty
                else np.zeros(0))
     counts = {"groups": mine.groups, "zero_std_groups": mine.zero_std_groups, "tokens": mine.tokens,
@@ -255,9 +255,10 @@ def gathered(local: Batch) -> Batch:
 
 
 def overlong_penalties(config: TrainParams, mask: np.ndarray) -> np.ndarray:
-    """Each answer's soft overlong penalty (train.overlong_buffer), by its length in tokens."""
-    return grpo.soft_overlong_penalty(np.asarray(mask).sum(axis=1), config.max_new_tokens, config.overlong_buffer,
-                                      config.overlong_penalty)
+    """Each answer's soft overlong penalty (train.objective.overlong_buffer), by its length in tokens."""
+    objective = config.objective
+    return grpo.soft_overlong_penalty(np.asarray(mask).sum(axis=1), config.max_new_tokens, objective.overlong_buffer,
+                                      objective.overlong_penalty)
 
 
 def filter_values(metric: str, group: Group) -> np.ndarray:

@@ -13,21 +13,23 @@ import jax.numpy as jnp
 import numpy as np
 
 from vlmgym.models.qwen3_vl import lora
+from vlmgym.params import ObjectiveParams
 from vlmgym.rl import dpo, grpo
 from vlmgym.rl.loop import CompileCounter, Policy
-from vlmgym.rl.objective import Objective, micro_loss
+from vlmgym.rl.objective import micro_loss
 from vlmgym.rl.optim import Optimizer
 from vlmgym.rl.sft import sft_loss_from_logprobs
 from vlmgym.runtime import distributed
 
 
-@partial(jax.jit, static_argnames=("policy", "optimizer", "objective", "compiles"))
+@partial(jax.jit, static_argnames=("policy", "optimizer", "objective", "compiles", "current_as_old"))
 def grpo_gradients(params: Any, micro: dict, normalizer: jax.Array, *, policy: Policy, optimizer: Optimizer,
-                   objective: Objective, compiles: CompileCounter) -> tuple[jax.Array, Any, dict]:
-    """GRPO loss (vlmgym.rl.objective.micro_loss), fp32 gradients and figures of one micro-batch (normalised by the
-    whole batch's divisor)."""
+                   objective: ObjectiveParams, compiles: CompileCounter,
+                   current_as_old: bool = False) -> tuple[jax.Array, Any, dict]:
+    """GRPO loss (vlmgym.rl.objective.micro_loss, with train.objective's settings and its current_as_old), fp32
+    gradients and figures of one micro-batch (normalised by the whole batch's divisor)."""
     compiles.traced("grpo_gradients")
-    return fp32_gradients(micro_loss, params, micro, normalizer, optimizer, policy, objective)
+    return fp32_gradients(micro_loss, params, micro, normalizer, optimizer, policy, objective, current_as_old)
 
 
 def fp32_gradients(loss_fn: Callable, params: Any, micro: dict, normalizer: jax.Array, optimizer: Optimizer,
