@@ -32,6 +32,8 @@ STAGE_SCRIPT = textwrap.dedent(
         src = Path(sys.argv[2]) if len(sys.argv) > 2 else None
         text = src.read_text() if src else "seed"
         Path(f"{name}.out").write_text(text + "+" + name)
+        if name == "first":
+            Path("first.json").write_text('{"chars": %d}' % len(text))
         run.log_metrics({"chars": len(text), "bad": "not-a-number"})
     """
 )
@@ -44,6 +46,9 @@ def make_repo(tmp_path: Path) -> Path:
     (repo / "params.yaml").write_text("data:\n  seed: 3\ntracking:\n  experiment: unit\nsft:\n  mesh: [1, 2]\n")
     (repo / "data").mkdir()
     (repo / "data" / "words.txt").write_text("hello\n")
+    # A metrics file a DVC stage writes, committed as a finished run leaves it: DVC deletes it before it runs the
+    # stage, which git sees as a change.
+    (repo / "first.json").write_text('{"chars": 4}')
     (repo / "dvc.yaml").write_text(textwrap.dedent(
         """
         stages:
@@ -52,6 +57,9 @@ def make_repo(tmp_path: Path) -> Path:
             deps: [stage.py, data/words.txt]
             params: [data.seed]
             outs: [first.out]
+            metrics:
+              - first.json:
+                  cache: false
           second:
             cmd: python stage.py second first.out
             deps: [stage.py, first.out]
@@ -111,6 +119,10 @@ def test_one_parent_run_holds_the_pipeline(repro):
     # The parent's writer is the dvc process, which has exited, so a later stage would close it if it had
     # been left RUNNING; the stage runs' writers are the stage processes.
     assert parent.data.tags["vlmgym.writer"] not in {r.data.tags["vlmgym.writer"] for r in stages}
+    # It names the run of each stage, both rerun here.
+    by_stage = {r.data.tags["vlmgym.stage"]: r.info.run_id for r in stages}
+    assert {stage: parent.data.tags[pipeline_run.STAGE_RUN_TAG + stage] for stage in by_stage} == by_stage
+    assert {parent.data.tags[pipeline_run.STAGE_CACHED_TAG + stage] for stage in by_stage} == {"false"}
     # The pipeline's parents, as docs/pipeline.md queries them.
     import mlflow
 
@@ -134,7 +146,10 @@ def test_lineage_tags(repro):
     by_stage = {r.data.tags["vlmgym.stage"]: r.data.tags for r in _stage_runs(runs)}
     commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True).stdout.strip()
     assert by_stage["first"]["git.commit"] == commit
-    assert by_stage["first"]["git.dirty"] in ("true", "false")
+    # DVC deleted the committed first.json before the first stage and wrote dvc.lock and a .gitignore before the
+    # second: the pipeline's own files, so a clean checkout is clean in both.
+    assert (by_stage["first"]["git.dirty"], by_stage["second"]["git.dirty"]) == ("false", "false")
+    assert "first.json" in subprocess.run(["git", "ls-files"], cwd=repo, capture_output=True, text=True).stdout
     # Both stages of one `dvc repro` share a pipeline id, and it names the dvc process.
     assert by_stage["first"]["vlmgym.pipeline_id"] == by_stage["second"]["vlmgym.pipeline_id"]
     assert by_stage["first"]["vlmgym.pipeline_id"].startswith("dvc-")
@@ -254,9 +269,18 @@ def test_a_queued_experiment_is_one_parent_run_in_the_repository_store(tmp_path)
     assert parent.data.params["data.seed"] == "5"  # the copy's params, not the repository's
     stages = _stage_runs(runs)
     assert sorted(r.info.run_name for r in stages) == ["queued5/first", "queued5/second"]
+    baseline = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True).stdout.strip()
+    identity = {"dvc.exp_name": "queued5", "dvc.exp_baseline_rev": baseline, "git.commit": baseline,
+                "dvc.exp_ref": f"refs/exps/{baseline[:2]}/{baseline[2:]}/queued5"}
+    # the ref DVC committed the experiment to
+    assert subprocess.run(["git", "show-ref", "--verify", identity["dvc.exp_ref"]], cwd=repo).returncode == 0
+    assert {key: parent.data.tags[key] for key in identity} == identity
     for run in stages:
         assert run.data.tags[pipeline_run.PARENT_TAG] == parent.info.run_id and run.data.params["seed"] == "5"
         assert f"dvc.out.{run.data.tags['vlmgym.stage']}.out" in run.data.tags
+        assert {key: run.data.tags[key] for key in identity} == identity
+        # what differs from the baseline is the experiment's -S change alone (not DVC's writes in the copy)
+        assert (run.data.tags["git.dirty"], run.data.tags["git.changed"]) == ("true", "params.yaml")
     assert not list((repo / ".dvc" / "tmp").rglob("mlflow.db"))
 
 

@@ -1,17 +1,22 @@
 """MLflow tracking: one run per stage, with params, metrics, artifacts and lineage.
 
 Lineage tags let any result be traced back: the stage name, the git commit and
-whether the tree was dirty, the DVC hashes (computed the way DVC computes them)
-of the stage's dependencies and outputs as listed in dvc.yaml, and a pipeline
-id shared by every stage run of one `dvc repro` / `dvc exp run` (plus the DVC
-experiment name when there is one).
+whether the tree was dirty (git_state), the DVC hashes (computed the way DVC
+computes them) of the stage's dependencies and outputs as listed in dvc.yaml,
+and a pipeline id shared by every stage run of one `dvc repro` / `dvc exp run`
+(plus, under `dvc exp run`, the experiment's name, baseline and git ref:
+experiment_tags).
 """
 
 from __future__ import annotations
 
 import contextlib
+import fnmatch
+import glob
 import json
 import os
+import posixpath
+import re
 import subprocess
 import sys
 import tempfile
@@ -117,19 +122,128 @@ def check_reachable(uri: str, timeout_s: float) -> None:
                          "the local store (mlflow.db)") from None
 
 
+GIT_CHANGED_SHOWN = 20  # paths named in the git.changed tag; more are counted
+# What DVC writes in a repository while it runs a pipeline, besides the stages' outputs: each dvc.lock (rewritten
+# and, with core.autostage, staged after every stage) and its temporary folder (a queued experiment's arguments
+# file is committed into the experiment's stash and removed from the copy as the run starts).
+DVC_WRITES = ("dvc.lock",)
+DVC_TMP = ".dvc/tmp/"
+
+
+def _placeholder_glob(path: str) -> str:
+    """A dvc.yaml path as an fnmatch pattern: a matrix or foreach stage's `${...}` placeholders match anything."""
+    return "*".join(glob.escape(part) for part in re.split(r"\$\{[^}]*\}", path))
+
+
+def pipeline_outputs(root: Path, dvc_files: list[str]) -> list[str]:
+    """fnmatch patterns of every output (outs, metrics, plots, top-level plots' files) of the given dvc.yaml files
+    (paths from `root`)."""
+    patterns = []
+    for name in dvc_files:
+        dvc_yaml = root / name
+        try:
+            stages = pipeline_run.dvc_file_stages(dvc_yaml, root)
+            plots = pipeline_run.top_level_plots(dvc_yaml, root)
+        except (OSError, yaml.YAMLError, AttributeError, TypeError, StopIteration):
+            # A dvc.yaml that is gone or that DVC could not read either owns no files: what it names counts as changed
+            continue
+        patterns.extend(out for spec in stages.values() for out in spec["outs"])
+        patterns.extend(plots)
+    return [_placeholder_glob(p) for p in patterns]
+
+
+def _matches(path: str, patterns: list[str]) -> bool:
+    """Whether `path` is one of the outputs or lies inside one (a folder output)."""
+    return any(fnmatch.fnmatchcase(path, p) or fnmatch.fnmatchcase(path, p + "/*") for p in patterns)
+
+
 def git_state(root: Path | None = None) -> dict[str, str]:
-    """The commit and whether tracked files differ from it ('unknown' outside git)."""
+    """The commit checked out (`git.commit`) and whether tracked files other than the pipeline's own differ from it
+    (`git.dirty`, and `git.changed`: those files, empty when none); 'unknown' outside git.
+
+    The pipeline's own files are what DVC rewrites while a pipeline runs, so a stage that starts after others
+    would otherwise see a clean checkout as dirty: every output of every dvc.yaml in the repository (DVC deletes
+    a stage's outputs before it runs it, and its git-tracked metrics and plots are rewritten), each dvc.lock, DVC's
+    .dvc/tmp/, and the lines DVC adds to a .gitignore for an output beside it. Under `dvc exp run` the commit is the
+    experiment's baseline, and the experiment's own changes (its `-S` params) count: experiment_tags names where
+    DVC records them."""
     root = root or Path.cwd()
 
     def git(*args: str) -> str:
-        return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, check=True).stdout.strip()
+        return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, check=True).stdout
 
     try:
-        commit = git("rev-parse", "HEAD")
-        dirty = bool(git("status", "--porcelain", "--untracked-files=no"))
+        commit, prefix = (git("rev-parse", "HEAD", "--show-prefix").split("\n") + [""])[:2]
+        # -z: paths as they are (no quoting), a rename's old path after its new one
+        status = git("status", "--porcelain=v1", "-z", "--untracked-files=no").split("\0")
     except (subprocess.CalledProcessError, FileNotFoundError):
         return {"git.commit": "unknown", "git.dirty": "unknown"}
-    return {"git.commit": commit, "git.dirty": str(dirty).lower()}
+    paths, fields = [], iter(status)
+    for entry in fields:
+        if not entry:
+            continue
+        paths.append(entry[3:])
+        if entry[0] in "RC":
+            paths.append(next(fields, ""))
+    changed = sorted({p for p in paths if p} - _pipeline_owned(root, prefix, {p for p in paths if p}, git))
+    shown = ", ".join(changed[:GIT_CHANGED_SHOWN])
+    if len(changed) > GIT_CHANGED_SHOWN:
+        shown += f" (and {len(changed) - GIT_CHANGED_SHOWN} more)"
+    # git.changed is set even when empty: a continued run's tags are set again, and must not keep an old list.
+    return {"git.commit": commit.strip(), "git.dirty": str(bool(changed)).lower(), "git.changed": shown}
+
+
+def _pipeline_owned(root: Path, prefix: str, paths: set[str], git: Any) -> set[str]:
+    """Those of `paths` (from the git top level, which is `prefix` above `root`) that the pipeline owns
+    (git_state)."""
+    if not paths:
+        return set()
+    dvc_files = [p[len(prefix):] for p in git("ls-files", "-z", "--full-name", "--", ":(glob)**/dvc.yaml")
+                 .split("\0") if p and p.startswith(prefix)]
+    patterns = pipeline_outputs(root, sorted(set(dvc_files) | {"dvc.yaml"}))
+    owned = set()
+    for path in paths:
+        if not path.startswith(prefix):
+            continue  # outside the DVC project
+        local = path[len(prefix):]
+        name = posixpath.basename(local)
+        if name in DVC_WRITES or local.startswith(DVC_TMP) or _matches(local, patterns) or \
+                (name == ".gitignore" and _dvc_ignore_lines_only(root, path, local, patterns, git)):
+            owned.add(path)
+    return owned
+
+
+def _dvc_ignore_lines_only(root: Path, path: str, local: str, patterns: list[str], git: Any) -> bool:
+    """Whether a .gitignore differs from the commit's only by the lines DVC writes for outputs in its folder
+    (`/<name>`, one per output it keeps out of git)."""
+    try:
+        before = git("show", f"HEAD:{path}")
+    except subprocess.CalledProcessError:
+        before = ""  # new since the commit
+    file = root / local
+    after = file.read_text() if file.exists() else ""
+    folder = posixpath.dirname(local)
+    lines = {line.strip() for line in set(before.splitlines()) ^ set(after.splitlines())} - {""}
+    return all(line.startswith("/") and _matches(posixpath.join(folder, line[1:]), patterns) for line in lines)
+
+
+EXPS_REFS = "refs/exps"  # where DVC keeps experiments' commits (dvc.repo.experiments.refs.ExpRefInfo)
+
+
+def experiment_tags() -> dict[str, str]:
+    """Under `dvc exp run` (DVC_EXP_NAME and DVC_EXP_BASELINE_REV, which DVC sets for an experiment's stages), the
+    experiment's identity: `dvc.exp_name`, `dvc.exp_baseline_rev` (the commit it started from, which git.commit
+    also names) and `dvc.exp_ref`, the git ref DVC commits the experiment to when it finishes (its params and
+    dvc.lock; `dvc exp show`, `git show <ref>`). Empty outside an experiment."""
+    name, baseline = os.environ.get("DVC_EXP_NAME", ""), os.environ.get("DVC_EXP_BASELINE_REV", "")
+    tags = {}
+    if name:
+        tags["dvc.exp_name"] = name
+    if baseline:
+        tags["dvc.exp_baseline_rev"] = baseline
+    if name and baseline:
+        tags["dvc.exp_ref"] = f"{EXPS_REFS}/{baseline[:2]}/{baseline[2:]}/{name}"
+    return tags
 
 
 def dvc_hash(path: str | Path) -> str | None:
@@ -148,16 +262,8 @@ def dvc_hash(path: str | Path) -> str | None:
 
 
 def stage_paths(stage: str, root: Path) -> dict[str, list[str]]:
-    """The deps and outs that dvc.yaml lists for a stage (empty when not a DVC stage)."""
-    dvc_yaml = root / "dvc.yaml"
-    if not dvc_yaml.exists():
-        return {"deps": [], "outs": []}
-    spec = (yaml.safe_load(dvc_yaml.read_text()) or {}).get("stages", {}).get(stage, {})
-
-    def names(entries: list) -> list[str]:
-        return [e if isinstance(e, str) else next(iter(e)) for e in entries or []]
-
-    return {"deps": names(spec.get("deps")), "outs": names(spec.get("outs")) + names(spec.get("metrics"))}
+    """The deps and outs (with metrics and plots) that dvc.yaml lists for a stage (empty when not a DVC stage)."""
+    return pipeline_run.dvc_stages(root).get(stage, {"deps": [], "outs": []})
 
 
 def _hash_tags(kind: str, paths: list[str], root: Path, hasher: Any = dvc_hash) -> dict[str, str]:
@@ -257,7 +363,8 @@ class StageRun:
 
     def lineage(self, path: str | Path) -> dict[str, str]:
         """Tags tracing an output back to this run: its DVC hash, the git state, the pipeline and the run."""
-        keep = ("git.commit", "git.dirty", "vlmgym.pipeline_id", "dvc.exp_name", "vlmgym.stage")
+        keep = ("git.commit", "git.dirty", "git.changed", "vlmgym.pipeline_id", "dvc.exp_name", "dvc.exp_ref",
+                "dvc.exp_baseline_rev", "vlmgym.stage")
         tags = {key: self.tags[key] for key in keep if key in self.tags}
         return {**tags, "vlmgym.path": str(path), "dvc.hash": self.output_hash(path) or "missing",
                 "vlmgym.run_id": self.run_id}
@@ -267,6 +374,32 @@ class StageRun:
         clean = finite_metrics(metrics)
         if self.parent_id and clean:
             self._queue("metrics", run_id=self.parent_id, step=0, timestamp=_now_ms(), values=clean)
+
+    def link_pipeline(self, links: pipeline_run.Links) -> None:
+        """Put a stage's references to the pipeline's stages on the parent run (pipeline_run.stage_links), and the
+        curves of the stages DVC did not rerun."""
+        if not self.parent_id:
+            return
+        for stage, path, digest in links.curves:
+            self.copy_curve(stage, path, digest)
+        if links.tags:
+            self._queue("tags", run_id=self.parent_id, values=links.tags)
+
+    def copy_curve(self, stage: str, path: Path, digest: str | None) -> None:
+        """Copy a training stage's curve file onto the parent run, each step's figures under `<stage>/` at their
+        step, then tag which file it was (after the figures: a later stage that finds the tag finds them too)."""
+        if not self.parent_id or not path.exists():
+            return
+        try:
+            curve = pipeline_run.read_curve(path)
+        except (OSError, ValueError) as err:  # a copy for the parent's table: never a reason to fail the stage
+            print(f"vlmgym: {stage}'s curve is not copied onto the pipeline's parent run: {err}", file=sys.stderr,
+                  flush=True)
+            return
+        now = _now_ms()
+        for step, values in pipeline_run.parent_curve(stage, curve):
+            self._queue("metrics", run_id=self.parent_id, step=step, timestamp=now, values=values)
+        self._queue("tags", run_id=self.parent_id, values={pipeline_run.STAGE_CURVE_TAG + stage: digest or "missing"})
 
     def log_artifact(self, path: str | Path, artifact_path: str | None = None) -> None:
         """Queue a file or folder (copied into the spool now, so a temporary may go away)."""
@@ -358,6 +491,30 @@ class StageRun:
         return sent
 
 
+def _root_pipeline_stage(stage: str, root: Path) -> bool:
+    """Whether DVC runs `stage` from the dvc.yaml at `root`: DVC_STAGE (which DVC sets for a stage's command) is
+    the bare stage name for that file's stages and `<dvc.yaml path>:<stage>` for another's. Outside DVC it is
+    unset, and the stage counts as the pipeline's own."""
+    addressing = os.environ.get("DVC_STAGE")
+    if addressing is None or addressing == stage:
+        return True
+    file, _, name = addressing.rpartition(":")
+    return name == stage and (Path.cwd() / file).resolve() == (root / "dvc.yaml").resolve()
+
+
+def _stage_links(client: Any, experiment_id: str, parent: str, stage: str, run_id: str,
+                 root: Path) -> pipeline_run.Links:
+    """pipeline_run.stage_links, or none with a warning: the references are lineage, never a reason to stop the
+    stage's work (the server answered a moment ago, but a dvc.lock being rewritten or a search may still fail)."""
+    try:
+        return pipeline_run.stage_links(client, experiment_id, parent, stage, run_id, root, hasher=dvc_hash)
+    except Exception as err:
+        print(f"vlmgym: {stage}: the pipeline's parent run {parent} gets no references to the other stages "
+              f"({type(err).__name__}: {str(err).splitlines()[0][:200] if str(err) else ''})", file=sys.stderr,
+              flush=True)
+        return pipeline_run.Links()
+
+
 @contextlib.contextmanager
 def stage_run(stage: str, params: Any = None, *, experiment: str | None = None,
               extra_params: Mapping[str, Any] | None = None,
@@ -399,16 +556,17 @@ def stage_run(stage: str, params: Any = None, *, experiment: str | None = None,
     experiment_id = open_experiment(uri, experiment or tracking_cfg.experiment)
 
     exp_name = os.environ.get("DVC_EXP_NAME", "")
+    # A stage of the repository's dvc.yaml: its parent run gets references to the whole pipeline and the training
+    # stages' curves (a study's stages run the same scripts from their own dvc.yaml, which the parent is not).
+    whole_pipeline = paths is None and group is None and _root_pipeline_stage(stage, root)
     paths = dict(paths) if paths is not None else stage_paths(stage, root)
-    pipeline, git = pipeline_id(), git_state(root)
+    pipeline, git = pipeline_id(), {**git_state(root), **experiment_tags()}
     tags = {
-        "vlmgym.stage": stage,
+        pipeline_run.STAGE_TAG: stage,
         "vlmgym.pipeline_id": pipeline,
         **git,
         **(dep_tags := _hash_tags("dep", paths["deps"], root)),
     }
-    if exp_name:
-        tags["dvc.exp_name"] = exp_name
     run_name = f"{exp_name}/{stage}" if exp_name else stage
     client = mlflow.tracking.MlflowClient()
     run_recovery.close_dead_runs(client, experiment_id)
@@ -435,7 +593,10 @@ def stage_run(stage: str, params: Any = None, *, experiment: str | None = None,
     system = (SystemMetrics(handle.log_system_metrics, first_step=next_system_step(run))
               if tracking_cfg.system_metrics and stage in SYSTEM_METRICS_STAGES else None)
     status = "FAILED"
+    curve = pipeline_run.curve_file(stage)
     try:
+        if parent and whole_pipeline:
+            handle.link_pipeline(_stage_links(client, experiment_id, parent, stage, run.info.run_id, root))
         logged = pipeline_run.flat_params(params) if params is not None else {}
         logged.update(pipeline_run.flat_params(extra_params or {}))
         if not continued:  # a continued run has them, and MLflow refuses to log a param twice
@@ -445,6 +606,8 @@ def stage_run(stage: str, params: Any = None, *, experiment: str | None = None,
         log_inputs(dep_tags, root, stage)
         yield handle
         handle.set_tags(_hash_tags("out", paths["outs"], root, hasher=handle.output_hash))
+        if parent and whole_pipeline and curve in paths["outs"]:
+            handle.copy_curve(stage, root / curve, handle.output_hash(root / curve))
         status = "FINISHED"
     finally:
         if system is not None:

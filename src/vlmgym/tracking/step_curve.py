@@ -13,6 +13,9 @@ step's checkpoint is saved; a torn last line, the write a kill cut short, is dro
 output from the journal once training is done, keeping the last entry of each step: a resumed run recomputes the
 steps after its checkpoint with the same figures, so a killed-and-resumed run writes the same bytes as an
 uninterrupted one.
+
+The format's reader (read_curve, curve_file) lives in vlmgym.tracking.pipeline_run, which copies each training
+stage's curve onto the pipeline's parent run; it is importable from here too.
 """
 
 from __future__ import annotations
@@ -25,9 +28,13 @@ from pathlib import Path
 from typing import Any
 
 from vlmgym.runtime.atomic import write_text_atomically
+from vlmgym.tracking.pipeline_run import CURVES_DIR as CURVES_DIR
+from vlmgym.tracking.pipeline_run import Curve as Curve
+from vlmgym.tracking.pipeline_run import curve_entry
+from vlmgym.tracking.pipeline_run import curve_file as curve_file
+from vlmgym.tracking.pipeline_run import read_curve as read_curve
 from vlmgym.tracking.stage_runs import finite_metrics
 
-CURVES_DIR = "metrics/curves"
 # The journal's name in the run's checkpoint folder.
 JOURNAL = "curve.jsonl"
 # Per-step figures of the process, not of the training: vlmgym.rl.loop.TIMING_METRICS (not imported, so that the
@@ -36,14 +43,6 @@ JOURNAL = "curve.jsonl"
 PROCESS_METRICS = frozenset({"step_time_s", "rollout_time_s", "update_time_s", "data_wait_s", "tokens_per_s",
                              "sample_tokens_per_s", "compile_count", "rollout_compile_count"})
 
-Curve = dict[int, dict[str, float]]  # {step: {metric: value}}
-
-
-def curve_file(stage: str) -> str:
-    """The curve output of training stage `stage` (dvc.yaml lists it among the stage's outs)."""
-    return f"{CURVES_DIR}/{stage}.jsonl"
-
-
 def curve_metrics(metrics: Mapping[str, Any]) -> dict[str, float]:
     """What a curve keeps of one step's figures: the finite numbers under MLflow's names, less PROCESS_METRICS."""
     return {name: value for name, value in finite_metrics(metrics).items() if name not in PROCESS_METRICS}
@@ -51,17 +50,6 @@ def curve_metrics(metrics: Mapping[str, Any]) -> dict[str, float]:
 
 def _line(step: int, metrics: Mapping[str, float]) -> str:
     return json.dumps({"step": int(step), "metrics": {name: metrics[name] for name in sorted(metrics)}}) + "\n"
-
-
-def _entry(text: str, where: str) -> tuple[int, dict[str, float]]:
-    try:
-        entry = json.loads(text)
-        step, metrics = entry["step"], entry["metrics"]
-        if isinstance(step, bool) or not isinstance(step, int) or not isinstance(metrics, dict):
-            raise ValueError("not {\"step\": int, \"metrics\": {...}}")
-        return step, {str(name): float(value) for name, value in metrics.items()}
-    except (ValueError, KeyError, TypeError) as err:
-        raise ValueError(f"{where}: not a curve entry ({err}): {text[:200]!r}") from None
 
 
 def read_journal(path: str | Path) -> Curve:
@@ -73,7 +61,7 @@ def read_journal(path: str | Path) -> Curve:
     complete, _, _torn = path.read_bytes().rpartition(b"\n")
     curve: Curve = {}
     for number, line in enumerate(complete.decode("utf-8").split("\n") if complete else [], start=1):
-        step, metrics = _entry(line, f"{path}:{number}")
+        step, metrics = curve_entry(line, f"{path}:{number}")
         curve[step] = metrics
     return curve
 
@@ -145,15 +133,3 @@ def write_curve(path: str | Path, curve: Mapping[int, Mapping[str, float]]) -> P
     """Write `curve` as a curve file (one line per step, by step; empty without steps), atomically."""
     write_text_atomically(path, "".join(_line(step, curve[step]) for step in sorted(curve)))
     return Path(path)
-
-
-def read_curve(path: str | Path) -> Curve:
-    """{step: figures} of a curve file as write_curve wrote it (every line complete, each step once)."""
-    path = Path(path)
-    curve: Curve = {}
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
-        step, metrics = _entry(line, f"{path}:{number}")
-        if step in curve:
-            raise ValueError(f"{path}:{number}: step {step} again")
-        curve[step] = metrics
-    return curve
