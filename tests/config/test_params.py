@@ -315,27 +315,6 @@ def test_an_override_of_a_nested_objective_key_replaces_a_files_flat_one(tmp_pat
     assert (train.objective.beta, train.objective.epsilon) == (0.01, 0.1)
 
 
-def test_code_reading_the_objectives_keys_flat_gets_them_with_a_warning():
-    # plug-ins and scripts written before train.objective read train.beta; they keep working while they move over
-    train = params.TrainParams(objective=params.ObjectiveParams(beta=0.04))
-    with pytest.warns(DeprecationWarning, match="TrainParams.beta is read from train.objective"):
-        assert train.beta == 0.04
-    with pytest.raises(AttributeError, match="no attribute 'no_such_key'"):
-        _ = train.no_such_key
-
-
-def test_the_old_objective_keywords_build_the_section_and_refuse_current_as_old():
-    from vlmgym.rl.objective import Objective
-
-    with pytest.warns(DeprecationWarning, match="pass ObjectiveParams"):
-        built = Objective(epsilon=0.1, epsilon_high=0.3, aggregation="sequence_mean", beta=0.0, current_as_old=False,
-                          top_entropy_quantile=0.5)
-    assert built == params.ObjectiveParams(epsilon=0.1, epsilon_high=0.3, loss_aggregation="sequence_mean",
-                                           top_entropy_quantile=0.5)
-    with pytest.warns(DeprecationWarning), pytest.raises(TypeError, match="grpo_gradients' own argument"):
-        Objective(epsilon=0.2, epsilon_high=0.28, aggregation="token_mean", beta=0.0, current_as_old=True)
-
-
 def test_the_objective_section_is_hashable_for_the_jitted_step():
     assert hash(params.ObjectiveParams()) == hash(params.ObjectiveParams())
     assert params.ObjectiveParams(loss_aggregation="grpo").loss_aggregation == "sequence_mean"

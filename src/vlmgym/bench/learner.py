@@ -69,13 +69,13 @@ def _gradient_fn(policy: Any, params: Any) -> tuple[Any, Any]:
     """The trainer's jitted GRPO gradients for `policy`, as f(params, micro) -> (loss, grads, aux)."""
     import jax.numpy as jnp
 
+    from vlmgym.params import ObjectiveParams
     from vlmgym.rl.loop import CompileCounter
-    from vlmgym.rl.objective import Objective
     from vlmgym.rl.optim import Optimizer, OptimizerConfig, trainable_mask
     from vlmgym.rl.update import grpo_gradients
 
     optimizer = Optimizer(OptimizerConfig(learning_rate=1e-4), trainable_mask(params))
-    objective = Objective(epsilon=0.2, epsilon_high=0.28, aggregation="token_mean", beta=0.0, current_as_old=False)
+    objective = ObjectiveParams()  # the loss's defaults: clip 0.2 / 0.28, token mean, no KL
     compiles = CompileCounter()
 
     def run(p: Any, micro: dict) -> Any:

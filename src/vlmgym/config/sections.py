@@ -8,8 +8,7 @@ being silently ignored. Imports nothing else of vlmgym: the `env` section, which
 
 from __future__ import annotations
 
-import warnings
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any
 
 from vlmgym.config.spec import ParamsError, spec, use_canonical_values
@@ -286,19 +285,7 @@ class TrainParams:
                 raise ParamsError(f"train.objective.{name} shapes the GRPO/RLOO loss, which train.algorithm="
                                   f"{self.algorithm!r} does not use (leave it at {GRPO_LOSS_DEFAULTS[name]!r})")
 
-    def __getattr__(self, name: str) -> Any:
-        # Only reached for a name the section lacks. Code written before the objective's keys moved into
-        # train.objective (a plug-in's, a script's) reads them flat: it gets train.objective's value and a warning
-        # naming the new place, rather than an AttributeError in the middle of a run.
-        if name in OBJECTIVE_KEYS:
-            warnings.warn(f"TrainParams.{name} is read from train.objective: use .objective.{name}",
-                          DeprecationWarning, stacklevel=2)
-            return getattr(self.objective, name)
-        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
-
-# The keys of train.objective, which older code reads on the train section itself (TrainParams.__getattr__).
-OBJECTIVE_KEYS = frozenset(f.name for f in fields(ObjectiveParams))
 # The algorithms whose signal is the spread of rewards inside a group of answers to one prompt (PPO's is not: each
 # answer is its own episode against a value head).
 GROUP_ALGORITHMS = ("grpo", "rloo", "online_dpo")

@@ -140,8 +140,9 @@ def derive(sections: Mapping[str, Any], given: Mapping[str, Any]) -> tuple[dict[
     put("lora_rank", stage.lora.rank, f"{prefix}.lora.rank")
     put("lora_targets", tuple(stage.lora.targets), f"{prefix}.lora.targets")
     put("lora_vision", stage.lora.vision, f"{prefix}.lora.vision")
-    if not sft and train.beta > 0 and not values["lora_rank"]:
-        notes.append(f"train.beta {train.beta} holds a reference model (a second copy of the params): not counted")
+    if not sft and train.objective.beta > 0 and not values["lora_rank"]:
+        notes.append(f"train.objective.beta {train.objective.beta} holds a reference model (a second copy of the "
+                     "params): not counted")
 
     if "image" in given and "seq" in given:
         put("image", None, "")

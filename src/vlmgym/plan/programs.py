@@ -25,9 +25,9 @@ from vlmgym.models.qwen3_vl import lora
 from vlmgym.models.qwen3_vl.config import Qwen3VLConfig
 from vlmgym.models.qwen3_vl.mesh import make_mesh, param_shardings
 from vlmgym.models.qwen3_vl.weights import abstract_params
+from vlmgym.params import ObjectiveParams
 from vlmgym.plan.shapes import PlanSpec, abstract, learner_micro, rollout_prompts
 from vlmgym.rl.loop import CompileCounter
-from vlmgym.rl.objective import Objective
 from vlmgym.rl.optim import Optimizer, OptimizerConfig, SubsetOptimizer, trainable_mask
 from vlmgym.rl.policy import Qwen3VLLearner, learner_batch_shardings
 from vlmgym.rl.update import apply_update, grpo_gradients, sft_gradients
@@ -114,8 +114,7 @@ class Planner:
         if self.spec.algorithm == "sft":
             fn = partial(sft_gradients, **static)
         else:
-            objective = Objective(epsilon=0.2, epsilon_high=0.28, aggregation="token_mean", beta=0.0,
-                                    current_as_old=False)
+            objective = ObjectiveParams()  # the loss's defaults: clip 0.2 / 0.28, token mean, no KL
             fn = partial(grpo_gradients, objective=objective, **static)
         compiled = self.compiled["gradients"] = fn.func.lower(self.params, micro, normalizer, **fn.keywords).compile()
         return memory(compiled, (self.params, micro, normalizer)), outputs_of(compiled, fn, self.params, micro,

@@ -10,7 +10,6 @@ step vlmgym.rl.update.
 
 from __future__ import annotations
 
-import warnings
 from functools import partial
 from typing import Any
 
@@ -33,18 +32,6 @@ OPTIONAL_TOKEN_MEANS = ("sampler_weight_mean", "sampler_weight_zero", "entropy_k
 # Over num_iterations updates these say most after the last one (the first is on-policy); the rest are averaged.
 LAST_ITERATION = ("clip_fraction_low", "clip_fraction_high", "approx_kl_behaviour", "ratio_mean", "ratio_max",
                   "ratio_min")
-
-
-def Objective(*, epsilon: float, epsilon_high: float, aggregation: str, beta: float, current_as_old: bool = False,
-              **knobs: Any) -> ObjectiveParams:
-    """The loss's settings from the keywords of the frozen `Objective` this module held before they became the params
-    section train.objective, for callers still written against it; warns. Build an ObjectiveParams instead (its
-    loss_aggregation is `aggregation` here) and give grpo_gradients `current_as_old` itself."""
-    warnings.warn("vlmgym.rl.objective.Objective is deprecated: pass ObjectiveParams(...) as grpo_gradients' "
-                  "objective, and current_as_old on its own", DeprecationWarning, stacklevel=2)
-    if current_as_old:  # no setting of the section: dropping it would silently change the loss
-        raise TypeError("current_as_old is grpo_gradients' own argument now: pass it there")
-    return ObjectiveParams(epsilon=epsilon, epsilon_high=epsilon_high, loss_aggregation=aggregation, beta=beta, **knobs)
 
 
 @partial(jax.jit, static_argnames=("group_size", "scale_rewards", "eps", "leave_one_out"))
