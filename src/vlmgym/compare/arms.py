@@ -11,7 +11,7 @@ Every arm starts from its seed's SFT start, `sft` (the control, vlmgym.compare.s
   steps (sft_compute_steps: sampling, reference and learner passes counted by the 2N / 6N rule per token position):
   what supervised data alone buys with the same compute.
 - a variant, any other name: the train section with the study's settings for it (e.g. GSPO:
-  importance_sampling_level: sequence), against the arm of its train.algorithm at the same budget.
+  objective.importance_sampling_level: sequence), against the arm of its train.algorithm at the same budget.
 Each arm ends on the params its validation selects, by the one rule the study sets for all of them
 (`validation.select`). Beside the arms, two image-blind baselines answer the same splits (vlmgym.eval.blind):
 `constant`, the best constant answer chosen on val, and `sft_blind`, the start answering with its images blanked.

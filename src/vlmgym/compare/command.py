@@ -42,7 +42,7 @@ def parse_variants(specs: list[str]) -> dict[str, dict[str, Any]]:
         name, _, settings = spec.partition("=")
         if not name.isidentifier() or not settings:
             raise ValueError(f"--variant {spec!r}: expected NAME=KEY=VALUE[,KEY=VALUE...] with NAME a word, "
-                             "e.g. gspo=importance_sampling_level=sequence")
+                             "e.g. gspo=objective.importance_sampling_level=sequence")
         if name in (*ARMS, *RESERVED) or name in variants:
             raise ValueError(f"--variant {spec!r}: the name {name!r} is taken (arms: {', '.join(ARMS)}; "
                              f"{', '.join(RESERVED)}; or an earlier variant)")
@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"arms besides sft (default: {' '.join(DEFAULT_ARMS)})")
     parser.add_argument("--variant", action="append", default=[], metavar="NAME=KEY=VALUE[,...]",
                         help="an arm NAME: the train section with KEY=VALUE changed (repeatable), e.g. "
-                             "gspo=importance_sampling_level=sequence")
+                             "gspo=objective.importance_sampling_level=sequence")
     parser.add_argument("--seeds", type=int, default=1, help="training seeds F..F+N-1, each with its own SFT start "
                                                              "(default 1: intervals over test samples only)")
     parser.add_argument("--first-seed", type=int, default=0, metavar="F", help="the first seed (default 0)")

@@ -117,7 +117,8 @@ def check(raw: Any, where: Path) -> None:
                               f"(`{name}: {{}}` for none)")
         if name not in ARMS and not arms[name]:
             raise ParamsError(f"{where}: arm.{name}: {name!r} is not one of {', '.join(ARMS)}, so it is a variant of "
-                              "the train section and needs settings, e.g. {importance_sampling_level: sequence}")
+                              "the train section and needs settings, e.g. "
+                              "{objective: {importance_sampling_level: sequence}}")
     if study.get("select") not in SELECT:
         raise ParamsError(f"{where}: study.select: expected one of {', '.join(SELECT)}, got {study.get('select')!r}")
     for key in ("base_params", "env"):
