@@ -13,7 +13,7 @@ def test_the_summary_names_the_champion_and_unsent_logs(tmp_path, monkeypatch, c
     out = capsys.readouterr().out
     assert '"grpo/mean_reward": 0.5' in out and 'models:/vlmgym-nlvr2@champion' in out
     # `dvc metrics show` is pointed at the headline, which fits a terminal, not at every figure of eval.json
-    assert "dvc metrics show metrics/headline.json   (the headline; every figure with its interval: " \
+    assert "dvc metrics show   (the headline, metrics/headline.json; every figure with its interval: " \
            "reports/eval.md, metrics/eval.json)" in out
     assert "Unsent" not in out
     (tmp_path / "mlflow-spool" / "run1").mkdir(parents=True)

@@ -42,7 +42,7 @@ def main() -> int:
     print("\nWhere to look:")
     print(f"  MLflow runs:     mlflow ui --backend-store-uri {uri}   (then open http://127.0.0.1:5000)")
     # metrics/eval.json's thousand figures are a DVC output, not its metrics: the headline is what fits a terminal
-    print("  DVC metrics:     .venv/bin/dvc metrics show metrics/headline.json   (the headline; every figure with its "
+    print("  DVC metrics:     .venv/bin/dvc metrics show   (the headline, metrics/headline.json; every figure with its "
           "interval: reports/eval.md, metrics/eval.json)")
     print("  DVC pipeline:    .venv/bin/dvc dag")
     for report in sorted((root / "reports").glob("*.html")) if (root / "reports").exists() else []:
