@@ -28,6 +28,10 @@ def plugins(tmp_path, monkeypatch, scoped_envs):
     imported plug-in modules are as they were after the test."""
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", ".", os.fspath(tmp_path))])
+    # a registered name or an entry point comes before the folder by design: another test in this process may have
+    # used the example env under its name already
+    monkeypatch.setattr(registry, "_entry_points", dict)
+    monkeypatch.delitem(registry._REGISTRY, "colour", raising=False)
     _forget_plugin_modules()
     folder = tmp_path / registry.PLUGIN_DIR
     folder.mkdir()

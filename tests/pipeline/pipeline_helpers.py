@@ -11,7 +11,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 VENV_BIN = Path(sys.executable).parent
-STAGES = ["download", "shard", "base_model", "convert", "sft", "train", "rollout", "export", "evaluate"]
+# The order `dvc repro` runs the stages in under PYTHONHASHSEED=0 (micro_checkout's): DVC orders the stages that do
+# not depend on each other (the data's and the base model's) by Python's per-process hash seed, so the tests fix it.
+STAGES = ["download", "base_model", "convert", "shard", "sft", "train", "rollout", "export", "evaluate"]
 # Top-level folders that only hold pipeline outputs (or local state): never copied into the fresh checkout.
 OUTPUT_DIRS = ("data", "models", "outputs", "metrics", "reports", "checkpoints", "mlartifacts")
 
@@ -56,7 +58,7 @@ def micro_checkout(root: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DVC_", "VLMGYM_", "MLFLOW_"))}
     env.update(PATH=f"{VENV_BIN}{os.pathsep}{env.get('PATH', '')}", PYTHONPATH=str(root / "src"),
                MLFLOW_TRACKING_URI=f"sqlite:///{root / 'mlflow.db'}", GIT_AUTHOR_NAME="e2e", GIT_AUTHOR_EMAIL="e2e@x",
-               GIT_COMMITTER_NAME="e2e", GIT_COMMITTER_EMAIL="e2e@x")
+               GIT_COMMITTER_NAME="e2e", GIT_COMMITTER_EMAIL="e2e@x", PYTHONHASHSEED="0")
     run_checked(["git", "init", "-q"], root, env)
     if not (root / ".dvc").is_dir():
         run_checked(["dvc", "init", "-q"], root, env)

@@ -14,10 +14,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from pipeline_helpers import REPO, micro_checkout, run_checked, stages_run
+from pipeline_helpers import REPO, STAGES, micro_checkout, run_checked, stages_run
 from shared_setup import shared_across_workers
-
-STAGES = ["download", "shard", "base_model", "convert", "sft", "train", "rollout", "export", "evaluate"]
 
 
 @pytest.fixture(scope="module")
