@@ -11,7 +11,7 @@ import yaml
 
 from vlmgym import params as params_mod
 from vlmgym.cli import presets, recipes
-from vlmgym.envs.recipes import paths
+from vlmgym.recipes import paths
 
 REPO = Path(__file__).resolve().parents[2]
 MICRO, QWEN = REPO / "configs/micro.yaml", REPO / "configs/qwen3vl_4b_osv5m.yaml"

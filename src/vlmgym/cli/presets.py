@@ -24,15 +24,15 @@ from typing import Any
 import yaml
 
 from vlmgym import params as params_mod
-from vlmgym.envs.recipes import paths
+from vlmgym.recipes import paths
 
 
 def defaults() -> dict[str, Any]:
     """Every key at its default, as a params file holds them (the default env's own sections included), with the
     default env's recipe: the params a fresh checkout ships, so a preset over the defaults starts where a new
     user's params.yaml does."""
-    from vlmgym.envs.recipes import recipe_overlay
     from vlmgym.envs.registry import DEFAULT_ENV
+    from vlmgym.recipes import recipe_overlay
 
     return params_mod.merged(values(params_mod.default_sections()), recipe_overlay(DEFAULT_ENV))
 

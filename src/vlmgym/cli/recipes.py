@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from vlmgym import params as params_mod
-from vlmgym.envs.recipes import paths, recipe_overlay
+from vlmgym.recipes import paths, recipe_overlay
 
 
 def overrides(overlay: Mapping[str, Any]) -> list[str]:

@@ -49,8 +49,8 @@ def moved(params_file: str | Path, folder: Path) -> dict[str, Any]:
 def write_pipeline(folder: Path, base_params: str | Path, env: str) -> Path:
     """studies/NAME/pipeline.yaml: `base_params` switched to `env` with its recipe, its first stages' outputs under
     `folder` (module docstring)."""
-    from vlmgym.envs.recipes import recipe_overlay
     from vlmgym.params import merged, read_yaml, write_params
+    from vlmgym.recipes import recipe_overlay
 
     path = folder / PIPELINE
     folder.mkdir(parents=True, exist_ok=True)
