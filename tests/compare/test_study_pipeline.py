@@ -39,8 +39,9 @@ def test_a_study_runs_as_a_dvc_pipeline_reports_over_seeds_and_reruns_only_what_
     assert sorted(first[4:]) == sorted(f"{STUDY}/dvc.yaml:{s}" for s in [*TRAINED, "blind@5", "blind@6", "constant",
                                                                         "report"])
     assert first[-1] == f"{STUDY}/dvc.yaml:report"
-    assert max(first.index(f"{STUDY}/dvc.yaml:start@{s}") for s in (5, 6)) < min(
-        first.index(f"{STUDY}/dvc.yaml:arm@{s}-{arm}") for s in (5, 6) for arm in ARMS)
+    for seed in (5, 6):  # each arm after its seed's start
+        start = first.index(f"{STUDY}/dvc.yaml:start@{seed}")
+        assert all(start < first.index(f"{STUDY}/dvc.yaml:arm@{seed}-{arm}") for arm in ARMS), first
 
     report = json.loads((root / STUDY / "report.json").read_text())
     assert report["seeds"] == [5, 6] and report["interval"] == "t over seeds"
