@@ -22,10 +22,11 @@ from vlmgym.eval.outputs import (
     mlflow_metrics,
     write_evaluation,
 )
-from vlmgym.eval.records import rollout_record, write_metrics_json
+from vlmgym.eval.records import write_metrics_json
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "envs"))
 from colour_env import COLOURS, ColourEnv  # noqa: E402
+from test_blind_baselines import records  # noqa: E402  (the same colour answers, scored as the rollout stage writes them)
 
 REPO = Path(__file__).resolve().parents[2]
 DVC = Path(sys.executable).parent / "dvc"
@@ -129,26 +130,13 @@ def test_dvc_metrics_show_prints_the_default_pipelines_headline_in_200_columns(t
     assert max(len(line) for line in lines) <= WIDTH, "\n".join(lines)
 
 
-def colour_records(answers, colours, policy):
-    from vlmgym.data.shards import Sample
-
-    env = ColourEnv([Sample(f"s{i}", [Image.new("RGB", (8, 6), COLOURS[c])], {"colour": c})
-                     for i, c in enumerate(colours)])
-    out = []
-    for i, answer in enumerate(answers):
-        state, _ = env.reset(i)
-        _, _, reward, _, info = env.step_text(state, answer)
-        out.append(rollout_record(ColourEnv, state.key, answer, reward, info, state.meta, policy=policy))
-    return out
-
-
 def colour_evaluation(out_root: Path):
     rng = np.random.default_rng(0)
     colours = [sorted(COLOURS)[int(i)] for i in rng.integers(4, size=40)]
-    policies = {"base": colour_records(["blue"] * 40, colours, "base"),
-                "sft": colour_records(colours[:30] + ["blue"] * 10, colours, "sft"),
-                "grpo": colour_records(colours, colours, "grpo")}
-    baselines = {name: colour_records(["blue"] * 40, colours, name) for name in BASELINES}
+    policies = {"base": records(["blue"] * 40, colours, "base"),
+                "sft": records(colours[:30] + ["blue"] * 10, colours, "sft"),
+                "grpo": records(colours, colours, "grpo")}
+    baselines = {name: records(["blue"] * 40, colours, name) for name in BASELINES}
     images = {r["id"]: [Image.new("RGB", (8, 6))] for r in policies["sft"]}
     return write_evaluation(ColourEnv, policies, images, out_root=out_root, n_resamples=50,
                             baseline_records=baselines, start_policies=["base"])
