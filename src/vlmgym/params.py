@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import sys
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -40,6 +41,7 @@ from vlmgym.config.spec import (
     env_sections_field,
     merged,
     nested_keys,
+    other_names_first,
     spec,
     to_dict,
     value_at,
@@ -54,7 +56,8 @@ __all__ = ["DEFAULT_PARAMS_FILE", "LORA_TEXT_TARGETS", "REMAT_DOC", "SECTIONS", 
            "ExportParams", "LoRAParams", "ModelParams", "ObjectiveParams", "ParamsError", "PerceptionParams",
            "RolloutParams", "SFTParams", "ShardParams", "TrackingParams", "TrainParams", "canonical_paths",
            "default_sections", "from_dict", "load_all", "load_section", "main", "merged", "merged_params",
-           "nested_keys", "read_yaml", "render_yaml", "spec", "to_dict", "value_at", "with_values", "write_params"]
+           "nested_keys", "read_params_file", "read_yaml", "render_yaml", "spec", "to_dict", "value_at", "with_values",
+           "write_params"]
 
 T = TypeVar("T")
 DEFAULT_PARAMS_FILE = Path("params.yaml")
@@ -97,6 +100,24 @@ def _mapping(data: bytes, path: str | Path) -> dict[str, Any]:
     return raw
 
 
+def read_params_file(path: str | Path = DEFAULT_PARAMS_FILE) -> dict[str, Any]:
+    """Read the pipeline's params file as read_yaml does, a key set on top under another of its names (TRL's, or
+    the flat layout: `dvc exp run -S +train.num_generations=4`) replacing the one the file holds (see
+    other_names_first), with a line on stderr for each."""
+    path = Path(path)
+    return _own_names_replaced(read_yaml(path), path)
+
+
+def _own_names_replaced(raw: dict[str, Any], path: str | Path) -> dict[str, Any]:
+    out = dict(raw)
+    for name, value in raw.items():
+        if name in SECTIONS and isinstance(value, dict):
+            out[name], notes = other_names_first(SECTIONS[name], value, f"{path}: {name}")
+            for note in notes:
+                print(f"{path}: {note}", file=sys.stderr)
+    return out
+
+
 def load_section(name: str, path: str | Path = DEFAULT_PARAMS_FILE, overrides: dict | None = None):
     """Load and validate one section of a params file (missing section: all defaults).
 
@@ -113,7 +134,7 @@ def load_section(name: str, path: str | Path = DEFAULT_PARAMS_FILE, overrides: d
 def load_all(path: str | Path = DEFAULT_PARAMS_FILE) -> dict[str, Any]:
     """Load and validate every section; unknown sections are errors."""
     path = Path(path)
-    return _all_sections(read_yaml(path), path)
+    return _all_sections(read_params_file(path), path)
 
 
 def _all_sections(raw: dict[str, Any], path: str | Path) -> dict[str, Any]:
@@ -134,7 +155,7 @@ def _validated_file(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
     data = path.read_bytes()
     key = (str(path.resolve()), data)
     if key not in _VALIDATED:
-        raw = _mapping(data, path)
+        raw = _own_names_replaced(_mapping(data, path), path)
         sections = _all_sections(raw, path)
         if len(_VALIDATED) >= 8:
             _VALIDATED.clear()

@@ -155,11 +155,12 @@ def test_an_error_names_the_users_file_never_a_temp_file(params_file, tmp_path, 
         if argv[0] == str(both):
             assert f"error: {both}: train.num_generations is another name for group_size" in out
     assert params_file.read_text() == original
-    # an alias and its key both in the params file: the error names that file
-    params_file.write_text(original.replace("  group_size: 8", "  group_size: 8\n  num_generations: 4"))
+    # two other names of one key in the params file: the error names that file
+    params_file.write_text(original.replace("  group_size: 8", "  num_generations: 2\n  group_size: 8")
+                           .replace("\n  objective:", "\n  loss_type: grpo\n  loss_aggregation: dr_grpo\n  objective:"))
     assert presets.main([str(preset(tmp_path, {"eval": {"hf_samples": 2}})), "--on-top",
                          "--params", str(params_file)]) == 1
-    assert capsys.readouterr().out.startswith(f"error: {params_file}: train.num_generations is another name")
+    assert capsys.readouterr().out.startswith(f"error: {params_file}: train.loss_type is another name")
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
 
 

@@ -220,9 +220,17 @@ def test_trl_and_peft_names_read_as_vlmgyms_and_print_canonical(tmp_path, capsys
     assert printed["train"]["lora"]["targets"] == ["q", "v", "down"]
 
 
-def test_a_key_and_its_alias_together_are_an_error(tmp_path):
-    with pytest.raises(params.ParamsError, match="train.num_generations is another name for group_size"):
-        params.load_section("train", write(tmp_path, "train:\n  group_size: 8\n  num_generations: 4\n"))
+def test_an_alias_set_beside_its_key_in_the_params_file_replaces_it_and_says_so(tmp_path, capsys):
+    path = write(tmp_path, "train:\n  group_size: 8\n  num_generations: 4\n  optimizer:\n    lr: 0.1\n"
+                           "    learning_rate: 0.2\n")
+    train = params.load_section("train", path)
+    assert (train.group_size, train.optimizer.lr) == (4, 0.2)
+    err = capsys.readouterr().err
+    assert f"{path}: train.num_generations: 4 replaces train.group_size: 8" in err
+    assert f"{path}: train.optimizer.learning_rate: 0.2 replaces train.optimizer.lr: 0.1" in err
+    # two names of one key that are neither the file's own: which was set last cannot be told
+    with pytest.raises(params.ParamsError, match="train.loss_type is another name for loss_aggregation"):
+        params.load_section("train", write(tmp_path, "train:\n  loss_type: grpo\n  loss_aggregation: dr_grpo\n"))
     with pytest.raises(params.ParamsError, match="train.objective.loss_aggregation: value 'bnpo' is not one of"):
         params.load_section("train", write(tmp_path, "train:\n  loss_type: bnpo\n"))
 
@@ -263,19 +271,25 @@ def test_trls_flat_names_read_into_train_objective(tmp_path):
     assert nested.objective.loss_aggregation == "token_mean"
 
 
-@pytest.mark.parametrize(("text", "flat", "nested"), [
-    ("  beta: 0.1\n  objective:\n    beta: 0.2\n", "train.beta", "train.objective.beta"),
-    ("  loss_type: grpo\n  objective:\n    loss_aggregation: dr_grpo\n", "train.loss_type",
-     "train.objective.loss_aggregation"),
-    ("  loss_aggregation: dr_grpo\n  objective:\n    loss_type: grpo\n", "train.loss_aggregation",
-     "train.objective.loss_type"),
-    ("  loss_type: grpo\n  loss_aggregation: dr_grpo\n", "train.loss_type", "loss_aggregation"),
+@pytest.mark.parametrize(("text", "objective", "said"), [
+    ("  beta: 0.1\n  objective:\n    beta: 0.2\n", {"beta": 0.1}, "train.beta: 0.1 replaces train.objective.beta: 0.2"),
+    ("  loss_type: grpo\n  objective:\n    loss_aggregation: dr_grpo\n", {"loss_aggregation": "sequence_mean"},
+     "train.loss_type: 'grpo' replaces train.objective.loss_aggregation: 'dr_grpo'"),
+    ("  loss_aggregation: dr_grpo\n  objective:\n    loss_type: grpo\n", {"loss_aggregation": "dr_grpo"},
+     "train.loss_aggregation: 'dr_grpo' replaces train.objective.loss_type: 'grpo'"),
 ])
-def test_a_key_given_flat_and_nested_is_a_one_line_error_naming_both(tmp_path, text, flat, nested):
+def test_a_key_set_flat_beside_the_files_nested_one_replaces_it(tmp_path, capsys, text, objective, said):
     path = write(tmp_path, f"train:\n{text}")
+    train = params.load_all(path)["train"]
+    assert train.objective == dataclasses.replace(params.ObjectiveParams(), **objective)
+    assert capsys.readouterr().err == f"{path}: {said}\n"
+
+
+def test_two_flat_names_of_one_key_are_a_one_line_error_naming_both(tmp_path):
+    path = write(tmp_path, "train:\n  loss_type: grpo\n  loss_aggregation: dr_grpo\n")
     with pytest.raises(params.ParamsError) as err:
         params.load_all(path)
-    assert str(err.value) == f"{path}: {flat} is another name for {nested}: give one of them"
+    assert str(err.value) == f"{path}: train.loss_type is another name for loss_aggregation: give one of them"
 
 
 def test_a_flat_objective_key_in_a_preset_replaces_the_nested_one(tmp_path):
@@ -303,9 +317,11 @@ def test_dvc_set_param_of_a_flat_or_a_nested_objective_key_loads(tmp_path):
     new.write_text(params.render_yaml())
     apply_overrides(new, ["train.objective.beta=0.02"])
     assert params.load_section("train", new).objective.beta == 0.02
-    apply_overrides(new, ["++train.beta=0.03"])  # both spellings in one file: refused, not one silently kept
-    with pytest.raises(params.ParamsError, match="train.beta is another name for train.objective.beta"):
-        params.load_section("train", new)
+    apply_overrides(new, ["+train.beta=0.03"])  # the flat name set on top of the file's nested key replaces it
+    assert params.load_section("train", new).objective.beta == 0.03
+    apply_overrides(new, ["+train.num_generations=3", "+train.optimizer.learning_rate=0.5"])  # TRL's names
+    train = params.load_section("train", new)
+    assert (train.group_size, train.optimizer.lr, train.objective.beta) == (3, 0.5, 0.03)
 
 
 def test_an_override_of_a_nested_objective_key_replaces_a_files_flat_one(tmp_path):

@@ -105,3 +105,22 @@ def test_a_float_written_for_yaml_1_1_survives_dvc_set_param(tmp_path):
     assert set_by_dvc(path, "train.steps=200") == [("  steps: 150  # training steps (one batch of prompts each)",
                                                      "  steps: 200  # training steps (one batch of prompts each)")]
     assert params.load_all(path)["sft"].optimizer.lr == 2.5e-6
+
+
+@pytest.mark.parametrize(("override", "key", "value"), [
+    ("+train.num_generations=4", ("group_size",), 4),
+    ("+train.optimizer.learning_rate=3e-5", ("optimizer", "lr"), 3e-5),
+    ("+train.beta=0.04", ("objective", "beta"), 0.04),
+])
+def test_a_trl_name_added_by_dvc_set_param_replaces_the_key_params_yaml_holds(tmp_path, capsys, override, key, value):
+    path = tmp_path / "params.yaml"
+    shutil.copy(REPO / "params.yaml", path)
+    before = path.read_text().splitlines()
+    apply_overrides(path, [override])
+    after = path.read_text().splitlines()
+    assert len(after) == len(before) + 1 and set(before) <= set(after)  # one line added, the rest kept
+    train = params.load_section("train", path)
+    for part in key:
+        train = getattr(train, part)
+    assert train == value
+    assert " replaces train." in capsys.readouterr().err

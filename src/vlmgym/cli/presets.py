@@ -53,7 +53,7 @@ def apply_overlay(overlay: Mapping[str, Any], params_file: str | Path = params_m
     """Write a partial params mapping merged over `params_file`'s values or the defaults (see apply_preset)."""
     params_file = Path(params_file)
     if on_top:
-        raw = params_mod.merged_params(params_mod.read_yaml(params_file), dict(overlay), str(params_file), what)
+        raw = params_mod.merged_params(params_mod.read_params_file(params_file), dict(overlay), str(params_file), what)
         return params_mod.write_params(raw, params_file, what)
     if not params_file.exists():  # its leading comment is kept, and a mistyped --params creates nothing
         raise params_mod.ParamsError(f"{params_file}: params file not found")

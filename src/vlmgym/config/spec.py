@@ -117,6 +117,39 @@ def canonical_keys(cls: type, raw: dict[str, Any], where: str) -> dict[str, Any]
     return out
 
 
+def other_names_first(cls: type, raw: dict[str, Any], where: str) -> tuple[dict[str, Any], list[str]]:
+    """`raw` (a section of the pipeline's params file) with every key given under two names reduced to one: the
+    name the file is not written under (an alias, a sub-section key written flat) wins and the other is dropped,
+    at any depth; returns it and a line per key replaced. vlmgym writes params files under the canonical nested
+    names only, so the other name was set on top of it, as `dvc exp run -S +train.num_generations=4` does beside
+    train.group_size. Two other names of one key stay an error (canonical_keys): neither was the file's own."""
+    out = dict(raw)
+    notes: list[str] = []
+    section = where.rsplit(": ", 1)[-1]
+    for alias, name in _alias_names(cls).items():
+        if alias in out and name in out:
+            notes.append(f"{section}.{alias}: {out[alias]!r} replaces {section}.{name}: {out.pop(name)!r}")
+    for holder, sub in _flat_sub_sections(cls):
+        nested = out.get(holder)
+        flat = [key for key in out if key in _key_names(sub)]
+        if not flat or not isinstance(nested, dict):
+            continue
+        aliases = _alias_names(sub)
+        flat_names = {aliases.get(key, key) for key in flat}
+        nested = dict(nested)
+        for key in [key for key in nested if aliases.get(key, key) in flat_names]:
+            flat_key = next(k for k in flat if aliases.get(k, k) == aliases.get(key, key))
+            notes.append(f"{section}.{flat_key}: {out[flat_key]!r} replaces {section}.{holder}.{key}: "
+                         f"{nested.pop(key)!r}")
+        out[holder] = nested
+    hints = typing.get_type_hints(cls)
+    for key, value in out.items():
+        if isinstance(value, dict) and dataclasses.is_dataclass(hints.get(key)):
+            out[key], inner = other_names_first(hints[key], value, f"{where}.{key}")
+            notes += inner
+    return out, notes
+
+
 @functools.cache
 def _flat_sub_sections(cls: type) -> tuple[tuple[str, type], ...]:
     """(field, sub-section class) of each sub-section of `cls` whose keys the file may also write flat."""
