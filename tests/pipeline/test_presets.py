@@ -61,3 +61,19 @@ def test_the_zoom_demo_overlays_digits_recipe_and_the_zoom_preset(tmp_path):
     # the demo's cuts, and what it keeps of the recipe
     assert (sections["data"].train_images, sections["sft"].steps, sections["train"].steps) == (4000, 80, 10)
     assert sections["sft"].freeze == "vision" and sections["sft"].perception.steps == 600
+
+
+def test_the_quick_preset_sits_between_micro_and_the_defaults_and_keeps_grpos_last_step(tmp_path):
+    params = tmp_path / "params.yaml"
+    params.write_text((REPO / "params.yaml").read_text())
+    defaults = load_all(params)
+    quick = apply_preset(REPO / "configs/quick.yaml", params, on_top=False)
+    micro = apply_preset(REPO / "configs/micro.yaml", params, on_top=False)
+    for section, key in [("data", "train_images"), ("data", "test_images"), ("sft", "steps"), ("train", "steps")]:
+        values = [getattr(s[section], key) for s in (micro, quick, defaults)]
+        assert values == sorted(values) and len(set(values)) == 3, (section, key, values)
+    # the trained policy is what its steps did, never the SFT start picked back by validation, so SFT and GRPO differ
+    assert quick["train"].validation.select == "last" and quick["train"].steps > 0
+    assert quick["rollout"].policies == defaults["rollout"].policies  # the same comparison as the default
+    readme = (REPO / "README.md").read_text()
+    assert "vlmgym preset configs/quick.yaml && .venv/bin/dvc repro" in readme
