@@ -26,7 +26,7 @@ import sys
 
 from vlmgym.eval.curve import write_training_curve_pngs
 from vlmgym.eval.evaluate import evaluate_pipeline
-from vlmgym.eval.outputs import headline_metrics, mlflow_metrics
+from vlmgym.eval.outputs import headline_metrics, headline_summary, headline_values, mlflow_metrics
 from vlmgym.params import load_section
 from vlmgym.runtime.collector import collect_less
 from vlmgym.tracking import model_registry as registry
@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
             run.log_artifact(path, artifact_path="plots" if path.suffix in (".png", ".csv") else "report")
         # The `champion` alias of vlmgym-<env> moves to the evaluated export when its mean reward beats the champion's.
         registry.promote_evaluated(run, env_params.name, eval_params.hf_dir, eval_params.hf_policy, outputs.results)
-    print(outputs.files["table"].read_text())
+    print(headline_summary(headline_values(outputs.results, outputs.headline), outputs.files["table"]))
     print(f"evaluate: wrote {', '.join(str(p) for p in [*outputs.files.values(), *curve_pngs.values()])}")
     return 0
 

@@ -215,3 +215,17 @@ def test_the_evaluate_stage_gives_its_own_run_every_figure_and_the_pipelines_par
     assert stage.main(["--params", str(tmp_path / "params.yaml")]) == 0
     assert logged["run"] == mlflow_metrics(outputs.results)
     assert logged["parent"] == headline_metrics(outputs) and len(logged["parent"]) == 14
+
+
+def test_the_terminal_summary_gives_each_interval_once_and_points_to_the_report():
+    from vlmgym.eval.outputs import headline_summary
+
+    values = {"base": 0.0, "sft": 0.224, "sft_lo": 0.2, "sft_hi": 0.25, "grpo": 0.186, "grpo_lo": 0.165,
+              "grpo_hi": 0.208, "grpo-sft": -0.038, "grpo-sft_lo": -0.073, "grpo-sft_hi": -0.005,
+              "sft-constant": 0.039, "format_valid": 1.0, "geoscore": 923.1}
+    lines = headline_summary(values, "reports/eval.md").splitlines()
+    assert lines[1:4] == ["  sft              0.224 [0.200, 0.250]", "  grpo             0.186 [0.165, 0.208]",
+                          "  grpo-sft         -0.038 [-0.073, -0.005]"]
+    assert lines[4] == "  base 0.000, sft-constant +0.039, format_valid 1.000, geoscore 923"
+    assert lines[-1] == "every metric, interval and check: reports/eval.md" and len(lines) == 6
+    assert not any("_lo" in line or "_hi" in line for line in lines)

@@ -122,6 +122,26 @@ def headline_values(results: Mapping[str, Mapping[str, float]],
     return {name: results[key][metric] for name, (key, metric) in figures.items()}
 
 
+def headline_summary(values: Mapping[str, float], report: str | Path) -> str:
+    """A few lines for the terminal from the headline figures (headline_values): each figure with an interval as
+    `value [lo, hi]`, the rest as `name value`, then where the whole report is."""
+    lines = [f"test {HEADLINE.replace('_', ' ')}, 95% bootstrap intervals (a-b: paired on the same samples):"]
+    rest = []
+    for name, value in values.items():
+        if name.endswith(("_lo", "_hi")) and name[:-3] in values:
+            continue
+        signed = "+" if "-" in name else ""  # a difference shows its sign
+        if f"{name}_lo" in values and f"{name}_hi" in values:
+            lines.append(f"  {name:<16} {value:{signed}.3f} [{values[f'{name}_lo']:{signed}.3f}, "
+                         f"{values[f'{name}_hi']:{signed}.3f}]")
+        else:
+            rest.append(f"{name} {value:{signed}.3f}" if abs(value) < 100 else f"{name} {value:.0f}")
+    if rest:
+        lines.append("  " + ", ".join(rest))
+    lines.append(f"every metric, interval and check: {report}")
+    return "\n".join(lines)
+
+
 def headline_metrics(outputs: EvaluationOutputs) -> dict[str, float]:
     """The headline figures under the names the evaluate run logs them by (mlflow_metrics: "<key>/<metric>"), for
     the pipeline's parent run, whose row in MLflow's table is then as short as `dvc metrics show`."""
