@@ -44,6 +44,7 @@ BUILTIN: dict[str, str] = {
     "digits": "vlmgym.envs.digits:DigitsEnv",
     "message_decoding": "vlmgym.envs.message_decoding:MessageDecodingEnv",
     "rec": "vlmgym.envs.rec:RecEnv",
+    "ovd": "vlmgym.envs.ovd:OvdEnv",
     "mixture": "vlmgym.envs.mixture:MixtureEnv",
 }
 # The envs whose texts the tiny tokenizer is always trained on, fixed rather than all of BUILTIN: the default
