@@ -14,7 +14,13 @@ FORMATS = {
     "nlvr2": "left: blue, red. right: green. red object: left yes, right no. True",
     "digits": "1, 3, 7",
     "message_decoding": "house",
+    "ovd": '[{"bbox_2d": [100, 100, 300, 300], "label": "red circle"}, {"bbox_2d": [500, 500, 700, 700], '
+           '"label": "blue square"}]',
 }
+# Answers another env rightly reads as one of its own, so they are no junk to it: rec scores the first box of any
+# answer (tests/envs/test_rec_boxes.py), and an ovd answer is a list of boxes. (An env's own answer is left out
+# anyway.) ovd's tests still score rec's answer: its label, "small red circle", names no ovd category.
+READS = {"rec": ("ovd",)}
 
 # Names of nothing: text that normalises to no letter or digit, alone and as geospot's name lines
 NAMELESS = ["💩", "!!!", "-", "—", "…", "🙂🙂🙂", "?!", "*", "City: 💩", "City: !!!", "City: -", "City: —",
@@ -77,7 +83,7 @@ def wordings(answer: str, other: str) -> list[str]:
 
 
 def adversarial(name: str) -> list[str]:
-    """JUNK, the other envs' answers, and those answers inside tags."""
-    others = [text for env, text in FORMATS.items() if env != name]
+    """JUNK, the other envs' answers (but those `name` READS), and those answers inside tags."""
+    others = [text for env, text in FORMATS.items() if env != name and env not in READS.get(name, ())]
     constants = [] if name == "message_decoding" else CONSTANTS
     return [*JUNK, *constants, *others, *(tagged(text) for text in others for tagged in TAGGED)]

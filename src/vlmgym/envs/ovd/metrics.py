@@ -86,8 +86,8 @@ def average_precision(hits: np.ndarray, n_truth: int) -> np.ndarray:
 def dataset_ap(images: Sequence[tuple[Sequence[Labelled], Sequence[Labelled]]]) -> tuple[float, float]:
     """(mAP 0.5:0.95, AP50) of images given as (truths, detections in rank order), each a (label, box) list;
     nan when no image has a true box."""
-    table = DetectionTable.build(images)
-    return table.scores(np.arange(len(images))[None, :])[0]
+    mean_ap, ap50 = DetectionTable.build(images).scores(np.arange(len(images))[None, :])[0]
+    return float(mean_ap), float(ap50)
 
 
 @dataclass
