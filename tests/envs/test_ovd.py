@@ -23,7 +23,8 @@ from vlmgym.params import DataParams
 
 @pytest.fixture(scope="module")
 def shards(tmp_path_factory):
-    params = DataParams(source="synthetic", seed=2, train_images=6, test_images=8, image_width=128, image_height=96)
+    params = DataParams(source="synthetic", seed=2, train_images=6, test_images=8, ood_images=0, image_width=128,
+                        image_height=96)
     return build_shards(tmp_path_factory.mktemp("ovd"), params, "ovd")
 
 
@@ -34,8 +35,9 @@ def test_registered_and_its_recipe():
 
 def test_generated_questions_name_shown_and_absent_categories():
     settings = ovd_data.OvdDataParams()
-    for split in ("train", "test"):
+    for split in ("train", "test", "test_ood"):
         samples = ovd_data.generate_split(5, split, 40, 256, 192, settings)
+        assert all((7 <= len(s.scene) <= 9) == (split == "test_ood") for s in samples)
         assert samples == ovd_data.generate_split(5, split, 40, 256, 192, settings)  # deterministic
         for sample in samples:
             shown = {category(o) for o in sample.scene}

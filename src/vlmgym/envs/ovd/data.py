@@ -11,6 +11,9 @@ named category; `width` and `height` that image's size (the shard stage turns th
 `objects` is rec's scene column ("size colour shape x y" per object, vlmgym.envs.rec.data.objects_text), which the
 perception warm-up reads; COCO rows leave it empty.
 
+Synthetic: with data.ood_images > 0, test_ood holds crowded scenes of `ood_min_objects`..`ood_max_objects` (7-9)
+objects, more than any train scene has (rec's shift), from the test pool of compositions.
+
 COCO layout (data.source: hub, data.hub_repo a folder): `annotations/instances_{name}.json` and the images in
 `{name}/` (file_name of each image entry), with train from `train2017` and test from `val2017` (HUB_SPLITS). Each
 image with at least one (non-crowd) box becomes one sample: its question names `data.ovd.named` categories, half
@@ -54,10 +57,25 @@ class OvdDataParams:
                       doc="categories each question names: half (rounded up, at least one) shown in the image, the "
                           "rest absent from it (also for COCO-layout data)")
     object_scale: float = spec(1.0, gt=0, le=4, doc="the shapes' radii relative to nlvr2's (rec's object_scale)")
+    ood_min_objects: int = spec(7, ge=1, le=ovd_scene.MAX_OBJECTS,
+                                doc="objects per image at least in test_ood (data.ood_images; above max_objects)")
+    ood_max_objects: int = spec(9, ge=1, le=ovd_scene.MAX_OBJECTS, doc="objects per image at most in test_ood")
 
     def __post_init__(self) -> None:
         if self.max_objects < self.min_objects:
             raise ParamsError(f"data.ovd: max_objects {self.max_objects} is below min_objects {self.min_objects}")
+        if self.ood_max_objects < self.ood_min_objects:
+            raise ParamsError(f"data.ovd: ood_max_objects {self.ood_max_objects} is below ood_min_objects "
+                              f"{self.ood_min_objects}")
+        if self.ood_min_objects <= self.max_objects:
+            raise ParamsError(f"data.ovd: ood_min_objects {self.ood_min_objects} must be above max_objects "
+                              f"{self.max_objects}, or test_ood would not be out of train's distribution")
+
+    def objects(self, split: str) -> tuple[int, int]:
+        """(fewest, most) objects per image of `split`."""
+        if split == "test_ood":
+            return self.ood_min_objects, self.ood_max_objects
+        return self.min_objects, self.max_objects
 
 
 @dataclass(frozen=True)
@@ -92,8 +110,9 @@ def generate_split(seed: int, split: str, count: int, width: int, height: int,
                    settings: OvdDataParams | None = None) -> list[ovd_scene.OvdSample]:
     """`count` deterministic samples of `split` (nothing rendered)."""
     s = settings or OvdDataParams()
-    return [ovd_scene.generate_sample(seed, split, i, width, height, s.min_objects, s.max_objects, s.named,
-                                      s.object_scale) for i in range(count)]
+    fewest, most = s.objects(split)
+    return [ovd_scene.generate_sample(seed, split, i, width, height, fewest, most, s.named, s.object_scale)
+            for i in range(count)]
 
 
 def _synthetic_records(samples: list[ovd_scene.OvdSample], seed: int, split: str, width: int,
@@ -106,9 +125,12 @@ def _synthetic_records(samples: list[ovd_scene.OvdSample], seed: int, split: str
 
 
 def write_synthetic_raw(params: DataParams, out_dir: str | Path, settings: OvdDataParams | None = None) -> dict:
-    """train_images / test_images samples in the raw layout (no test_ood); returns counts."""
+    """train_images / test_images samples (and ood_images of test_ood) in the raw layout; returns counts."""
     counts: dict[str, Any] = {}
-    for split, count in (("train", params.train_images), ("test", params.test_images)):
+    splits = [("train", params.train_images), ("test", params.test_images)]
+    if params.ood_images:
+        splits.append(("test_ood", params.ood_images))
+    for split, count in splits:
         samples = generate_split(params.seed, split, count, params.image_width, params.image_height, settings)
         records = _synthetic_records(samples, params.seed, split, params.image_width, params.image_height)
         counts[f"{split}_samples"] = write_raw_split(out_dir, split, records)

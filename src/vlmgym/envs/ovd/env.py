@@ -118,11 +118,21 @@ class OvdEnv(Env):
     # rec's recipe (docs/envs/rec.md: the perception warm-up on the shapes, SFT from the frozen tower, GRPO at a
     # third of the default lr), with answers of up to four boxes: room for them in the token budgets. Untested
     # for learning so far: docs/envs/ovd.md.
-    recipe = {"data": {"train_images": 24000, "ovd": {"object_scale": 2, "max_objects": 4}},
+    recipe = {"data": {"train_images": 24000,
+                       "ovd": {"object_scale": 2, "max_objects": 4, "ood_min_objects": 5, "ood_max_objects": 6}},
               "sft": {"steps": 3000, "freeze": "vision", "optimizer": {"lr": 0.001}, "validation": {"every": 250},
                       "perception": {"steps": 3000, "optimizer": {"lr": 0.001}}},
               "train": {"max_new_tokens": 128, "optimizer": {"lr": 3e-5}, "sampling": {"temperature": 0.6}},
               "rollout": {"max_new_tokens": 128}}
+
+    ood_note = ("crowded scenes of 7-9 objects (data.ovd.ood_min_objects..ood_max_objects), more than the 2-5 of any "
+                "train scene")
+
+    @classmethod
+    def describe_ood(cls, s: Any) -> str:
+        """The configured crowding."""
+        return (f"crowded scenes of {s.ood_min_objects}-{s.ood_max_objects} objects (data.ovd.ood_min_objects.."
+                f"ood_max_objects), more than the {s.min_objects}-{s.max_objects} of any train scene")
 
     # the perception warm-up reads rec's scene column, so rec's labels serve (the synthetic data only)
     perception_heads = RecEnv.perception_heads
