@@ -143,6 +143,10 @@ def test_sampled_answers_give_each_prompt_its_mean_best_reward_and_pass_at_k(mon
      {"pred_label": None, "truth": {"label": True, "sentence": "There is a red object in the left image."}}),
     ("rec", {"pred_box": [0, 0, 500, 500], "truth": {"bbox_2d": [0, 0, 500, 450]}},
      {"pred_box": [0, 0, 500, 200], "truth": {"bbox_2d": [0, 0, 500, 450]}}),
+    ("ovd", {"pred_boxes": [["cat", [0, 0, 500, 500]]], "parsed": {"n_items": 1},
+             "truth": {"boxes": [{"label": "cat", "bbox_2d": [0, 0, 500, 450]}]}},
+     {"pred_boxes": [["cat", [0, 0, 500, 500]], ["cat", [0, 0, 500, 500]]], "parsed": {"n_items": 2},
+      "truth": {"boxes": [{"label": "cat", "bbox_2d": [0, 0, 500, 450]}]}}),
 ])
 def test_the_built_in_envs_correctness_bit_is_their_exact_accuracy(env, right, wrong):
     from vlmgym.envs import env_class

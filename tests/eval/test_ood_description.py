@@ -23,6 +23,7 @@ def data_section(tmp_path, text):
     ("message_decoding", "  message_decoding:\n    max_length: 6\n", "words of 7-8 letters", "shuffled"),
     ("message_decoding", "  message_decoding:\n    ood_shift: shuffled\n", "out of alphabetical order", "longer"),
     ("rec", "  rec:\n    ood_min_objects: 6\n    ood_max_objects: 8\n", "crowded scenes of 6-8 objects", "7-9"),
+    ("ovd", "  ovd:\n    ood_min_objects: 6\n    ood_max_objects: 8\n", "crowded scenes of 6-8 objects", "7-9"),
     ("nlvr2", "  nlvr2:\n    ood_object_scale: 1.5\n", "scaled 1.5x (train and test: 3x", "2x"),
 ])
 def test_each_env_names_the_configured_shift(tmp_path, env, settings, named, not_named):
@@ -34,7 +35,7 @@ def test_each_env_names_the_configured_shift(tmp_path, env, settings, named, not
 
 
 def test_without_settings_the_general_note_stands():
-    for name in ("geospot", "digits", "message_decoding", "rec", "nlvr2"):
+    for name in ("geospot", "digits", "message_decoding", "rec", "ovd", "nlvr2"):
         cls = envs.env_class(name)
         assert cls.ood_description(None) == cls.ood_note
         expected = f"In distribution (test) and out of it (test_ood: {cls.ood_note})"

@@ -1,7 +1,7 @@
 """Environment registry: names -> Env classes, imported only when first made (so importing vlmgym.envs is cheap).
 
 An env is found by `env.name` in four ways, the first that knows the name winning:
-- a built-in name (geospot, nlvr2, digits, message_decoding, rec; mixture trains on several of them at once) or
+- a built-in name (geospot, nlvr2, digits, message_decoding, rec, ovd; mixture trains on several of them at once) or
   one added with `register(name, "package.module:Class")`;
 - an entry point of group `vlmgym.envs` of an installed package, e.g. in its pyproject.toml
   `[project.entry-points."vlmgym.envs"]` then `colour = "my_package.colour:ColourEnv"`;

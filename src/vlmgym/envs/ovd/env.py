@@ -116,14 +116,14 @@ class OvdEnv(Env):
                    "mean_f1": ("mean F1 (the default reward)", "reward"),
                    "exact": ("exact detection (all found, none extra)", "rate")}
     # rec's recipe (docs/envs/rec.md: the perception warm-up on the shapes, SFT from the frozen tower, GRPO at a
-    # third of the default lr), with answers of up to four boxes: room for them in the token budgets. Untested
-    # for learning so far: docs/envs/ovd.md.
+    # third of the default lr), with answers of up to four boxes, about 33 tokens each with the tiny tokenizer:
+    # room for them in the token budgets. Untested for learning so far: docs/envs/ovd.md.
     recipe = {"data": {"train_images": 24000,
                        "ovd": {"object_scale": 2, "max_objects": 4, "ood_min_objects": 5, "ood_max_objects": 6}},
               "sft": {"steps": 3000, "freeze": "vision", "optimizer": {"lr": 0.001}, "validation": {"every": 250},
                       "perception": {"steps": 3000, "optimizer": {"lr": 0.001}}},
-              "train": {"max_new_tokens": 128, "optimizer": {"lr": 3e-5}, "sampling": {"temperature": 0.6}},
-              "rollout": {"max_new_tokens": 128}}
+              "train": {"max_new_tokens": 160, "optimizer": {"lr": 3e-5}, "sampling": {"temperature": 0.6}},
+              "rollout": {"max_new_tokens": 224}}  # test_ood's scenes hold up to 6 objects
 
     ood_note = ("crowded scenes of 7-9 objects (data.ovd.ood_min_objects..ood_max_objects), more than the 2-5 of any "
                 "train scene")
