@@ -61,7 +61,8 @@ def test_the_overrides_are_dvc_exp_run_arguments_that_survive_word_splitting(mon
                            "++sft.perception.optimizer.lr=0.003", "++sft.steps=600", "++sft.validation.every=100",
                            "++data.train_images=2000",
                            "++data.image_width=256", "++data.image_height=192", "++train.optimizer.lr=0.0001",
-                           "++train.sampling.temperature=1.0", "++model.max_pixels=12288"]
+                           "++train.sampling.temperature=1.0", "++train.max_new_tokens=64", "++model.max_pixels=12288",
+                           "++rollout.max_new_tokens=64"]  # ovd's recipe sets the two token budgets
 
 
 @pytest.mark.parametrize("env", sorted(registry.names()))
