@@ -78,7 +78,8 @@ def run_on_cpu_devices() -> Callable[..., str]:
 # The longest setups and tests, first in each half of the collection: pytest-xdist's worksteal mode starts each of
 # the two workers on one half, so one builds the shared micro pipeline while the other kills and reruns its own.
 FIRST_HALF = ("pipeline/test_pipeline_e2e.py", "pipeline/test_multiturn_pipeline.py",
-              "pipeline/test_train_algorithms.py", "pipeline/test_dvc_remote.py", "pipeline/test_report_browser.py")
+              "pipeline/test_train_algorithms.py", "pipeline/test_dvc_remote.py", "pipeline/test_report_browser.py",
+              "pipeline/test_ovd_pipeline.py")
 SECOND_HALF = ("pipeline/test_kill_rerun.py", "pipeline/test_mixture_env.py", "pipeline/test_external_env.py",
                "compare/test_study_pipeline.py", "rl/test_multihost.py")
 

@@ -134,6 +134,7 @@ def test_records_and_metrics_through_the_shared_evaluation():
     assert half["mean_f1"] == pytest.approx(half["mean_reward"])
     junk = evaluate(OvdEnv, policies["junk"], n_resamples=100)
     assert junk["map"] == junk["ap50"] == junk["mean_f1"] == junk["format_valid_rate"] == 0.0
+    assert all(r["pred_boxes"] is None and OvdEnv.outcome_text(r) == "no list" for r in policies["junk"])
     record = policies["half"][0]
     assert OvdEnv.solved(record) is (len(record["truth"]["boxes"]) == 1)
     assert "found" in OvdEnv.outcome_text(record) and "->" in OvdEnv.truth_text(record["truth"])

@@ -181,8 +181,8 @@ class OvdEnv(Env):
             reward = vlm_r1.cosine(text, self.count_tokens)
         reward = min(1.0, max(0.0, reward)) if math.isfinite(reward) else 0.0
         detections = [[d.label, [round(v, 3) for v in d.box]] for d in parsed.detections if d.box is not None]
-        return reward, {"detections": detections, "n_items": parsed.n_items, "found": found, "f1": f1,
-                        "format_ok": parsed.format_ok, "parse_failed": not parsed.read,
+        return reward, {"detections": detections if parsed.read else None, "n_items": parsed.n_items,
+                        "found": found, "f1": f1, "format_ok": parsed.format_ok, "parse_failed": not parsed.read,
                         "reward_components": {option: reward}}
 
     def ideal_answer(self, meta: dict[str, Any]) -> str:
@@ -217,7 +217,8 @@ class OvdEnv(Env):
 
     @classmethod
     def record_fields(cls, info: Mapping[str, Any], meta: Mapping[str, Any]) -> dict[str, Any]:
-        """The boxes read ([label, box] each), the items listed, the F1; the truth (categories, boxes)."""
+        """The boxes read ([label, box] each; None: no list read), the items listed, the F1; the truth
+        (categories, boxes)."""
         return {"parsed": {"n_items": info.get("n_items"), "found": info.get("found"), "f1": info.get("f1")},
                 "pred_boxes": info.get("detections"),
                 "truth": {"categories": list(meta.get("categories") or []), "boxes": list(meta.get("boxes") or [])}}
