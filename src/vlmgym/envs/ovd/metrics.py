@@ -69,18 +69,17 @@ def match_image(detections: Sequence[Box], truths: Sequence[Box]) -> np.ndarray:
 def average_precision(hits: np.ndarray, n_truth: int) -> np.ndarray:
     """AP per threshold (COCOeval.accumulate) of detections in rank order: hits (thresholds, detections), out of
     n_truth true boxes (> 0)."""
+    thresholds, count = hits.shape
+    if count == 0:
+        return np.zeros(thresholds)
     tp = np.cumsum(hits, axis=1, dtype=np.float64)
     fp = np.cumsum(~hits, axis=1, dtype=np.float64)
-    out = np.zeros(hits.shape[0])
-    for t in range(hits.shape[0]):
-        recall = tp[t] / n_truth
-        precision = tp[t] / (fp[t] + tp[t] + np.spacing(1))
-        precision = np.maximum.accumulate(precision[::-1])[::-1]
-        at = np.searchsorted(recall, RECALL_POINTS, side="left")
-        q = np.zeros(len(RECALL_POINTS))
-        q[at < len(precision)] = precision[at[at < len(precision)]]
-        out[t] = q.mean()
-    return out
+    recall = tp / n_truth
+    precision = tp / (fp + tp + np.spacing(1))
+    precision = np.flip(np.maximum.accumulate(np.flip(precision, axis=1), axis=1), axis=1)  # monotone from the right
+    at = np.stack([np.searchsorted(recall[t], RECALL_POINTS, side="left") for t in range(thresholds)])
+    read = np.take_along_axis(precision, np.minimum(at, count - 1), axis=1)
+    return np.where(at < count, read, 0.0).mean(axis=1)
 
 
 def dataset_ap(images: Sequence[tuple[Sequence[Labelled], Sequence[Labelled]]]) -> tuple[float, float]:
@@ -123,15 +122,14 @@ class DetectionTable:
         starts = np.concatenate([np.zeros((1, self.counts.shape[1]), np.int64), np.cumsum(self.counts, axis=0)])
         out = np.full((indices.shape[0], 2), np.nan)
         for r, row in enumerate(indices):
+            n_truth = self.truths[row].sum(axis=0)
+            counts = self.counts[row]
+            # where each resampled image's detections of a category start in that category's column of hits
+            shift = starts[row] - (np.cumsum(counts, axis=0) - counts)
             per_category = []
-            for k in range(len(self.categories)):
-                n_truth = int(self.truths[row, k].sum())
-                if n_truth == 0:
-                    continue
-                counts = self.counts[row, k]
-                total = int(counts.sum())
-                offsets = np.repeat(starts[row, k] - (np.cumsum(counts) - counts), counts)
-                per_category.append(average_precision(self.hits[k][:, offsets + np.arange(total)], n_truth))
+            for k in np.flatnonzero(n_truth):
+                positions = np.repeat(shift[:, k], counts[:, k]) + np.arange(int(counts[:, k].sum()))
+                per_category.append(average_precision(self.hits[k][:, positions], int(n_truth[k])))
             if per_category:
                 ap = np.asarray(per_category)
                 out[r] = ap.mean(), ap[:, 0].mean()
