@@ -107,6 +107,9 @@ def from_hf_dict(hf: dict[str, Any], dtype: str = "fp32", param_dtype: str = "fp
     if hf.get("model_type", MODEL_TYPE) != MODEL_TYPE:
         raise ConfigError(f"config.model_type: expected {MODEL_TYPE!r}, got {hf.get('model_type')!r}")
     t = _text_section(hf)
+    for key in ("rope_parameters", "rope_scaling"):  # 4.x hub configs say {"type": "mrope"}: default rope + sections
+        if isinstance(t.get(key), dict) and t[key].get("rope_type", t[key].get("type")) == "mrope":
+            t[key] = {k: v for k, v in t[key].items() if k != "type"} | {"rope_type": "default"}
     v = _need(hf, "vision_config", "config")
     if t.get("use_sliding_window"):
         raise ConfigError("text_config.use_sliding_window: true is not supported")
