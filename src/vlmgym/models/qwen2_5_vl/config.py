@@ -179,3 +179,15 @@ def load_hf_config(path: str | Path, dtype: str = "fp32", param_dtype: str = "fp
     if path.is_dir():
         path = path / "config.json"
     return from_hf_dict(json.loads(path.read_text()), dtype, param_dtype)
+
+
+CONFIGS_DIR = Path(__file__).parent / "configs"
+
+
+def named_config(name: str, dtype: str = "fp32", param_dtype: str = "fp32") -> Qwen25VLConfig:
+    """One of the shipped hub configs: '3b' (tied embeddings) or '7b'."""
+    path = CONFIGS_DIR / f"qwen2_5_vl_{name.lower()}.json"
+    if not path.exists():
+        known = sorted(p.stem.removeprefix("qwen2_5_vl_") for p in CONFIGS_DIR.glob("*.json"))
+        raise ConfigError(f"unknown config {name!r} (known: {known})")
+    return load_hf_config(path, dtype, param_dtype)
