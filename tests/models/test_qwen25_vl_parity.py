@@ -11,6 +11,8 @@ from qwen25_fixtures import IMAGE_TOKEN, PATCH, hf_forward, image_prompt, make_b
 from vlmgym.models.qwen2_5_vl import model as qwen25
 from vlmgym.models.qwen2_5_vl.vision import encode_images
 
+pytestmark = pytest.mark.slow
+
 TOLERANCE = 1e-4
 # name: (tied embeddings, full-attention block indexes, window side in merged patches, seed)
 CONFIGS = {
