@@ -137,3 +137,18 @@ def test_strict_about_keys_and_shapes(saved):
     both = {**state, "model.visual.merger.ln_q.weight": state["visual.merger.ln_q.weight"]}
     with pytest.raises(ConversionError, match="appears twice"):
         hf_to_params(both, cfg)
+
+
+def test_a_written_tied_head_must_equal_the_embedding(saved):
+    _, folder = saved
+    state = read_safetensors(folder)
+    cfg, params = load_hf_folder(folder)
+    if not cfg.tie_word_embeddings:
+        pytest.skip("untied: lm_head.weight is a tensor of its own")
+    embedding = state["model.embed_tokens.weight"]
+    import jax
+
+    same = hf_to_params({**state, "lm_head.weight": embedding.copy()}, cfg)
+    assert jax.tree.all(jax.tree.map(np.array_equal, same, params))
+    with pytest.raises(ConversionError, match="tie_word_embeddings"):
+        hf_to_params({**state, "lm_head.weight": embedding + 1}, cfg)
