@@ -70,6 +70,8 @@ class TextConfig:
     mrope_section: tuple[int, int, int] = (24, 20, 20)
     max_position_embeddings: int = 262144
     hidden_act: str = "silu"
+    # Qwen3-VL interleaves the t/h/w frequencies; Qwen2(.5)-VL takes them in chunks [t..., h..., w...].
+    mrope_interleaved: bool = True
 
 
 @dataclass(frozen=True)

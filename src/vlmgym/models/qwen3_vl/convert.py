@@ -105,16 +105,20 @@ def _strip(key: str) -> str:
     return key[len("model."):] if key.startswith("model.") else key
 
 
-def hf_to_params(state: dict[str, np.ndarray], cfg: Qwen3VLConfig) -> Params:
-    """Params tree (numpy, checkpoint dtype) from an HF state dict; strict about keys and shapes."""
+def hf_to_params(state: dict[str, np.ndarray], cfg: Qwen3VLConfig, *,
+                 key_table: Callable[[Any], Iterator] | None = None, abstract: Params | None = None) -> Params:
+    """Params tree (numpy, checkpoint dtype) from an HF state dict; strict about keys and shapes.
+
+    `key_table` / `abstract` default to Qwen3-VL's; another family (qwen2_5_vl) passes its own.
+    """
     bare = {}
     for key, value in state.items():
         name = _strip(key)
         if name in bare:
             raise ConversionError(f"key {key!r} appears twice (with and without the 'model.' prefix)")
         bare[name] = value
-    abstract = abstract_params(cfg)
-    table = list(_key_table(cfg))
+    abstract = abstract_params(cfg) if abstract is None else abstract
+    table = list((key_table or _key_table)(cfg))
     expected = {hf for hf, *_ in table}
     # Some exports write the tied head too; accept it only when it really equals the embedding.
     if cfg.tie_word_embeddings and "lm_head.weight" in bare and not np.array_equal(
@@ -157,11 +161,12 @@ def hf_to_params(state: dict[str, np.ndarray], cfg: Qwen3VLConfig) -> Params:
     return params
 
 
-def params_to_hf(params: Params, cfg: Qwen3VLConfig) -> dict[str, np.ndarray]:
+def params_to_hf(params: Params, cfg: Qwen3VLConfig, *,
+                 key_table: Callable[[Any], Iterator] | None = None) -> dict[str, np.ndarray]:
     """HF state dict ('model.'-prefixed keys, (out, in) linear weights) from a params tree."""
     state = {}
     v = cfg.vision
-    for hf, path, index, kind in _key_table(cfg):
+    for hf, path, index, kind in (key_table or _key_table)(cfg):
         value = np.asarray(_get(params, path))
         if index is not None:
             value = value[index]

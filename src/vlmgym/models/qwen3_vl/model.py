@@ -34,13 +34,20 @@ def _rotate_half(x: jax.Array) -> jax.Array:
 
 
 def mrope_cos_sin(cfg: Qwen3VLConfig, position_ids: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """Interleaved MRoPE cos/sin (B, L, head_dim) from (3, B, L) temporal/height/width positions."""
+    """MRoPE cos/sin (B, L, head_dim) from (3, B, L) temporal/height/width positions.
+
+    Interleaved (Qwen3-VL): frequency j takes the h row for j = 1, 4, 7, ... and the w row for j = 2, 5, 8, ...
+    Chunked (Qwen2(.5)-VL, `mrope_interleaved=False`): the first mrope_section[0] frequencies take t, the next
+    mrope_section[1] take h, the last mrope_section[2] take w.
+    """
     t = cfg.text
     inv_freq = 1.0 / (t.rope_theta ** (np.arange(0, t.head_dim, 2, dtype=np.float32) / np.float32(t.head_dim)))
-    # Frequency j takes the h row for j = 1, 4, 7, ... and the w row for j = 2, 5, 8, ... (interleaved, not chunked).
-    row_of_freq = np.zeros(t.head_dim // 2, np.int32)
-    row_of_freq[1:t.mrope_section[1] * 3:3] = 1
-    row_of_freq[2:t.mrope_section[2] * 3:3] = 2
+    if t.mrope_interleaved:
+        row_of_freq = np.zeros(t.head_dim // 2, np.int32)
+        row_of_freq[1:t.mrope_section[1] * 3:3] = 1
+        row_of_freq[2:t.mrope_section[2] * 3:3] = 2
+    else:
+        row_of_freq = np.repeat(np.arange(3, dtype=np.int32), t.mrope_section)
     positions = jnp.moveaxis(position_ids[row_of_freq], 0, -1).astype(jnp.float32)  # (B, L, head_dim/2)
     freqs = positions * jnp.asarray(inv_freq.astype(np.float32))
     emb = jnp.concatenate([freqs, freqs], axis=-1)
@@ -66,15 +73,22 @@ def _attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax
 
 
 def _qkv(cfg: Qwen3VLConfig, p: Params, x: jax.Array, cos: jax.Array, sin: jax.Array):
-    """Pre-norm, projections, per-head q/k RMSNorm, then rotary (B,T,heads,D)."""
+    """Pre-norm, projections (+ bias where the params hold one: Qwen2), per-head q/k RMSNorm (where the params hold
+    one: Qwen3), then rotary (B,T,heads,D)."""
     t = cfg.text
     b, length, _ = x.shape
     h = _rms_norm(x, p["input_norm"]["scale"], t.rms_norm_eps)
-    q = project(h, p["q"]).reshape(b, length, t.num_attention_heads, t.head_dim)
-    k = project(h, p["k"]).reshape(b, length, t.num_key_value_heads, t.head_dim)
-    v = project(h, p["v"]).reshape(b, length, t.num_key_value_heads, t.head_dim)
-    q = _rms_norm(q, p["q_norm"]["scale"], t.rms_norm_eps)
-    k = _rms_norm(k, p["k_norm"]["scale"], t.rms_norm_eps)
+
+    def heads(name: str, n: int) -> jax.Array:
+        y = project(h, p[name])
+        if "bias" in p[name]:
+            y = y + p[name]["bias"]
+        return y.reshape(b, length, n, t.head_dim)
+
+    q, k, v = heads("q", t.num_attention_heads), heads("k", t.num_key_value_heads), heads("v", t.num_key_value_heads)
+    if "q_norm" in p:
+        q = _rms_norm(q, p["q_norm"]["scale"], t.rms_norm_eps)
+        k = _rms_norm(k, p["k_norm"]["scale"], t.rms_norm_eps)
     c, s = cos[:, :, None], sin[:, :, None]
     return q * c + _rotate_half(q) * s, k * c + _rotate_half(k) * s, v
 

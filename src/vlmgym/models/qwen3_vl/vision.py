@@ -130,29 +130,41 @@ def _rotary_cos_sin(cfg: Qwen3VLConfig, rotary_pos: jax.Array) -> tuple[jax.Arra
     return jnp.cos(freqs), jnp.sin(freqs)
 
 
-def _block(cfg: Qwen3VLConfig, p: Params, x: jax.Array, cos: jax.Array, sin: jax.Array,
-           layout: PatchLayout) -> jax.Array:
-    """One pre-norm ViT block with attention restricted to patches of the same image frame."""
+def block_attention(cfg: Any, p: Params, h: jax.Array, cos: jax.Array, sin: jax.Array, block_index: jax.Array,
+                    block_valid: jax.Array, patch_slot: jax.Array) -> jax.Array:
+    """Fused qkv, 2-D rotary (fp32), non-causal attention inside each block of patches, then `proj`.
+
+    `block_index` (blocks, longest) lists the patches of each block (past-the-end = a zero row), `block_valid`
+    marks the real ones, `patch_slot` puts each patch's output back in patch order. Blocks are image frames
+    (Qwen3-VL, Qwen2.5-VL full-attention blocks) or attention windows (Qwen2.5-VL).
+    """
     v = cfg.vision
-    n = x.shape[0]
-    qkv = _dense(_layer_norm(x, p["norm1"]), p["qkv"]).reshape(n, 3, v.num_heads, v.head_dim)
+    n = h.shape[0]
+    qkv = _dense(h, p["qkv"]).reshape(n, 3, v.num_heads, v.head_dim)
     q, k, val = qkv[:, 0], qkv[:, 1], qkv[:, 2]
     # Rotary in fp32 as transformers does, then back to the compute dtype.
     c, s = cos[:, None, :], sin[:, None, :]
-    q = (q.astype(jnp.float32) * c + _rotate_half(q.astype(jnp.float32)) * s).astype(x.dtype)
-    k = (k.astype(jnp.float32) * c + _rotate_half(k.astype(jnp.float32)) * s).astype(x.dtype)
+    q = (q.astype(jnp.float32) * c + _rotate_half(q.astype(jnp.float32)) * s).astype(h.dtype)
+    k = (k.astype(jnp.float32) * c + _rotate_half(k.astype(jnp.float32)) * s).astype(h.dtype)
 
-    def blocks(t: jax.Array) -> jax.Array:  # (N, heads, D) -> (frames, longest, heads, D)
-        return jnp.concatenate([t, jnp.zeros((1,) + t.shape[1:], t.dtype)])[layout["block_index"]]
+    def blocks(t: jax.Array) -> jax.Array:  # (N, heads, D) -> (blocks, longest, heads, D)
+        return jnp.concatenate([t, jnp.zeros((1,) + t.shape[1:], t.dtype)])[block_index]
 
     scores = jnp.einsum("bqhd,bkhd->bhqk", blocks(q), blocks(k), preferred_element_type=jnp.float32)
     scores = scores * (v.head_dim**-0.5)
-    scores = jnp.where(layout["block_valid"][:, None, None, :], scores, jnp.finfo(jnp.float32).min)
-    probs = jax.nn.softmax(scores, axis=-1).astype(x.dtype)
-    attn = jnp.einsum("bhqk,bkhd->bqhd", probs, blocks(val)).reshape(-1, v.hidden_size)[layout["patch_slot"]]
-    x = x + _dense(attn, p["proj"])
+    scores = jnp.where(block_valid[:, None, None, :], scores, jnp.finfo(jnp.float32).min)
+    probs = jax.nn.softmax(scores, axis=-1).astype(h.dtype)
+    attn = jnp.einsum("bhqk,bkhd->bqhd", probs, blocks(val)).reshape(-1, v.hidden_size)[patch_slot]
+    return _dense(attn, p["proj"])
+
+
+def _block(cfg: Qwen3VLConfig, p: Params, x: jax.Array, cos: jax.Array, sin: jax.Array,
+           layout: PatchLayout) -> jax.Array:
+    """One pre-norm ViT block with attention restricted to patches of the same image frame."""
+    x = x + block_attention(cfg, p, _layer_norm(x, p["norm1"]), cos, sin, layout["block_index"],
+                            layout["block_valid"], layout["patch_slot"])
     hidden = _dense(_layer_norm(x, p["norm2"]), p["fc1"])
-    hidden = jax.nn.gelu(hidden, approximate=v.hidden_act == "gelu_pytorch_tanh")
+    hidden = jax.nn.gelu(hidden, approximate=cfg.vision.hidden_act == "gelu_pytorch_tanh")
     return x + _dense(hidden, p["fc2"])
 
 

@@ -116,16 +116,20 @@ def abstract_params(cfg: Qwen3VLConfig) -> Params:
 
 def init_params(cfg: Qwen3VLConfig, key: jax.Array, std: float = 0.02) -> Params:
     """Random parameters (normal(std) matrices, unit norm scales, zero biases) in cfg.param_dtype."""
-    specs = param_specs(cfg)
+    return init_from_specs(param_specs(cfg), key, cfg.params_dtype, std)
+
+
+def init_from_specs(specs: Params, key: jax.Array, dtype: Any, std: float = 0.02) -> Params:
+    """Random parameters of a ParamSpec tree (shared by the model families)."""
     leaves, treedef = jax.tree.flatten(specs, is_leaf=_is_spec)
     keys = jax.random.split(key, len(leaves))
 
     def make(spec: ParamSpec, k: jax.Array) -> jax.Array:
         if spec.init == "ones":
-            return jnp.ones(spec.shape, cfg.params_dtype)
+            return jnp.ones(spec.shape, dtype)
         if spec.init == "zeros":
-            return jnp.zeros(spec.shape, cfg.params_dtype)
-        return (std * jax.random.normal(k, spec.shape, jnp.float32)).astype(cfg.params_dtype)
+            return jnp.zeros(spec.shape, dtype)
+        return (std * jax.random.normal(k, spec.shape, jnp.float32)).astype(dtype)
 
     return jax.tree.unflatten(treedef, [make(s, k) for s, k in zip(leaves, keys)])
 

@@ -1,0 +1,25 @@
+"""Qwen2.5-VL image preprocessing: Qwen3-VL's processor code with the Qwen2.5-VL hub settings (14-pixel patches,
+so sides are multiples of 28; CLIP mean / std; the hub's preprocessor_config.json pixel budget)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+from PIL import Image
+
+from vlmgym.models.qwen3_vl.processor import ImageSettings
+from vlmgym.models.qwen3_vl.processor import preprocess_images as _preprocess
+
+CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
+CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
+HUB_MIN_PIXELS = 3136  # 56 * 56
+HUB_MAX_PIXELS = 12845056  # 16384 merged tokens of 28 x 28 pixels
+IMAGE_SETTINGS = ImageSettings(min_pixels=HUB_MIN_PIXELS, max_pixels=HUB_MAX_PIXELS, patch_size=14,
+                               image_mean=CLIP_MEAN, image_std=CLIP_STD)
+
+
+def preprocess_images(images: Sequence[Image.Image | np.ndarray],
+                      settings: ImageSettings = IMAGE_SETTINGS) -> tuple[np.ndarray, np.ndarray]:
+    """Images -> (pixel_values (N_patches, 3*2*14*14) float32, image_grid_thw (n_images, 3) int32)."""
+    return _preprocess(images, settings=settings)
