@@ -76,9 +76,10 @@ def test_image_root_and_placeholders(tmp_path):
                                                              {"from": "gpt", "value": "red"}]}
     elsewhere = tmp_path / "lists" / "set.jsonl"
     elsewhere.parent.mkdir()
-    elsewhere.write_text(json.dumps(line) + "\n" + json.dumps(ok) + "\n" + json.dumps({**ok, "id": "z"}) + "\n")
+    elsewhere.write_text("".join(json.dumps(x) + "\n" for x in (line, ok, {**ok, "id": "z"}, ok)))
     splits, details = user_data.user_records(files(path=str(elsewhere), image_root=str(tmp_path / "images")), 0)
-    assert details["all"]["skipped"] == {"image_count": 1} and details["all"]["rows"] == 2
+    assert details["all"]["skipped"] == {"image_count": 1} and details["all"]["rows"] == 3
+    assert {r.key for r in splits["train"] + splits["test"]} == {"y", "z", "y-line4"}  # a repeated id is kept
     assert {r.question for r in splits["train"] + splits["test"]} == {"No placeholder: colour?"}
     # without image_root the paths are relative to the jsonl's folder, where there are no images
     with pytest.raises(UserDataError, match=r"no usable row .*image_missing"):
@@ -367,3 +368,13 @@ def test_the_pages_settings_are_valid_params():
             from_dict(EnvParams, {"name": "user_data", **{k: v for k, v in settings["env"].items() if k != "name"}})
         if "data" in settings:
             from_dict(DataParams, settings["data"])
+
+
+def test_a_sample_shows_one_to_four_images():
+    from PIL import Image
+
+    image = Image.new("RGB", (8, 6))
+    for count in (1, 4):
+        ENV(samples=[Sample("s", [image] * count, {"question": "Q?", "answer": "red"})])
+    with pytest.raises(ValueError, match=r"sample 's' has 5 images, expected 1 to 4"):
+        ENV(samples=[Sample("s", [image] * 5, {"question": "Q?", "answer": "red"})])

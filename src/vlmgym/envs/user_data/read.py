@@ -16,8 +16,8 @@ Read with `datasets.load_from_disk` and pyarrow: local files only, no loading sc
 
 A bad row is skipped and counted by reason, with its file and line (or row) named in the examples: `bad_json`,
 `bad_types`, `missing_question`, `missing_answer`, `image_missing` (no image, or a file that is not there),
-`image_unreadable` (not an image PIL can decode), `image_count` (more than MAX_IMAGES, or not one per `<image>`),
-`duplicate_id`.
+`image_unreadable` (not an image PIL can decode), `image_count` (more than MAX_IMAGES, or not one per `<image>`).
+An id seen before (several questions about one image often share it) gets its line or row number added to its key.
 """
 
 from __future__ import annotations
@@ -206,8 +206,8 @@ def read_jsonl(path: Path, image_root: Path | None, skips: Skips) -> Iterator[Re
                     raise Skip("bad_json", "not a JSON object")
                 question, answer = _conversation(row)
                 key = safe_key(row.get("id"), f"line{number}")
-                if key in seen:
-                    raise Skip("duplicate_id", f"id {row.get('id')!r}")
+                if key in seen:  # several questions about one image often share its id
+                    key = f"{key}-line{number}"
                 images = images_of(row.get("image", row.get("images")), root)
                 record = _record(key, images, question_of(question, len(images)), answer_of(answer),
                                  columns_of(row, {"image", "images", "conversations"}))
