@@ -14,6 +14,8 @@ FORMATS = {
     "nlvr2": "left: blue, red. right: green. red object: left yes, right no. True",
     "digits": "1, 3, 7",
     "message_decoding": "house",
+    # user_data has no answer form of its own (its answers take the user's data's forms: words, numbers, letters,
+    # boxes), so it adds none here; its tests (test_user_data.py, test_think.py) score all of adversarial("user_data")
 }
 
 # Names of nothing: text that normalises to no letter or digit, alone and as geospot's name lines
