@@ -319,7 +319,7 @@ def test_a_trl_function_gets_the_completions_and_the_rows_columns_as_lists(funct
     assert info["reward_components"] == {"exact": 0.0, "my_rewards.starts_like_solution": 1.0, FAILED: 0.0}
     assert reward == pytest.approx(0.5)
     assert module.calls == [{"completions": [[{"role": "assistant", "content": "rose"}]], "solution": ["red"],
-                             "problem": ["Q?"], "n": [0]}]
+                             "prompts": [[{"role": "user", "content": "Q?"}]], "problem": ["Q?"], "n": [0]}]
     # junk never reaches the function: it gets the minimum
     module.calls.clear()
     assert env.step_text(state, "   ")[2] == 0.0 and module.calls == []

@@ -104,7 +104,7 @@ class UserDataEnv(Env):
         self.functions = fns.Functions.of(names, self.params.completions) if names else None
         if self.functions is not None:  # a broken function stops the stage now, not hours into a run
             meta = self.samples[0].meta
-            self.functions.check(meta["answer"], meta.get("columns") or {})
+            self.functions.check(meta["answer"], meta.get("columns") or {}, meta["question"])
 
     def check_sample(self, sample: SampleLike) -> None:
         meta = sample.meta
@@ -133,7 +133,7 @@ class UserDataEnv(Env):
             if junk:
                 values = dict.fromkeys(self.functions.loaded, 0.0)
             else:
-                values, errors = self.functions.score(text, state.meta.get("columns") or {})
+                values, errors = self.functions.score(text, state.meta.get("columns") or {}, state.meta["question"])
             for name, value in values.items():
                 components[fns.component_name(name)] = value
                 weights[fns.component_name(name)] = self.params.rewards[name]

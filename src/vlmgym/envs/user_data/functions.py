@@ -2,9 +2,10 @@
 
 A function is `f(completions, **columns) -> list[float]`: `completions` holds the answers (as strings with
 `completions: text`, or as TRL's conversational form `[[{"role": "assistant", "content": answer}]]` with
-`completions: chat`, which VLM-R1's functions read as `completion[0]["content"]`), and each column of the row
-comes as a list beside them (`solution`, `problem`, the data's own columns). vlmgym scores one answer at a time,
-so every list has one item; the function returns one value.
+`completions: chat`, which VLM-R1's functions read as `completion[0]["content"]`), `prompts` the questions in the
+same form (`[question]`, or `[[{"role": "user", "content": question}]]`), and each column of the row comes as a
+list beside them (`solution`, `problem`, the data's own columns). vlmgym scores one answer at a time, so every
+list has one item; the function returns one value.
 
 The module is imported like an env's `module:Class`: an importable module, or one beside params.yaml, e.g. a file
 of the project's plug-in folder whose name starts with `_` (`plugins._rewards:my_reward`), which is no env.
@@ -78,15 +79,18 @@ def load(name: str) -> Callable[..., Any]:
     return function
 
 
-def completions_of(answer: str, form: str) -> list[Any]:
-    """TRL's `completions` for one answer: [answer], or [[{"role": "assistant", "content": answer}]]."""
-    return [answer] if form == "text" else [[{"role": "assistant", "content": answer}]]
+def as_batch(text: str, role: str, form: str) -> list[Any]:
+    """TRL's `completions` (role assistant) or `prompts` (role user) for one text: [text], or
+    [[{"role": role, "content": text}]]."""
+    return [text] if form == "text" else [[{"role": role, "content": text}]]
 
 
-def call(name: str, function: Callable[..., Any], answer: str, columns: Mapping[str, Any], form: str) -> float:
+def call(name: str, function: Callable[..., Any], answer: str, columns: Mapping[str, Any], form: str,
+         prompt: str = "") -> float:
     """The function's value for one answer, checked; a RewardFunctionError naming the function otherwise."""
     try:
-        values = function(completions=completions_of(answer, form), **{k: [v] for k, v in columns.items()})
+        values = function(prompts=as_batch(prompt, "user", form), completions=as_batch(answer, "assistant", form),
+                          **{k: [v] for k, v in columns.items() if k not in ("prompts", "completions")})
     except Exception as err:  # a user's function: any error is reported, naming it
         raise RewardFunctionError(f"reward function {name!r} raised {type(err).__name__}: {err}") from err
     try:
@@ -119,17 +123,18 @@ class Functions:
     def of(cls, names: list[str], form: str) -> Functions:
         return cls(form, {name: load(name) for name in names})
 
-    def check(self, answer: str, columns: Mapping[str, Any]) -> None:
+    def check(self, answer: str, columns: Mapping[str, Any], prompt: str = "") -> None:
         """Call each function once (the env's build): a broken one stops here, named."""
         for name, function in self.loaded.items():
-            call(name, function, answer, columns, self.form)
+            call(name, function, answer, columns, self.form, prompt)
 
-    def score(self, answer: str, columns: Mapping[str, Any]) -> tuple[dict[str, float], dict[str, str]]:
+    def score(self, answer: str, columns: Mapping[str, Any],
+              prompt: str = "") -> tuple[dict[str, float], dict[str, str]]:
         """({function: value}, {function: error message}) for one answer; a failed function scores 0."""
         values, errors = {}, {}
         for name, function in self.loaded.items():
             try:
-                values[name] = call(name, function, answer, columns, self.form)
+                values[name] = call(name, function, answer, columns, self.form, prompt)
             except RewardFunctionError as err:
                 values[name], errors[name] = 0.0, str(err)
                 count = self.failures[name] = self.failures.get(name, 0) + 1
