@@ -133,6 +133,9 @@ def test_nothing_usable_is_an_error_naming_the_file_and_why(tmp_path):
         user_data.user_records(jsonl_files(only_bad), seed=0)
     with pytest.raises(UserDataError, match="no such file"):
         user_data.user_records(files(path=str(tmp_path / "none.jsonl")), seed=0)
+    (tmp_path / "list.json").write_text("[]")
+    with pytest.raises(UserDataError, match=r"list\.json: a file that is neither a \.jsonl"):
+        user_data.user_records(files(path=str(tmp_path / "list.json")), seed=0)
     with pytest.raises(UserDataError, match="either path, or train and test"):
         user_data.user_records(files(path="a.jsonl", train="b.jsonl"), seed=0)
 

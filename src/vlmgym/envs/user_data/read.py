@@ -265,6 +265,8 @@ def dataset_splits(path: Path, columns: Columns) -> dict[str, tuple[str, Iterato
     """{split: (where, rows)} of a `datasets` folder or parquet files; a Dataset or one file: {"all": ...}."""
     if path.is_file() and path.suffix == ".parquet":
         return {"all": _parquet(path, columns)}
+    if path.is_file():
+        raise UserDataError(f"{path}: a file that is neither a .jsonl (VLM-R1's lines) nor a .parquet file")
     if not path.is_dir():
         raise UserDataError(f"{path}: no such folder or parquet file (data.user_data.path / train / test)")
     if (path / "dataset_dict.json").is_file() or (path / "state.json").is_file():
