@@ -100,7 +100,7 @@ MODULE_SECONDS = {
     "tracking/test_system_metrics.py": 6, "models/test_parity_cli.py": 6, "rl/test_grpo.py": 6,
     "models/test_sharding.py": 5, "rl/test_perception.py": 5, "rl/test_dpo.py": 5, "pipeline/test_resume_inputs.py": 50,
     "tracking/test_tracking_registration.py": 40, "rl/test_non_finite.py": 12, "compare/test_study_pipeline.py": 161,
-    "pipeline/test_user_data_pipeline.py": 300}
+    "pipeline/test_user_data_pipeline.py": 230}
 SLOW_SECONDS = 9
 
 
