@@ -16,6 +16,8 @@ FORMATS = {
     "message_decoding": "house",
     "ovd": '[{"bbox_2d": [100, 100, 300, 300], "label": "red circle"}, {"bbox_2d": [500, 500, 700, 700], '
            '"label": "blue square"}]',
+    # user_data has no answer form of its own (its answers take the user's data's forms: words, numbers, letters,
+    # boxes), so it adds none here; its tests (test_user_data.py, test_think.py) score all of adversarial("user_data")
 }
 # Answers another env rightly reads as one of its own, so they are no junk to it: rec scores the first box of any
 # answer (tests/envs/test_rec_boxes.py), and an ovd answer is a list of boxes. (An env's own answer is left out

@@ -13,7 +13,7 @@ from vlmgym import envs
 from vlmgym.envs import think
 from vlmgym.params import EnvParams, ParamsError, from_dict
 
-BUILTIN = ("geospot", "nlvr2", "digits", "message_decoding", "rec", "ovd")
+BUILTIN = ("geospot", "nlvr2", "digits", "message_decoding", "rec", "ovd", "user_data")
 
 
 def _env(name: str, on: bool = True, weight: float = 0.1, n: int = 4):

@@ -41,6 +41,8 @@ class RowSchema:
     required: tuple[str, ...]  # CSV columns every row needs
     image_exts: tuple[str, ...]  # tar extension of each image, in row order (e.g. "jpg" or "left.jpg")
     parse: Callable[[dict[str, str]], Row]  # validates one row; raises RowSkip for a bad one
+    # Rows may have fewer images, down to this many (the first extensions, in order); 0: exactly one per extension.
+    min_images: int = 0
 
     @property
     def image_count(self) -> int:

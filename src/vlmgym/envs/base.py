@@ -235,11 +235,15 @@ class Env(EvaluationParts, abc.ABC):
 
     def _check_images(self, sample: SampleLike) -> None:
         """The check every env with a schema shares: a sample has the images its prompt shows, no more."""
-        if self.schema is None or len(sample.images) == self.schema.image_count:
+        if self.schema is None:
+            return
+        count, least = self.schema.image_count, self.schema.min_images or self.schema.image_count
+        if least <= len(sample.images) <= count:
             return
         roles = self.schema.image_roles
+        expected = f"{least} to {count}" if least < count else f"{count}"
         raise ValueError(f"{self.name}: sample {sample.key!r} has {len(sample.images)} images, expected "
-                         f"{self.schema.image_count}" + (f" ({', '.join(roles)})" if roles else ""))
+                         f"{expected}" + (f" ({', '.join(roles)})" if roles else ""))
 
     def __len__(self) -> int:
         return len(self.samples)

@@ -1,8 +1,8 @@
 """Environment registry: names -> Env classes, imported only when first made (so importing vlmgym.envs is cheap).
 
 An env is found by `env.name` in four ways, the first that knows the name winning:
-- a built-in name (geospot, nlvr2, digits, message_decoding, rec, ovd; mixture trains on several of them at once) or
-  one added with `register(name, "package.module:Class")`;
+- a built-in name (geospot, nlvr2, digits, message_decoding, rec, ovd, user_data; mixture trains on several of them
+  at once) or one added with `register(name, "package.module:Class")`;
 - an entry point of group `vlmgym.envs` of an installed package, e.g. in its pyproject.toml
   `[project.entry-points."vlmgym.envs"]` then `colour = "my_package.colour:ColourEnv"`;
 - a plug-in of the project's plug-in folder (PLUGIN_DIR, beside params.yaml): `plugins/colour.py` (or a package
@@ -45,6 +45,7 @@ BUILTIN: dict[str, str] = {
     "message_decoding": "vlmgym.envs.message_decoding:MessageDecodingEnv",
     "rec": "vlmgym.envs.rec:RecEnv",
     "ovd": "vlmgym.envs.ovd:OvdEnv",
+    "user_data": "vlmgym.envs.user_data:UserDataEnv",
     "mixture": "vlmgym.envs.mixture:MixtureEnv",
 }
 # The envs whose texts the tiny tokenizer is always trained on, fixed rather than all of BUILTIN: the default
