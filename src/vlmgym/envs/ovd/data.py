@@ -35,7 +35,7 @@ from typing import Any
 from PIL import Image
 
 from vlmgym.config.sections import DataParams
-from vlmgym.config.spec import ParamsError, spec
+from vlmgym.config.spec import spec
 from vlmgym.data import layout
 from vlmgym.envs.ovd import scene as ovd_scene
 from vlmgym.envs.rec import data as rec_data
@@ -62,20 +62,11 @@ class OvdDataParams:
     ood_max_objects: int = spec(9, ge=1, le=ovd_scene.MAX_OBJECTS, doc="objects per image at most in test_ood")
 
     def __post_init__(self) -> None:
-        if self.max_objects < self.min_objects:
-            raise ParamsError(f"data.ovd: max_objects {self.max_objects} is below min_objects {self.min_objects}")
-        if self.ood_max_objects < self.ood_min_objects:
-            raise ParamsError(f"data.ovd: ood_max_objects {self.ood_max_objects} is below ood_min_objects "
-                              f"{self.ood_min_objects}")
-        if self.ood_min_objects <= self.max_objects:
-            raise ParamsError(f"data.ovd: ood_min_objects {self.ood_min_objects} must be above max_objects "
-                              f"{self.max_objects}, or test_ood would not be out of train's distribution")
+        rec_data.check_object_counts("data.ovd", self)
 
     def objects(self, split: str) -> tuple[int, int]:
         """(fewest, most) objects per image of `split`."""
-        if split == "test_ood":
-            return self.ood_min_objects, self.ood_max_objects
-        return self.min_objects, self.max_objects
+        return rec_data.objects_of(self, split)
 
 
 @dataclass(frozen=True)

@@ -52,6 +52,24 @@ HUB_SPLITS = {"train": "val", "test": "test"}  # the lmms-lab copies have val / 
 BOX_DECIMALS = 2
 
 
+
+def check_object_counts(where: str, d: Any) -> None:
+    """A data section's object counts (rec's, ovd's): each range in order, and test_ood more crowded than train."""
+    if d.max_objects < d.min_objects:
+        raise ParamsError(f"{where}: max_objects {d.max_objects} is below min_objects {d.min_objects}")
+    if d.ood_max_objects < d.ood_min_objects:
+        raise ParamsError(f"{where}: ood_max_objects {d.ood_max_objects} is below ood_min_objects {d.ood_min_objects}")
+    if d.ood_min_objects <= d.max_objects:
+        raise ParamsError(f"{where}: ood_min_objects {d.ood_min_objects} must be above max_objects "
+                          f"{d.max_objects}, or test_ood would not be out of train's distribution")
+
+
+def objects_of(d: Any, split: str) -> tuple[int, int]:
+    """(fewest, most) objects per image of `split` in a data section with object counts."""
+    if split == "test_ood":
+        return d.ood_min_objects, d.ood_max_objects
+    return d.min_objects, d.max_objects
+
 @dataclass(frozen=True)
 class RecDataParams:
     """rec's synthetic generator: how crowded the scenes are, how often expressions use a relation, and test_ood."""
@@ -70,20 +88,11 @@ class RecDataParams:
     ood_max_objects: int = spec(9, ge=1, le=rec_scene.MAX_OBJECTS, doc="objects per image at most in test_ood")
 
     def __post_init__(self) -> None:
-        if self.max_objects < self.min_objects:
-            raise ParamsError(f"data.rec: max_objects {self.max_objects} is below min_objects {self.min_objects}")
-        if self.ood_max_objects < self.ood_min_objects:
-            raise ParamsError(f"data.rec: ood_max_objects {self.ood_max_objects} is below ood_min_objects "
-                              f"{self.ood_min_objects}")
-        if self.ood_min_objects <= self.max_objects:
-            raise ParamsError(f"data.rec: ood_min_objects {self.ood_min_objects} must be above max_objects "
-                              f"{self.max_objects}, or test_ood would not be out of train's distribution")
+        check_object_counts("data.rec", self)
 
     def objects(self, split: str) -> tuple[int, int]:
         """(fewest, most) objects per image of `split`."""
-        if split == "test_ood":
-            return self.ood_min_objects, self.ood_max_objects
-        return self.min_objects, self.max_objects
+        return objects_of(self, split)
 
 
 @dataclass(frozen=True)
