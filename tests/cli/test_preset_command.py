@@ -90,7 +90,11 @@ def test_on_top_stacks_a_recipe_over_the_files_values(params_file):
     assert recipes.main(["nlvr2", "--on-top", "--params", str(params_file)]) == 0
     sections = params_mod.load_all(params_file)
     assert sections["env"].name == "nlvr2"
-    assert (sections["rollout"].max_new_tokens, sections["eval"].n_resamples) == (16, 100)  # micro's, kept
+    # micro's, kept: no env's recipe sets them
+    assert (sections["data"].test_images, sections["model"].tiny_num_layers, sections["eval"].n_resamples) == (
+        16, 2, 100)
+    # a key some env's recipe sets (ovd's rollout budget) is the new env's value or the default, never the file's
+    assert sections["rollout"].max_new_tokens == params_mod.RolloutParams().max_new_tokens
 
 
 def test_the_changed_keys_are_printed(at_defaults, tmp_path, capsys):
