@@ -7,9 +7,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import qwen_fixtures
 
-IMAGE_TOKEN, VIDEO_TOKEN, VISION_START, VISION_END = 250, 251, 252, 253
-VOCAB = 256
+# the same token ids and prompts (merged patches are 2x2 in both families)
+from qwen_fixtures import IMAGE_TOKEN, VIDEO_TOKEN, VISION_END, VISION_START, VOCAB, image_prompt  # noqa: F401
+
 PATCH, MERGE = 14, 2
 MERGED_PIXELS = PATCH * MERGE  # one merged (2x2) patch is 28 pixels wide
 
@@ -67,30 +69,10 @@ def make_tiny(root: Path, tie: bool, fullatt: tuple[int, ...], window_merged: in
     return Tiny(model, root, cfg, __import__("jax").tree.map(jnp.asarray, params))
 
 
-def image_prompt(rng: np.random.Generator, grids: list[tuple[int, int, int]], text_before: int = 3,
-                 text_after: int = 4) -> list[int]:
-    """Token ids: text, then for each image <vision_start> pads <vision_end> text."""
-    ids = list(rng.integers(0, 200, text_before))
-    for t, h, w in grids:
-        ids += [VISION_START] + [IMAGE_TOKEN] * (t * h * w // MERGE**2) + [VISION_END]
-        ids += list(rng.integers(0, 200, text_after))
-    return [int(i) for i in ids]
-
-
 def make_batch(rows: list[list[int]], grids: list[tuple[int, int, int]], seed: int = 0,
                pad_left: bool = True) -> dict[str, np.ndarray]:
-    """A padded numpy batch; `grids` lists every image of the batch in order (rows first)."""
-    length = max(len(r) for r in rows)
-    input_ids = np.zeros((len(rows), length), np.int64)
-    mask = np.zeros((len(rows), length), np.int64)
-    for i, row in enumerate(rows):
-        start = length - len(row) if pad_left else 0
-        input_ids[i, start:start + len(row)] = row
-        mask[i, start:start + len(row)] = 1
-    n_patches = sum(t * h * w for t, h, w in grids)
-    pixel_values = np.random.default_rng(seed).standard_normal((n_patches, 3 * 2 * PATCH * PATCH)).astype(np.float32)
-    return {"input_ids": input_ids, "attention_mask": mask, "pixel_values": pixel_values if grids else None,
-            "grid_thw": np.array(grids, np.int64).reshape(-1, 3)}
+    """qwen_fixtures.make_batch with Qwen2.5-VL's 14-pixel patches."""
+    return qwen_fixtures.make_batch(rows, grids, seed, pad_left, patch=PATCH)
 
 
 def hf_forward(model: Any, batch: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:

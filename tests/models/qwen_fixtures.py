@@ -78,8 +78,9 @@ def image_prompt(rng: np.random.Generator, grids: list[tuple[int, int, int]], te
 
 
 def make_batch(rows: list[list[int]], grids: list[tuple[int, int, int]], seed: int = 0,
-               pad_left: bool = True) -> dict[str, np.ndarray]:
-    """A padded numpy batch; `grids` lists every image of the batch in order (rows first)."""
+               pad_left: bool = True, patch: int = 16) -> dict[str, np.ndarray]:
+    """A padded numpy batch; `grids` lists every image of the batch in order (rows first); random pixel rows of
+    `patch`-pixel patches (16: Qwen3-VL, 14: Qwen2.5-VL)."""
     length = max(len(r) for r in rows)
     input_ids = np.zeros((len(rows), length), np.int64)
     mask = np.zeros((len(rows), length), np.int64)
@@ -88,7 +89,7 @@ def make_batch(rows: list[list[int]], grids: list[tuple[int, int, int]], seed: i
         input_ids[i, start:start + len(row)] = row
         mask[i, start:start + len(row)] = 1
     n_patches = sum(t * h * w for t, h, w in grids)
-    pixel_values = np.random.default_rng(seed).standard_normal((n_patches, 3 * 2 * 16 * 16)).astype(np.float32)
+    pixel_values = np.random.default_rng(seed).standard_normal((n_patches, 3 * 2 * patch * patch)).astype(np.float32)
     return {"input_ids": input_ids, "attention_mask": mask, "pixel_values": pixel_values if grids else None,
             "grid_thw": np.array(grids, np.int64).reshape(-1, 3)}
 
