@@ -21,7 +21,7 @@ class RowSkip(Exception):
 
     def __init__(self, reason: str, detail: str):
         super().__init__(f"{reason}: {detail}")
-        self.reason = reason
+        self.reason, self.detail = reason, detail
 
 
 @dataclass(frozen=True)

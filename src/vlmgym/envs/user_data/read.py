@@ -35,6 +35,7 @@ from typing import Any
 from PIL import Image
 
 from vlmgym.data import layout
+from vlmgym.data.rows import RowSkip
 
 MAX_IMAGES = 4
 MAX_EXAMPLES = 5
@@ -46,14 +47,6 @@ class UserDataError(ValueError):
     """The user's data cannot be read at all (no file, no usable row, a missing column)."""
 
     user_error = True  # the stages print its message as one line (vlmgym.runtime.errors)
-
-
-class Skip(Exception):
-    """One bad row, counted under `reason`."""
-
-    def __init__(self, reason: str, detail: str):
-        super().__init__(detail)
-        self.reason = reason
 
 
 @dataclass(frozen=True)
@@ -93,12 +86,12 @@ def _decode(data: bytes, what: str) -> bytes:
             image.load()
             return layout.encode_jpeg(image)
     except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as err:
-        raise Skip("image_unreadable", f"{what}: {type(err).__name__}: {err}") from None
+        raise RowSkip("image_unreadable", f"{what}: {type(err).__name__}: {err}") from None
 
 
 def _read_file(path: Path) -> bytes:
     if not path.is_file():
-        raise Skip("image_missing", f"{path}: no such file")
+        raise RowSkip("image_missing", f"{path}: no such file")
     return _decode(path.read_bytes(), str(path))
 
 
@@ -114,7 +107,7 @@ def image_bytes(value: Any, root: Path) -> bytes:
         value = value.get("path")
     if isinstance(value, str) and value.strip():
         return _read_file(root / value.strip())
-    raise Skip("image_missing" if value is None or value == "" else "bad_types",
+    raise RowSkip("image_missing" if value is None or value == "" else "bad_types",
                f"image {str(value)[:80]!r} is neither a path nor image bytes")
 
 
@@ -122,39 +115,39 @@ def images_of(value: Any, root: Path) -> tuple[bytes, ...]:
     """The images of a row's image value (one, or a list of them)."""
     values = list(value) if isinstance(value, list | tuple) else [value]
     if not values or values == [None]:
-        raise Skip("image_missing", "no image")
+        raise RowSkip("image_missing", "no image")
     if len(values) > MAX_IMAGES:
-        raise Skip("image_count", f"{len(values)} images, at most {MAX_IMAGES}")
+        raise RowSkip("image_count", f"{len(values)} images, at most {MAX_IMAGES}")
     return tuple(image_bytes(v, root) for v in values)
 
 
 def question_of(text: Any, images: int) -> str:
     """The question with its `<image>` placeholders taken out (one per image when there are any)."""
     if not isinstance(text, str):
-        raise Skip("missing_question" if text is None else "bad_types", f"question {text!r} is not text")
+        raise RowSkip("missing_question" if text is None else "bad_types", f"question {text!r} is not text")
     placeholders = text.count(PLACEHOLDER)
     if placeholders and placeholders != images:
-        raise Skip("image_count", f"{placeholders} {PLACEHOLDER} placeholders for {images} images")
+        raise RowSkip("image_count", f"{placeholders} {PLACEHOLDER} placeholders for {images} images")
     question = " ".join(text.replace(PLACEHOLDER, " ").split())
     if not question:
-        raise Skip("missing_question", "empty question")
+        raise RowSkip("missing_question", "empty question")
     return question
 
 
 def answer_of(value: Any) -> str:
     """The answer as text: text, a number, or four numbers (a box)."""
     if value is None or (isinstance(value, str) and not value.strip()):
-        raise Skip("missing_answer", "no answer")
+        raise RowSkip("missing_answer", "no answer")
     if isinstance(value, str):
         return value.strip()
     if isinstance(value, bool):
-        raise Skip("bad_types", f"answer {value!r} is a bool, expected text, a number or a box")
+        raise RowSkip("bad_types", f"answer {value!r} is a bool, expected text, a number or a box")
     if isinstance(value, int | float) and math.isfinite(value):
         return str(value)
     if (isinstance(value, list | tuple) and len(value) == 4
             and all(isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) for v in value)):
         return "[" + ", ".join(str(v) for v in value) + "]"
-    raise Skip("bad_types", f"answer {str(value)[:80]!r} is not text, a finite number or a box of 4 numbers")
+    raise RowSkip("bad_types", f"answer {str(value)[:80]!r} is not text, a finite number or a box of 4 numbers")
 
 
 def columns_of(row: Mapping[str, Any], leave: set[str]) -> dict[str, Any]:
@@ -181,12 +174,12 @@ def _record(key: str, images: tuple[bytes, ...], question: str, answer: str, col
 def _conversation(row: Mapping[str, Any]) -> tuple[Any, Any]:
     turns = row.get("conversations")
     if not isinstance(turns, list) or not all(isinstance(t, Mapping) for t in turns):
-        raise Skip("bad_types", "conversations is not a list of {from, value} turns")
+        raise RowSkip("bad_types", "conversations is not a list of {from, value} turns")
     for i, turn in enumerate(turns):
         if turn.get("from") in ("human", "user"):
             after = [t for t in turns[i + 1:] if t.get("from") in ("gpt", "assistant")]
             return turn.get("value"), after[0].get("value") if after else None
-    raise Skip("missing_question", "no human turn")
+    raise RowSkip("missing_question", "no human turn")
 
 
 def read_jsonl(path: Path, image_root: Path | None, skips: Skips) -> Iterator[Record]:
@@ -203,7 +196,7 @@ def read_jsonl(path: Path, image_root: Path | None, skips: Skips) -> Iterator[Re
             try:
                 row = json.loads(line)
                 if not isinstance(row, dict):
-                    raise Skip("bad_json", "not a JSON object")
+                    raise RowSkip("bad_json", "not a JSON object")
                 question, answer = _conversation(row)
                 key = safe_key(row.get("id"), f"line{number}")
                 if key in seen:  # several questions about one image often share its id
@@ -214,8 +207,8 @@ def read_jsonl(path: Path, image_root: Path | None, skips: Skips) -> Iterator[Re
             except json.JSONDecodeError as err:
                 skips.add("bad_json", f"{where}: {err}")
                 continue
-            except Skip as err:
-                skips.add(err.reason, f"{where}: {err}")
+            except RowSkip as err:
+                skips.add(err.reason, f"{where}: {err.detail}")
                 continue
             seen.add(key)
             yield record
@@ -249,8 +242,8 @@ def read_rows(rows: Iterator[dict], where: str, columns: Columns, root: Path, sk
             images = images_of(row.get(columns.image), root)
             record = _record(key, images, question_of(row.get(columns.question), len(images)),
                              answer_of(row.get(columns.answer)), columns_of(row, {columns.image}))
-        except Skip as err:
-            skips.add(err.reason, f"{place}: {err}")
+        except RowSkip as err:
+            skips.add(err.reason, f"{place}: {err.detail}")
             continue
         seen.add(key)
         yield record
