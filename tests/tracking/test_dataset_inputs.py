@@ -24,7 +24,7 @@ def test_data_dependencies_are_logged_as_local_datasets_without_a_warning(tmp_pa
     experiment = mlflow.create_experiment("inputs", artifact_location=(tmp_path / "artifacts").as_uri())
     with mlflow.start_run(experiment_id=experiment) as run, warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        log_inputs(tags, tmp_path, "sft")
+        log_inputs(tags, tmp_path, "sft", MlflowClient(uri), run.info.run_id)
     assert [str(w.message) for w in caught if "dataset source" in str(w.message)] == []
     [logged] = MlflowClient(uri).get_run(run.info.run_id).inputs.dataset_inputs
     assert logged.dataset.name == "data/shards" and logged.dataset.digest == "0123abcd.dir"

@@ -19,6 +19,7 @@ TRAINING = textwrap.dedent(
 
     folder, kill_at = sys.argv[1], int(sys.argv[2])
     with stage_run("train", {"lr": 0.1}, experiment="unit", resume_folder=folder) as run:
+        run.run_id  # the run opens in the background: it exists before the first step (a real step takes longer)
         for step in range(1, 7):
             run.log_metrics({"loss": 1.0 / step, "reward": step / 10}, step=step)
             if step == kill_at:

@@ -326,6 +326,7 @@ import os, signal, sys, time
 from vlmgym.tracking.stage_runs import stage_run
 with stage_run("train") as run:
     run.log_metrics({"loss": 1.0}, step=1)
+    run.run_id  # waits for the run, which opens in the background
     time.sleep(2)  # the sender delivers step 1
     os.killpg(int(sys.argv[1]), signal.SIGKILL)  # the server goes away mid-stage
     started = time.monotonic()

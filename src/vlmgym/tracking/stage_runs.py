@@ -20,10 +20,12 @@ import re
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -294,54 +296,124 @@ def finite_metrics(metrics: Mapping[str, Any]) -> dict[str, float]:
 DATA_ROOT = "data/"
 
 
-def log_inputs(dep_tags: Mapping[str, str], root: Path, stage: str) -> None:
-    """Log each data dependency (`dvc.dep.data/...` tags) as an MLflow dataset input of the active run."""
-    import mlflow
+def log_inputs(dep_tags: Mapping[str, str], root: Path, stage: str, client: Any, run_id: str) -> None:
+    """Log each data dependency (`dvc.dep.data/...` tags) as an MLflow dataset input of run `run_id`."""
     from mlflow.data.dataset_source_registry import get_registered_sources, resolve_dataset_source
     from mlflow.data.meta_dataset import MetaDataset
+    from mlflow.entities import DatasetInput, InputTag
+    from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT
 
     # MLflow registers a local-files source twice (for the "" and the "file" URI schemes, both named
     # LocalArtifactDatasetSource), so resolving a file:// URI among all sources warns that it "can be interpreted in
     # multiple ways" on every call. Naming the first one as the only candidate gives the same source, unwarned.
     local = [s for s in get_registered_sources() if s._get_source_type() == "local"][:1]
+    inputs = []
     for tag, digest in dep_tags.items():
         path = tag.removeprefix("dvc.dep.")
         if path.startswith(DATA_ROOT):
             source = resolve_dataset_source((root / path).resolve().as_uri(), candidate_sources=local or None)
-            mlflow.log_input(MetaDataset(source, name=path, digest=digest), context=stage)
+            dataset = MetaDataset(source, name=path, digest=digest)._to_mlflow_entity()
+            inputs.append(DatasetInput(dataset, tags=[InputTag(MLFLOW_DATASET_CONTEXT, stage)]))
+    if inputs:
+        client.log_inputs(run_id, datasets=inputs)
 
 
 def _now_ms() -> int:
     return int(time.time() * 1000)
 
 
+@dataclass
+class Opened:
+    """The MLflow side of a stage run once the run exists (vlmgym.tracking.stage_runs.open_run)."""
+
+    run: Any
+    client: Any
+    spool: spool_mod.Spool
+    sender: spool_mod.Sender
+    tags: dict[str, str]  # the lineage tags the run started with
+    parent_id: str | None  # the pipeline's parent run (None outside DVC)
+    logged_through: int  # a continued run already holds the steps through this one: they are not logged twice
+    continued: bool
+
+
+class TrackingNotOpened(RuntimeError):
+    """The stage's MLflow run could not be created (the work may have gone on meanwhile)."""
+
+
 class StageRun:
     """A handle on the MLflow run of a stage. Every call is queued on the run's spool (vlmgym.tracking.spool) and
-    sent in the background, so an unreachable or failing server never blocks or kills the work."""
+    sent in the background, so an unreachable or failing server never blocks or kills the work.
 
-    def __init__(self, run: Any, client: Any, logged_through: int = -1, parent_id: str | None = None,
-                 tags: Mapping[str, str] | None = None, *, spool: spool_mod.Spool, sender: spool_mod.Sender):
-        self.run = run
-        self.tags = dict(tags or {})  # the lineage tags the run started with
+    The run is opened in a background thread while the stage's work starts (importing MLflow and opening its store
+    take seconds): what is queued before it exists waits in memory and goes first into its spool. The attributes
+    that name the run (`run_id`, `parent_id`, `tags`, ...) wait for it."""
+
+    def __init__(self, stage: str, opened: Opened | None = None):
+        self.stage = stage
         self._output_hashes: dict[Path, str | None] = {}
-        self.client = client
-        self.run_id: str = run.info.run_id
-        # A continued run already holds the steps through this one: they are not logged twice.
-        self.logged_through = logged_through
-        self.parent_id = parent_id  # the pipeline's parent run (None outside DVC)
-        self.spool, self.sender = spool, sender
+        self._lock = threading.Lock()
+        # (entry without its run id, the training step a continued run may already hold) queued before the run
+        self._pending: list[tuple[dict[str, Any], int | None]] = []
+        self._opened, self._error = opened, None
+        self._ready = threading.Event()
+        self.system: SystemMetrics | None = None
+        if opened is not None:
+            self._ready.set()
 
-    def _queue(self, kind: str, run_id: str | None = None, **fields: Any) -> None:
-        self.spool.append({"kind": kind, "run_id": run_id or self.run_id, **fields})
-        self.sender.notify()
+    def attach(self, opened: Opened) -> None:
+        """The run exists: what was queued goes into its spool, in order, less the steps it already holds."""
+        with self._lock:
+            for entry, step in self._pending:
+                if step is None or step > opened.logged_through:
+                    opened.spool.append({"kind": entry["kind"], "run_id": entry.get("run_id") or opened.run.info.run_id,
+                                         **{k: v for k, v in entry.items() if k not in ("kind", "run_id")}})
+            self._pending.clear()
+            self._opened = opened
+        self._ready.set()
+        opened.sender.notify()
+
+    def fail_to_open(self, err: BaseException) -> None:
+        with self._lock:
+            self._error = err
+        self._ready.set()
+
+    def opened(self) -> Opened:
+        """The run, once it exists (waits for it); TrackingNotOpened when it could not be created."""
+        self._ready.wait()
+        if self._opened is None:
+            err = self._error
+            raise TrackingNotOpened(f"{self.stage}: its MLflow run could not be created ({type(err).__name__}: "
+                                    f"{str(err).splitlines()[0][:300] if str(err) else ''})") from err
+        return self._opened
+
+    run = property(lambda self: self.opened().run)
+    client = property(lambda self: self.opened().client)
+    spool = property(lambda self: self.opened().spool)
+    sender = property(lambda self: self.opened().sender)
+    tags = property(lambda self: self.opened().tags)
+    parent_id = property(lambda self: self.opened().parent_id)
+    logged_through = property(lambda self: self.opened().logged_through)
+    run_id = property(lambda self: self.opened().run.info.run_id)
+
+    def _queue(self, kind: str, run_id: str | None = None, *, training_step: int | None = None,
+               **fields: Any) -> None:
+        with self._lock:
+            opened, failed = self._opened, self._error is not None
+            if opened is None and not failed:
+                self._pending.append(({"kind": kind, "run_id": run_id, **fields}, training_step))
+                return
+            if opened is not None:
+                opened.spool.append({"kind": kind, "run_id": run_id or opened.run.info.run_id, **fields})
+        self.opened().sender.notify()  # raises TrackingNotOpened when the run could not be created
 
     def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
         """Queue finite numeric metrics; non-numbers are skipped rather than crashing a long run."""
-        if step is not None and step <= self.logged_through:
+        opened = self._opened
+        if opened is not None and step is not None and step <= opened.logged_through:
             return
         clean = finite_metrics(metrics)
         if clean:
-            self._queue("metrics", step=step or 0, timestamp=_now_ms(), values=clean)
+            self._queue("metrics", training_step=step, step=step or 0, timestamp=_now_ms(), values=clean)
 
     def log_system_metrics(self, figures: Mapping[str, float], step: int) -> None:
         """A system metrics sample (vlmgym.tracking.system_metrics: its own step count, so no logged_through)."""
@@ -491,6 +563,21 @@ class StageRun:
         return sent
 
 
+    def close(self, status: str, flush_timeout_s: float) -> None:
+        """End the run with `status` once it exists. A run that could not be created fails a stage whose work
+        succeeded (TrackingNotOpened); under a failing body it is only reported, the body's error goes on."""
+        try:
+            self.opened()
+        except TrackingNotOpened as err:
+            if status == "FINISHED":
+                raise
+            print(f"vlmgym: {err}", file=sys.stderr, flush=True)
+            return
+        if self.system is not None:
+            self.system.stop()
+        self.end(status, status if self.parent_id else None, flush_timeout_s)
+
+
 def _root_pipeline_stage(stage: str, root: Path) -> bool:
     """Whether DVC runs `stage` from the dvc.yaml at `root`: DVC_STAGE (which DVC sets for a stage's command) is
     the bare stage name for that file's stages and `<dvc.yaml path>:<stage>` for another's. Outside DVC it is
@@ -515,6 +602,91 @@ def _stage_links(client: Any, experiment_id: str, parent: str, stage: str, run_i
         return pipeline_run.Links()
 
 
+@dataclass(frozen=True)
+class OpenRequest:
+    """What opening a stage's MLflow run needs (stage_run gathers it, open_run acts on it)."""
+
+    stage: str
+    root: Path
+    uri: str
+    experiment: str
+    params_file: Path
+    paths: Mapping[str, list[str]]
+    logged: Mapping[str, str]  # the stage's params, flat
+    group: pipeline_run.Group | None
+    resume_folder: str | Path | None
+    whole_pipeline: bool
+    system_metrics: bool
+
+
+def _start_run(client: Any, experiment_id: str, run_name: str, tags: Mapping[str, str],
+               continued: run_recovery.Continued | None) -> Any:
+    """A new run, or the continued one set RUNNING again with the new tags on top, as mlflow.start_run does
+    (without making it the active run of any thread)."""
+    from mlflow.entities import RunTag
+    from mlflow.tracking.context import registry as context_registry
+    from mlflow.utils.mlflow_tags import MLFLOW_RUN_NAME
+
+    if continued:
+        client.update_run(continued.run_id, status="RUNNING")
+        client.log_batch(continued.run_id, tags=[RunTag(k, str(v)) for k, v in tags.items()])
+        return client.get_run(continued.run_id)
+    resolved = context_registry.resolve_tags({**tags, MLFLOW_RUN_NAME: run_name})
+    return client.create_run(experiment_id, tags=resolved, run_name=run_name)
+
+
+def open_run(req: OpenRequest) -> Opened:
+    """Create (or continue) the stage's run under its pipeline's parent, with its lineage tags and inputs."""
+    from mlflow.tracking import MlflowClient
+
+    experiment_id = open_experiment(req.uri, req.experiment)
+    exp_name = os.environ.get("DVC_EXP_NAME", "")
+    pipeline, git = pipeline_id(), {**git_state(req.root), **experiment_tags()}
+    dep_tags = _hash_tags("dep", req.paths["deps"], req.root)
+    tags = {pipeline_run.STAGE_TAG: req.stage, "vlmgym.pipeline_id": pipeline, **git, **dep_tags}
+    client = MlflowClient(req.uri)
+    run_recovery.close_dead_runs(client, experiment_id)
+    all_params = (yaml.safe_load(req.params_file.read_text()) or {}) if req.params_file.exists() else {}
+    parent = pipeline_run.parent_run(client, experiment_id, pipeline, params=all_params, tags=git,
+                                     exp_name=exp_name, group=req.group)
+    if parent:
+        tags[pipeline_run.PARENT_TAG] = parent  # a continued training run moves to the pipeline finishing it
+    tags[run_recovery.WRITER_TAG] = atomic.writer_tag()
+    # Logs an earlier stage could not send (its server was down as it ended) go first: a continued run's
+    # steps are then all on the server when it counts them.
+    spool_mod.sync(store_root(), client_for=lambda _uri: client, only_uri=req.uri)
+    continued = run_recovery.run_to_continue(req.resume_folder, client, req.uri) if req.resume_folder else None
+    if continued:
+        tags[run_recovery.RESUMED_TAG] = str(continued.resumed_times + 1)
+        print(f"{req.stage}: continuing MLflow run {continued.run_id} (steps through {continued.logged_through} "
+              "already logged)", file=sys.stderr)
+    run = _start_run(client, experiment_id, f"{exp_name}/{req.stage}" if exp_name else req.stage, tags, continued)
+    spool = spool_mod.run_spool(store_root(), run.info.run_id, req.uri)
+    if req.resume_folder:
+        run_recovery.remember_run(req.resume_folder, run.info.run_id, req.uri)
+    log_inputs(dep_tags, req.root, req.stage, client, run.info.run_id)
+    logged_through = max(continued.logged_through if continued else -1, spool.max_step(run.info.run_id))
+    return Opened(run, client, spool, spool_mod.Sender(spool, client), tags, parent, logged_through,
+                  continued is not None)
+
+
+def _open_into(handle: StageRun, req: OpenRequest) -> None:
+    """open_run, then what the new run gets first: its params, the pipeline's references, system metrics."""
+    try:
+        opened = open_run(req)
+    except BaseException as err:  # noqa: BLE001 - handed to the stage's thread, which raises it
+        handle.fail_to_open(err)
+        return
+    handle.attach(opened)
+    if not opened.continued:  # a continued run has them, and MLflow refuses to log a param twice
+        handle.log_params(dict(req.logged))
+    if opened.parent_id and req.whole_pipeline:
+        handle.link_pipeline(_stage_links(opened.client, opened.run.info.experiment_id, opened.parent_id,
+                                          req.stage, opened.run.info.run_id, req.root))
+    if req.system_metrics:
+        handle.system = SystemMetrics(handle.log_system_metrics, first_step=next_system_step(opened.run))
+
+
 @contextlib.contextmanager
 def stage_run(stage: str, params: Any = None, *, experiment: str | None = None,
               extra_params: Mapping[str, Any] | None = None,
@@ -526,20 +698,22 @@ def stage_run(stage: str, params: Any = None, *, experiment: str | None = None,
     `params` is the stage's params section (a dataclass or a mapping). The
     experiment and tracking URI come from the `tracking` section of `params_file`
     (the stage's --params; default: params.yaml at the repo root) unless given.
-    Output hashes are tagged after the body succeeds. Runs left RUNNING by dead
-    processes are closed as KILLED first; with `resume_folder` (a training stage's
-    checkpoint folder) the unfinished run that trained into it is continued. Under
-    DVC the run is nested in its pipeline's parent run (vlmgym.tracking.pipeline_run), which
-    gets the whole params file and follows the stage's status. Once the run exists, everything
-    logged goes through the run's spool (vlmgym.tracking.spool): the body never waits for the
-    server, and the end waits at most tracking.flush_timeout_s for it.
+    An http(s) server that does not answer stops the stage at once; the run itself
+    is opened in a background thread while the body starts (open_run): runs left
+    RUNNING by dead processes are closed as KILLED first; with `resume_folder` (a
+    training stage's checkpoint folder) the unfinished run that trained into it is
+    continued. Under DVC the run is nested in its pipeline's parent run
+    (vlmgym.tracking.pipeline_run), which gets the whole params file and follows the
+    stage's status. Everything logged goes through the run's spool
+    (vlmgym.tracking.spool): the body never waits for the server, and the end waits
+    at most tracking.flush_timeout_s for it. Output hashes are tagged after the body
+    succeeds. A run that could not be created fails the stage (TrackingNotOpened) at
+    the next call that logs, or at the end.
 
     A stage of another dvc.yaml (a study's, vlmgym.compare.study) passes its `paths` ({"deps": [...], "outs":
     [...]} from the repo root: the top-level dvc.yaml does not list it) and its `group`, the parent it nests under
     instead of the pipeline's.
     """
-    import mlflow
-
     from vlmgym import params as params_mod
 
     root = repo_root()
@@ -553,70 +727,24 @@ def stage_run(stage: str, params: Any = None, *, experiment: str | None = None,
     check_reachable(uri, tracking_cfg.connect_timeout_s)
     for name, value in HTTP_DEFAULTS.items():
         os.environ.setdefault(name, value)
-    experiment_id = open_experiment(uri, experiment or tracking_cfg.experiment)
-
-    exp_name = os.environ.get("DVC_EXP_NAME", "")
     # A stage of the repository's dvc.yaml: its parent run gets references to the whole pipeline and the training
     # stages' curves (a study's stages run the same scripts from their own dvc.yaml, which the parent is not).
     whole_pipeline = paths is None and group is None and _root_pipeline_stage(stage, root)
     paths = dict(paths) if paths is not None else stage_paths(stage, root)
-    pipeline, git = pipeline_id(), {**git_state(root), **experiment_tags()}
-    tags = {
-        pipeline_run.STAGE_TAG: stage,
-        "vlmgym.pipeline_id": pipeline,
-        **git,
-        **(dep_tags := _hash_tags("dep", paths["deps"], root)),
-    }
-    run_name = f"{exp_name}/{stage}" if exp_name else stage
-    client = mlflow.tracking.MlflowClient()
-    run_recovery.close_dead_runs(client, experiment_id)
-    all_params = (yaml.safe_load(params_file.read_text()) or {}) if params_file.exists() else {}
-    parent = pipeline_run.parent_run(client, experiment_id, pipeline, params=all_params, tags=git,
-                                     exp_name=exp_name, group=group)
-    if parent:
-        tags[pipeline_run.PARENT_TAG] = parent  # a continued training run moves to the pipeline finishing it
-    tags[run_recovery.WRITER_TAG] = atomic.writer_tag()
-    # Logs an earlier stage could not send (its server was down as it ended) go first: a continued run's
-    # steps are then all on the server when it counts them.
-    spool_mod.sync(store_root(), client_for=lambda _uri: client, only_uri=uri)
-    continued = run_recovery.run_to_continue(resume_folder, client, uri) if resume_folder else None
-    if continued:
-        tags[run_recovery.RESUMED_TAG] = str(continued.resumed_times + 1)
-        print(f"{stage}: continuing MLflow run {continued.run_id} (steps through {continued.logged_through} "
-              "already logged)", file=sys.stderr)
-    start = {"run_id": continued.run_id} if continued else {"run_name": run_name}
-    run = mlflow.start_run(**start, tags=tags, log_system_metrics=False)  # ours go through the spool
-    spool = spool_mod.run_spool(store_root(), run.info.run_id, uri)
-    logged_through = max(continued.logged_through if continued else -1, spool.max_step(run.info.run_id))
-    handle = StageRun(run, client, logged_through=logged_through, parent_id=parent, tags=tags, spool=spool,
-                      sender=spool_mod.Sender(spool, client))
-    system = (SystemMetrics(handle.log_system_metrics, first_step=next_system_step(run))
-              if tracking_cfg.system_metrics and stage in SYSTEM_METRICS_STAGES else None)
+    logged = pipeline_run.flat_params(params) if params is not None else {}
+    logged.update(pipeline_run.flat_params(extra_params or {}))
+    request = OpenRequest(stage, root, uri, experiment or tracking_cfg.experiment, params_file, paths, logged,
+                          group, resume_folder, whole_pipeline,
+                          tracking_cfg.system_metrics and stage in SYSTEM_METRICS_STAGES)
+    handle = StageRun(stage)
+    threading.Thread(target=_open_into, args=(handle, request), name="vlmgym-mlflow-open", daemon=True).start()
     status = "FAILED"
     curve = pipeline_run.curve_file(stage)
     try:
-        if parent and whole_pipeline:
-            handle.link_pipeline(_stage_links(client, experiment_id, parent, stage, run.info.run_id, root))
-        logged = pipeline_run.flat_params(params) if params is not None else {}
-        logged.update(pipeline_run.flat_params(extra_params or {}))
-        if not continued:  # a continued run has them, and MLflow refuses to log a param twice
-            handle.log_params(logged)
-        if resume_folder:
-            run_recovery.remember_run(resume_folder, run.info.run_id, uri)
-        log_inputs(dep_tags, root, stage)
         yield handle
         handle.set_tags(_hash_tags("out", paths["outs"], root, hasher=handle.output_hash))
-        if parent and whole_pipeline and curve in paths["outs"]:
+        if whole_pipeline and curve in paths["outs"] and handle.parent_id:
             handle.copy_curve(stage, root / curve, handle.output_hash(root / curve))
         status = "FINISHED"
     finally:
-        if system is not None:
-            system.stop()
-        sent = handle.end(status, status if parent else None, tracking_cfg.flush_timeout_s)
-        # The fluent run is closed too (it also stops the system metrics monitor); the spool has already
-        # ended the run on the server, or will.
-        with contextlib.ExitStack() as stack:
-            if not sent:
-                stack.enter_context(spool_mod.quick_http(2))
-            stack.enter_context(contextlib.suppress(Exception))
-            mlflow.end_run(status)
+        handle.close(status, tracking_cfg.flush_timeout_s)

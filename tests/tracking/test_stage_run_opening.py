@@ -1,0 +1,73 @@
+"""A stage run's handle before its MLflow run exists (it opens in a background thread): what is logged meanwhile
+goes first into the run's journal, in order, less the steps a continued run already holds; a run that could not be
+created stops the stage with its name."""
+
+from __future__ import annotations
+
+import threading
+from types import SimpleNamespace
+
+import pytest
+
+from vlmgym.tracking import stage_runs
+from vlmgym.tracking.spool import Spool
+
+
+class _Sender:
+    def __init__(self):
+        self.notified = 0
+
+    def notify(self):
+        self.notified += 1
+
+
+def _opened(tmp_path, logged_through=-1, parent="parent-run"):
+    run = SimpleNamespace(info=SimpleNamespace(run_id="run-1"))
+    return stage_runs.Opened(run=run, client=None, spool=Spool(tmp_path / "spool"), sender=_Sender(),
+                             tags={"vlmgym.stage": "train"}, parent_id=parent, logged_through=logged_through,
+                             continued=logged_through >= 0)
+
+
+def _journal(opened):
+    return [(e["kind"], e["run_id"], e.get("step"), e.get("values")) for _, e in opened.spool.pending()]
+
+
+def test_what_is_logged_before_the_run_exists_goes_first_less_the_steps_it_holds(tmp_path):
+    handle = stage_runs.StageRun("train")
+    for step in (1, 2, 3):
+        handle.log_metrics({"loss": 1.0 / step}, step=step)
+    handle.log_params({"lr": "0.1"})
+    handle.log_metrics({"final": 1.0})  # no step: never dropped
+    opened = _opened(tmp_path, logged_through=2)  # a continued run that holds steps 1-2
+    handle.attach(opened)
+    handle.log_metrics({"loss": 0.2}, step=2)  # already held: dropped after the run exists too
+    handle.log_metrics({"loss": 0.25}, step=4)
+    assert _journal(opened) == [("metrics", "run-1", 3, {"loss": 1 / 3}), ("params", "run-1", None, {"lr": "0.1"}),
+                                ("metrics", "run-1", 0, {"final": 1.0}), ("metrics", "run-1", 4, {"loss": 0.25})]
+    assert handle.run_id == "run-1" and handle.parent_id == "parent-run" and handle.logged_through == 2
+    assert opened.sender.notified >= 2
+
+
+def test_the_attributes_that_name_the_run_wait_for_it(tmp_path):
+    handle = stage_runs.StageRun("train")
+    seen = []
+    reader = threading.Thread(target=lambda: seen.append(handle.run_id))
+    reader.start()
+    reader.join(0.2)
+    assert reader.is_alive() and seen == []  # still waiting: the run does not exist yet
+    handle.attach(_opened(tmp_path))
+    reader.join(5)
+    assert seen == ["run-1"]
+
+
+def test_a_run_that_could_not_be_created_stops_the_stage_with_its_name(tmp_path, capsys):
+    handle = stage_runs.StageRun("sft")
+    handle.log_metrics({"loss": 1.0}, step=1)  # before the failure: kept in memory
+    handle.fail_to_open(ConnectionError("the server went away\ndetails"))
+    with pytest.raises(stage_runs.TrackingNotOpened, match=r"sft: its MLflow run could not be created "
+                                                           r"\(ConnectionError: the server went away\)"):
+        handle.log_metrics({"loss": 0.5}, step=2)
+    with pytest.raises(stage_runs.TrackingNotOpened):
+        handle.close("FINISHED", flush_timeout_s=1)  # the work succeeded: the stage still fails
+    handle.close("FAILED", flush_timeout_s=1)  # the body's own error goes on: this one is only reported
+    assert "sft: its MLflow run could not be created" in capsys.readouterr().err
