@@ -17,6 +17,8 @@ BENCHMARKS: Table = {
     "episodes": ("vlmgym.bench.episodes:main", "multi-turn episodes: what prefilling each later turn's conversation "
                  "again costs"),
     "shard": ("vlmgym.bench.shard:main", "shard stage images/s with one worker and with every core (same bytes)"),
+    "stage-start": ("vlmgym.bench.stage_start:main", "seconds from a stage's process start to its work, per stage "
+                    "(two checkouts side by side)"),
 }
 
 
