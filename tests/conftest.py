@@ -81,7 +81,8 @@ FIRST_HALF = ("pipeline/test_pipeline_e2e.py", "pipeline/test_multiturn_pipeline
               "pipeline/test_train_algorithms.py", "pipeline/test_dvc_remote.py", "pipeline/test_report_browser.py",
               "pipeline/test_ovd_pipeline.py")
 SECOND_HALF = ("pipeline/test_kill_rerun.py", "pipeline/test_mixture_env.py", "pipeline/test_external_env.py",
-               "compare/test_study_pipeline.py", "rl/test_multihost.py", "pipeline/test_user_data_pipeline.py")
+               "compare/test_study_pipeline.py", "rl/test_multihost.py", "pipeline/test_user_data_pipeline.py",
+               "pipeline/test_qwen25_pipeline.py")
 
 
 # Seconds of a worker's time per module, for the other modules of 5 s or more (`--durations=0` of a full run on 2
