@@ -25,44 +25,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-QWEN3_VL, QWEN2_5_VL = "qwen3_vl", "qwen2_5_vl"
-FAMILIES = (QWEN3_VL, QWEN2_5_VL)
-_ARCHITECTURES = {"Qwen3VLForConditionalGeneration": QWEN3_VL, "Qwen2_5_VLForConditionalGeneration": QWEN2_5_VL}
+from vlmgym.models.names import FAMILIES, QWEN2_5_VL, QWEN3_VL, config_path, folder_family, model_family
 
-
-def model_family(hf_config: dict[str, Any]) -> str:
-    """'qwen3_vl' or 'qwen2_5_vl'; ValueError naming what the config says otherwise."""
-    model_type = hf_config.get("model_type")
-    if model_type in FAMILIES:
-        return model_type
-    for name in hf_config.get("architectures") or ():
-        if name in _ARCHITECTURES:
-            return _ARCHITECTURES[name]
-    raise ValueError(f"config.json: model_type {model_type!r} / architectures {hf_config.get('architectures')!r} "
-                     f"is not a supported family ({QWEN3_VL}, {QWEN2_5_VL})")
-
-
-def _config_path(path: str | Path) -> Path:
-    path = Path(path)
-    return path / "config.json" if path.is_dir() else path
-
-
-def folder_family(path: str | Path) -> str:
-    """The family of a checkpoint folder (or config.json file); ValueError naming the file otherwise."""
-    config = _config_path(path)
-    try:
-        hf = json.loads(config.read_text())
-    except (OSError, json.JSONDecodeError) as err:
-        raise ValueError(f"{config}: cannot read the model config ({err})") from err
-    try:
-        return model_family(hf)
-    except ValueError as err:
-        raise ValueError(f"{config}: {err}") from err
+__all__ = ["FAMILIES", "QWEN2_5_VL", "QWEN3_VL", "Family", "family_named", "family_of", "folder_family",
+           "model_family", "load_config", "load_checkpoint", "save_checkpoint", "convert_hf_to_jax",
+           "export_and_check", "encode_images"]
 
 
 def load_config(path: str | Path, dtype: str = "fp32", param_dtype: str = "fp32") -> Any:
     """The family's frozen config from config.json (a file or its folder)."""
-    config = _config_path(path)
+    config = config_path(path)
     hf = json.loads(config.read_text())
     family = folder_family(config)
     try:

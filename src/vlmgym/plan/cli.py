@@ -3,8 +3,8 @@
     vlmgym plan --params FILE [--params OVERLAY ...] [any flag below, which wins over the params]
     vlmgym plan --config 2b|4b|8b|qwen2.5-3b|qwen2.5-7b|tiny --mesh DATA,FSDP,TENSOR --batch B --seq T [--answer A]
                 [--group G] [--micro-batches M] [--image HxW] [--remat none|layer] [--param-dtype bf16|fp32]
-                [--dtype ...] [--freeze none|vision] [--lora-rank R] [--[no-]share-prefix] [--algorithm grpo|sft] [--no-rollout]
-                [--accelerator] [--json PATH]
+                [--dtype ...] [--freeze none|vision] [--lora-rank R] [--[no-]share-prefix] [--algorithm grpo|sft]
+                [--no-rollout] [--accelerator] [--json PATH]
 
 `--params` reads the shapes from a params file or a preset merged over the defaults (as `vlmgym preset FILE` writes
 params.yaml; a further --params merges on top, as `vlmgym preset FILE --on-top`): the model, mesh, batch,

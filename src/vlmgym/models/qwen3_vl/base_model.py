@@ -32,7 +32,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from vlmgym.models.qwen3_vl.processor import QWEN3_VL_CHAT_TEMPLATE, image_processor_config
+from vlmgym.models.qwen3_vl.processor import QWEN3_VL_CHAT_TEMPLATE, ImageSettings, image_processor_config
 from vlmgym.runtime.atomic import atomic_dir
 
 # Qwen's special tokens, in the hub tokenizer's order (there they are ids 151643..151656).
@@ -186,27 +186,34 @@ def build_tiny(out_dir: str | Path, corpus: Sequence[str], *, seed: int = 0, dim
     import torch
     from transformers import GenerationConfig
 
-    from vlmgym.models.family import QWEN2_5_VL, family_named
+    from vlmgym.models.names import FAMILIES, QWEN2_5_VL
 
-    record = family_named(family)
-    tokenizer = train_tokenizer(corpus, vocab_size, record.chat_template)
+    if family not in FAMILIES:
+        raise ValueError(f"tiny model family {family!r} is not one of {FAMILIES}")
     if family == QWEN2_5_VL:
-        from vlmgym.models.qwen2_5_vl.processor import PROCESSOR_CLASS
+        from transformers import Qwen2_5_VLForConditionalGeneration as model_class
+
+        from vlmgym.models.qwen2_5_vl.processor import CHAT_TEMPLATE, IMAGE_SETTINGS, PROCESSOR_CLASS
         from vlmgym.models.qwen2_5_vl.tiny import tiny_config as qwen2_5_config
         from vlmgym.models.qwen2_5_vl.tiny import tiny_dims_summary
 
-        config, processor_class = qwen2_5_config(tokenizer, dims), PROCESSOR_CLASS
+        tokenizer = train_tokenizer(corpus, vocab_size, CHAT_TEMPLATE)
+        config, processor_class, hub = qwen2_5_config(tokenizer, dims), PROCESSOR_CLASS, IMAGE_SETTINGS
         dims_summary = tiny_dims_summary(dims)
     else:
-        config, processor_class, dims_summary = tiny_config(tokenizer, dims), "Qwen3VLProcessor", asdict(dims)
+        from transformers import Qwen3VLForConditionalGeneration as model_class
+
+        tokenizer = train_tokenizer(corpus, vocab_size)
+        config, processor_class, hub = tiny_config(tokenizer, dims), "Qwen3VLProcessor", ImageSettings()
+        dims_summary = asdict(dims)
     torch.manual_seed(seed)
-    model = record.hf_class()(config).eval()
+    model = model_class(config).eval()
     endoftext, im_end = tokenizer.convert_tokens_to_ids(["<|endoftext|>", "<|im_end|>"])
     # The hub's generation defaults, with this tokenizer's ids.
     generation = GenerationConfig(bos_token_id=endoftext, pad_token_id=endoftext, eos_token_id=[im_end, endoftext],
                                   do_sample=True, top_k=20, top_p=0.8, temperature=0.7, repetition_penalty=1.0)
     # the family's patch size, mean and std under the tiny pixel budget
-    settings = dataclasses.replace(record.image_settings, min_pixels=min_pixels, max_pixels=max_pixels)
+    settings = dataclasses.replace(hub, min_pixels=min_pixels, max_pixels=max_pixels)
     tokens_per_image = settings.num_image_tokens(192, 256)
     preprocessor = image_processor_config(settings, processor_class)
 
@@ -254,7 +261,7 @@ def check_checkpoint(folder: Path, what: str) -> None:
         missing.append("tokenizer.json or vocab.json")
     if missing:
         raise ValueError(f"{what}: missing {', '.join(missing)}")
-    from vlmgym.models.family import FAMILIES, model_family
+    from vlmgym.models.names import FAMILIES, model_family
 
     try:
         config = json.loads((folder / "config.json").read_text())
