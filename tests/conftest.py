@@ -102,7 +102,7 @@ MODULE_SECONDS = {
     "tracking/test_system_metrics.py": 6, "models/test_parity_cli.py": 6, "rl/test_grpo.py": 6,
     "models/test_sharding.py": 5, "rl/test_perception.py": 5, "rl/test_dpo.py": 5, "pipeline/test_resume_inputs.py": 50,
     "tracking/test_tracking_registration.py": 40, "rl/test_non_finite.py": 12, "compare/test_study_pipeline.py": 161,
-    "models/test_qwen25_vl_parity.py": 49, "models/test_qwen25_vl_decode.py": 12}
+    "models/test_qwen25_vl_parity.py": 49, "models/test_qwen25_vl_decode.py": 12, "rl/test_qwen25_learner.py": 60}
 SLOW_SECONDS = 9
 
 
