@@ -1,8 +1,8 @@
 """base_model stage: write the base HF checkpoint to models/hf/base/ (params section `model`).
 
-`model.source: tiny` (default) builds a tiny random Qwen3-VL and a BPE tokenizer trained on the
-environments' text; `model.source: hf:<owner>/<name>` downloads that hub snapshot. See
-vlmgym.models.qwen3_vl.base_model for the dimensions.
+`model.source: tiny` (default) builds a tiny random Qwen3-VL (`model.tiny_family: qwen2_5_vl`: a Qwen2.5-VL) and a
+BPE tokenizer trained on the environments' text; `model.source: hf:<owner>/<name>` downloads that hub snapshot
+(Qwen3-VL or Qwen2.5-VL). See vlmgym.models.qwen3_vl.base_model for the dimensions.
 
     python stages/base_model.py [--params params.yaml]
 """

@@ -2,7 +2,8 @@
 
 Writes safetensors + config + tokenizer/preprocessor files with the model-core exporter, then checks the result:
 every exported tensor equals the JAX parameter it came from bit for bit, and transformers loads the folder
-offline with no missing or unexpected weights. A failed check removes the folder and exits 1. Then (with
+offline, as its family's class (Qwen3VLForConditionalGeneration or Qwen2_5_VLForConditionalGeneration, from
+config.json), with no missing or unexpected weights. A failed check removes the folder and exits 1. Then (with
 `export.register`) the folder is logged as an MLflow model and registered as `vlmgym-<env>`
 (vlmgym.tracking.model_registry), through the run's spool: with the tracking server down the stage still ends
 with its folder written (status 0) and the registration waits in mlflow-spool/ for the next stage or
@@ -16,7 +17,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from vlmgym.models.qwen3_vl.convert import ExportCheckFailed, export_and_check
+from vlmgym.models.family import export_and_check
+from vlmgym.models.qwen3_vl.convert import ExportCheckFailed
 from vlmgym.params import load_section
 from vlmgym.runtime.collector import collect_less
 from vlmgym.tracking import model_registry as registry

@@ -81,7 +81,8 @@ FIRST_HALF = ("pipeline/test_pipeline_e2e.py", "pipeline/test_multiturn_pipeline
               "pipeline/test_train_algorithms.py", "pipeline/test_dvc_remote.py", "pipeline/test_report_browser.py",
               "pipeline/test_ovd_pipeline.py")
 SECOND_HALF = ("pipeline/test_kill_rerun.py", "pipeline/test_mixture_env.py", "pipeline/test_external_env.py",
-               "compare/test_study_pipeline.py", "rl/test_multihost.py", "pipeline/test_user_data_pipeline.py")
+               "compare/test_study_pipeline.py", "rl/test_multihost.py", "pipeline/test_user_data_pipeline.py",
+               "pipeline/test_qwen25_pipeline.py")
 
 
 # Seconds of a worker's time per module, for the other modules of 5 s or more (`--durations=0` of a full run on 2
@@ -101,7 +102,7 @@ MODULE_SECONDS = {
     "tracking/test_system_metrics.py": 6, "models/test_parity_cli.py": 6, "rl/test_grpo.py": 6,
     "models/test_sharding.py": 5, "rl/test_perception.py": 5, "rl/test_dpo.py": 5, "pipeline/test_resume_inputs.py": 50,
     "tracking/test_tracking_registration.py": 40, "rl/test_non_finite.py": 12, "compare/test_study_pipeline.py": 161,
-    "models/test_qwen25_vl_parity.py": 49, "models/test_qwen25_vl_decode.py": 12,
+    "models/test_qwen25_vl_parity.py": 49, "models/test_qwen25_vl_decode.py": 12, "rl/test_qwen25_learner.py": 60,
     "bench/test_bench_stage_start.py": 25}
 SLOW_SECONDS = 9
 

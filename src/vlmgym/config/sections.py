@@ -70,6 +70,8 @@ class ModelParams:
 
     source: str = spec("tiny", doc="'tiny' (random tiny Qwen3-VL built here) or 'hf:<repo>' (hub snapshot)")
     seed: int = spec(0, ge=0, doc="seed of the tiny model's random weights")
+    tiny_family: str = spec("qwen3_vl", choices=("qwen3_vl", "qwen2_5_vl"),
+                            doc="architecture of the tiny model (a hub snapshot's config.json names its own)")
     tiny_hidden_size: int = spec(128, ge=64, le=4096, doc="tiny text width (multiple of 64; heads and ffn follow)")
     tiny_num_layers: int = spec(4, ge=2, le=64, doc="tiny text decoder layers")
     tiny_vocab_size: int = spec(2048, ge=300, le=65536, doc="BPE vocabulary the tiny tokenizer is trained up to")

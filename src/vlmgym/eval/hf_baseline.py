@@ -56,9 +56,9 @@ def max_logit_difference(model: Any, cfg: Any, params: Any, processor: Any, obse
     import jax
     import jax.numpy as jnp
 
+    from vlmgym.models.family import encode_images
     from vlmgym.models.qwen3_vl import model as qwen
     from vlmgym.models.qwen3_vl.processor import get_rope_index
-    from vlmgym.models.qwen3_vl.vision import encode_images
 
     prompt = processor([observation["messages"]], [list(observation.get("images") or [])])
     ids = np.concatenate([prompt["input_ids"], np.asarray([list(answer)], np.int32)], axis=1).astype(np.int32)
@@ -84,7 +84,7 @@ def run_hf_baseline(hf_dir: str | Path, jax_dir: str | Path, observations: Seque
                     logit_samples: int, dtype: str = "fp32") -> tuple[dict[str, float], dict[str, float]]:
     """All HF-baseline figures for these observations and the JAX engine's greedy answers to them, and the timing
     of transformers' generate (`hf_seconds`, `hf_tokens_per_s`: different on every run, so kept apart)."""
-    from vlmgym.models.qwen3_vl.convert import load_checkpoint
+    from vlmgym.models.family import load_checkpoint
     from vlmgym.models.qwen3_vl.processor import Processor
 
     if len(observations) != len(jax_answers):

@@ -1,10 +1,10 @@
 """`vlmgym plan`: per-device memory of one training step, from XLA's compiled programs, without the weights.
 
     vlmgym plan --params FILE [--params OVERLAY ...] [any flag below, which wins over the params]
-    vlmgym plan --config 2b|4b|8b|tiny --mesh DATA,FSDP,TENSOR --batch B --seq T [--answer A] [--group G]
-                [--micro-batches M] [--image HxW] [--remat none|layer] [--param-dtype bf16|fp32] [--dtype ...]
-                [--freeze none|vision] [--lora-rank R] [--[no-]share-prefix] [--algorithm grpo|sft] [--no-rollout]
-                [--accelerator] [--json PATH]
+    vlmgym plan --config 2b|4b|8b|qwen2.5-3b|qwen2.5-7b|tiny --mesh DATA,FSDP,TENSOR --batch B --seq T [--answer A]
+                [--group G] [--micro-batches M] [--image HxW] [--remat none|layer] [--param-dtype bf16|fp32]
+                [--dtype ...] [--freeze none|vision] [--lora-rank R] [--[no-]share-prefix] [--algorithm grpo|sft]
+                [--no-rollout] [--accelerator] [--json PATH]
 
 `--params` reads the shapes from a params file or a preset merged over the defaults (as `vlmgym preset FILE` writes
 params.yaml; a further --params merges on top, as `vlmgym preset FILE --on-top`): the model, mesh, batch,
@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from vlmgym.plan.model_spec import CONFIGS, PlanSpec
+from vlmgym.plan.model_spec import CONFIGS, QWEN2_5, PlanSpec
 
 DEVICE_FLAG = "--xla_force_host_platform_device_count"
 
@@ -66,7 +66,8 @@ def build_parser() -> argparse.ArgumentParser:
                              "preset FILE` writes params.yaml; repeated, each further file on top (`--on-top`), e.g. "
                              "a recipe then its LoRA overlay. Any flag below wins over the params")
     parser.add_argument("--config", choices=CONFIGS, default=None,
-                        help="model: a shipped Qwen3-VL or the tiny one (params: model.source)")
+                        help="model: a shipped Qwen3-VL (2b, 4b, 8b), Qwen2.5-VL (qwen2.5-3b, qwen2.5-7b) or the "
+                             "tiny one (params: model.source)")
     parser.add_argument("--mesh", type=lambda t: _ints(t, 3, ","), default=None,
                         help="data,fsdp,tensor device counts (train.mesh; sft.mesh); without --params 1,1,1")
     parser.add_argument("--batch", type=int, default=None,
@@ -130,7 +131,8 @@ def resolve(parser: argparse.ArgumentParser, args: argparse.Namespace) -> PlanSp
             tiny = values["config"] == "tiny"
             values.setdefault("param_dtype", "fp32" if tiny else "bf16")
             values.setdefault("dtype", values["param_dtype"])
-            values.setdefault("image", (96, 128) if tiny else (512, 672))
+            qwen2_5 = values["config"].startswith(QWEN2_5)  # 28-pixel merged patches
+            values.setdefault("image", (96, 128) if tiny else (504, 672) if qwen2_5 else (512, 672))
             sources = {k: "--" + k.replace("_", "-") if k in given else "default" for k in values}
             notes = []
         spec = PlanSpec(**values)

@@ -8,7 +8,8 @@ import numpy as np
 
 from vlmgym.config.sections import LORA_TEXT_TARGETS
 
-CONFIGS = ("tiny", "2b", "4b", "8b")
+QWEN2_5 = "qwen2.5-"  # the shipped Qwen2.5-VL configs' prefix: qwen2.5-3b, qwen2.5-7b (the others are Qwen3-VL's)
+CONFIGS = ("tiny", "2b", "4b", "8b", f"{QWEN2_5}3b", f"{QWEN2_5}7b")
 TINY_VOCAB = 2048  # the pipeline's default tiny tokenizer (model.tiny_vocab_size)
 
 
@@ -60,5 +61,11 @@ class PlanSpec:
                                or not (self.lora_targets or self.lora_vision)):
             raise ValueError(f"LoRA targets {self.lora_targets} (vision {self.lora_vision}): expected some of "
                              f"{LORA_TEXT_TARGETS} or the vision tower")
-        if any(side % 32 for side in self.image):
-            raise ValueError(f"image {self.image}: both sides must be multiples of 32 (the processor's resize)")
+        if any(side % self.image_factor for side in self.image):
+            raise ValueError(f"image {self.image}: both sides must be multiples of {self.image_factor} (the "
+                             "processor's resize)")
+
+    @property
+    def image_factor(self) -> int:
+        """Image sides are multiples of this: one merged token's pixels (Qwen2.5-VL's patches are 14, not 16)."""
+        return 28 if self.config.startswith(QWEN2_5) else 32

@@ -32,9 +32,13 @@ import numpy as np
 
 from vlmgym import params as params_mod
 from vlmgym.envs import registry
-from vlmgym.plan.model_spec import CONFIGS
+from vlmgym.plan.model_spec import CONFIGS, QWEN2_5
 
 _QWEN_SIZE = re.compile(r"qwen3-vl-(\d+)b", re.IGNORECASE)
+_QWEN2_5_SIZE = re.compile(r"qwen2\.5-vl-(\d+)b", re.IGNORECASE)
+# Qwen2.5-VL's chat template opens a conversation without a system message with its default one:
+# <|im_start|>system\nYou are a helpful assistant.<|im_end|>\n, 11 tokens of the hub tokenizer
+QWEN2_5_SYSTEM_TOKENS = 11
 
 
 class DeriveError(ValueError):
@@ -75,12 +79,16 @@ def mesh_of(sections: Mapping[str, Any], algorithm: str | None) -> tuple[int, in
 
 
 def model_config_name(source: str) -> str:
-    """The planner's config for a model.source: 'tiny', or the shipped Qwen3-VL config its hub name's size picks."""
+    """The planner's config for a model.source: 'tiny', or the shipped Qwen3-VL or Qwen2.5-VL config its hub name's
+    size picks ('4b', 'qwen2.5-3b')."""
     if source == "tiny":
         return "tiny"
+    match = _QWEN2_5_SIZE.search(source)
+    if source.startswith("hf:") and match is not None and f"{QWEN2_5}{match.group(1)}b" in CONFIGS:
+        return f"{QWEN2_5}{match.group(1)}b"
     match = _QWEN_SIZE.search(source)
     if not source.startswith("hf:") or match is None or f"{match.group(1)}b" not in CONFIGS:
-        raise DeriveError(f"model.source {source!r}: not a Qwen3-VL size the planner ships "
+        raise DeriveError(f"model.source {source!r}: not a Qwen3-VL or Qwen2.5-VL size the planner ships "
                           f"({', '.join(c for c in CONFIGS if c != 'tiny')}); pass --config")
     return f"{match.group(1)}b"
 
@@ -116,7 +124,10 @@ def derive(sections: Mapping[str, Any], given: Mapping[str, Any]) -> tuple[dict[
         put("config", None, "")
     else:
         name = model_config_name(model.source)
-        shipped = "" if name == "tiny" else f" (the shipped qwen3_vl_{name}.json)"
+        if name == "tiny" and model.tiny_family != "qwen3_vl":
+            raise DeriveError(f"model.tiny_family {model.tiny_family}: the planner plans the tiny Qwen3-VL only; pass "
+                              f"--config (a shipped model)")
+        shipped = ("" if name == "tiny" else f" (the shipped {_shipped_file(name)})")
         put("config", name, f"model.source {model.source}{shipped}")
     put("dtype", model.dtype, "model.dtype")
     put("param_dtype", model.param_dtype, "model.param_dtype")
@@ -163,6 +174,19 @@ def derive(sections: Mapping[str, Any], given: Mapping[str, Any]) -> tuple[dict[
     return values, sources, notes
 
 
+def _shipped_file(config: str) -> str:
+    if config.startswith(QWEN2_5):
+        return f"qwen2_5_vl_{config[len(QWEN2_5):]}.json"
+    return f"qwen3_vl_{config}.json"
+
+
+def _family(config: str) -> Any:
+    """The Family record of a planner config name."""
+    from vlmgym.models.family import QWEN2_5_VL, QWEN3_VL, family_named
+
+    return family_named(QWEN2_5_VL if config.startswith(QWEN2_5) else QWEN3_VL)
+
+
 def _algorithm(train: Any, notes: list[str]) -> str:
     """The update planned for train.algorithm: grpo's for grpo and rloo (the same update), and for ppo."""
     if train.algorithm == "online_dpo":
@@ -183,18 +207,19 @@ class Prompt:
         self.checkpoint, self.checkpoint_note = self._checkpoint()
 
     def _checkpoint(self) -> tuple[Any, str]:
-        """(the Processor of model.hf_dir when that folder holds the planned Qwen3-VL model, or None; why not)."""
+        """(the Processor of model.hf_dir when that folder holds the planned model, or None; why not)."""
         folder = Path(self.model.hf_dir)
         if self.config == "tiny":  # the tiny tokenizer is trained from the params, not read from a folder
             return None, ""
         if not (folder / "config.json").exists():
             return None, f"no checkpoint in model.hf_dir {folder}"
-        from vlmgym.models.qwen3_vl.config import ConfigError, load_hf_config, named_config
+        from vlmgym.models.family import load_config
         from vlmgym.models.qwen3_vl.processor import Processor
 
+        family = _family(self.config)
         try:
-            same = load_hf_config(folder) == named_config(self.config)
-        except ConfigError:
+            same = load_config(folder) == family.named_config(self.config.removeprefix(QWEN2_5))
+        except ValueError:
             same = False
         if not same:
             return None, f"model.hf_dir {folder} holds another model than {self.config}"
@@ -205,14 +230,16 @@ class Prompt:
 
     def settings(self) -> tuple[Any, str]:
         """(the processor's ImageSettings, where they came from)."""
-        from vlmgym.models.qwen3_vl.processor import HUB_MAX_PIXELS, HUB_MIN_PIXELS, ImageSettings
+        from vlmgym.models.qwen3_vl.processor import ImageSettings
 
         if self.checkpoint is not None:
             return self.checkpoint.settings, f"{self.model.hf_dir}/preprocessor_config.json"
         if self.config == "tiny":
             return (ImageSettings(min_pixels=self.model.min_pixels, max_pixels=self.model.max_pixels),
                     f"model.min_pixels {self.model.min_pixels}, max_pixels {self.model.max_pixels}")
-        return ImageSettings(), f"the Qwen3-VL hub processor's {HUB_MIN_PIXELS}-{HUB_MAX_PIXELS} pixels"
+        family = _family(self.config)
+        hub = family.image_settings
+        return hub, f"the {family.architecture} hub processor's {hub.min_pixels}-{hub.max_pixels} pixels"
 
     def _one_image_one_turn(self) -> None:
         cls = self.env_class
@@ -281,8 +308,11 @@ class Prompt:
             return count_text_tokens(self.checkpoint, messages), f"tokenized by {self.model.hf_dir}'s tokenizer"
         recorded = self.env_class.qwen_prompt_text_tokens
         if recorded is not None:
-            return recorded, (f"an estimate for {self.env_class.name}'s question (Env.qwen_prompt_text_tokens); no "
-                              f"tokenizer: {self.checkpoint_note}")
+            how = f"an estimate for {self.env_class.name}'s question (Env.qwen_prompt_text_tokens)"
+            if self.config.startswith(QWEN2_5) and not any(m.get("role") == "system" for m in messages):
+                recorded += QWEN2_5_SYSTEM_TOKENS
+                how += f" + {QWEN2_5_SYSTEM_TOKENS} of Qwen2.5-VL's default system prompt"
+            return recorded, f"{how}; no tokenizer: {self.checkpoint_note}"
         raise DeriveError(f"the prompt's text tokens need the Qwen3-VL tokenizer ({self.checkpoint_note}): run the "
                           "base_model stage for model.source, or pass --seq (the prompt's tokens, image included)")
 

@@ -21,10 +21,10 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from vlmgym.models.family import family_of
 from vlmgym.models.qwen3_vl import lora
 from vlmgym.models.qwen3_vl.config import Qwen3VLConfig
 from vlmgym.models.qwen3_vl.mesh import make_mesh, param_shardings
-from vlmgym.models.qwen3_vl.weights import abstract_params
 from vlmgym.params import ObjectiveParams
 from vlmgym.plan.shapes import PlanSpec, abstract, learner_micro, rollout_prompts
 from vlmgym.rl.loop import CompileCounter
@@ -74,7 +74,7 @@ class Planner:
         self.cfg, self.spec = cfg, spec
         self.mesh = mesh or make_mesh(*spec.mesh)
         self.replicated = NamedSharding(self.mesh, PartitionSpec())
-        self.params = abstract(abstract_params(cfg), param_shardings(cfg, self.mesh))
+        self.params = abstract(family_of(cfg).abstract_params(cfg), param_shardings(cfg, self.mesh))
         if spec.lora_rank:
             self.params = self._with_adapters(spec.lora_rank)
             self.optimizer = SubsetOptimizer(OptimizerConfig(learning_rate=1e-6), lora.trainable_mask(self.params))

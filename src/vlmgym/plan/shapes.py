@@ -13,18 +13,20 @@ from typing import Any
 import jax
 import numpy as np
 
+from vlmgym.models.family import QWEN2_5_VL, family_named, family_of
 from vlmgym.models.qwen3_vl.base_model import SPECIAL_TOKENS, TinyDims
 from vlmgym.models.qwen3_vl.config import Qwen3VLConfig, from_hf_dict, named_config
-from vlmgym.models.qwen3_vl.vision import patch_layout
-from vlmgym.plan.model_spec import TINY_VOCAB, PlanSpec
+from vlmgym.plan.model_spec import QWEN2_5, TINY_VOCAB, PlanSpec
 from vlmgym.rollout.engine import Buckets, bucketed_patch_layout
 
 
 def plan_config(name: str, dtype: str = "fp32", param_dtype: str = "fp32",
                 tiny: tuple[int, int, int] = (128, 4, TINY_VOCAB)) -> Qwen3VLConfig:
-    """A shipped real config ('2b', '4b', '8b') or the pipeline's tiny model ('tiny': `TinyDims.scaled` to `tiny`'s
-    width and layers, with its vocabulary (default: the pipeline's, 2,048 tokens) whose special tokens come first,
-    as the tiny tokenizer numbers them)."""
+    """A shipped real config (Qwen3-VL '2b', '4b', '8b'; Qwen2.5-VL 'qwen2.5-3b', 'qwen2.5-7b') or the pipeline's tiny
+    model ('tiny': `TinyDims.scaled` to `tiny`'s width and layers, with its vocabulary (default: the pipeline's,
+    2,048 tokens) whose special tokens come first, as the tiny tokenizer numbers them)."""
+    if name.startswith(QWEN2_5):
+        return family_named(QWEN2_5_VL).named_config(name[len(QWEN2_5):], dtype, param_dtype)
     if name != "tiny":
         return named_config(name, dtype, param_dtype)
     hidden_size, num_layers, vocab_size = tiny
@@ -91,7 +93,8 @@ def learner_micro(cfg: Qwen3VLConfig, spec: PlanSpec) -> dict[str, Any]:
     grids = prompts.pop("image_grid_thw").astype(np.int64)
     # Qwen3VLLearner._with_patch_layout: patches padded to a multiple of the longest image
     total = int(grids[:, 1:].prod(axis=1).sum())
-    inputs = {**prompts, "pixel_values": _pixels(cfg, total), "patch_layout": patch_layout(cfg, grids, pad_to=total)}
+    inputs = {**prompts, "pixel_values": _pixels(cfg, total),
+              "patch_layout": family_of(cfg).patch_layout(cfg, grids, pad_to=total)}
     mask = np.ones((rows, spec.answer), np.float32)
     batch = {"inputs": inputs, "completion_ids": np.zeros((rows, spec.answer), np.int32), "completion_mask": mask}
     if spec.algorithm == "sft":

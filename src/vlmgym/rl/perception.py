@@ -30,9 +30,8 @@ import optax
 from tqdm import tqdm
 
 from vlmgym.envs.base import Env, MissingPart
-from vlmgym.models.qwen3_vl.convert import load_checkpoint, save_checkpoint
+from vlmgym.models.family import family_of, load_checkpoint, save_checkpoint
 from vlmgym.models.qwen3_vl.processor import ImageSettings, preprocess_images
-from vlmgym.models.qwen3_vl.vision import encode_patches, patch_layout
 from vlmgym.params import SFTParams
 from vlmgym.rl.loop import NonFiniteError, non_finite_message, non_finite_params
 from vlmgym.tracking.step_curve import StepJournal
@@ -128,7 +127,8 @@ class PerceptionWarmup:
         if self.val is not None and not np.array_equal(self.val.grid, self.train.grid):
             raise ValueError(f"sft.perception: val images have a {tuple(self.val.grid)} patch grid, train images "
                              f"{tuple(self.train.grid)}")
-        self.layout = jax.tree.map(jnp.asarray, patch_layout(cfg, [self.train.grid]))
+        self.family = family_of(cfg)
+        self.layout = jax.tree.map(jnp.asarray, self.family.patch_layout(cfg, [self.train.grid]))
         tokens = self.train.pixels.shape[1] // cfg.vision.merge_unit
         width = cfg.vision.out_hidden_size
         rng = np.random.default_rng(section.seed)
@@ -150,8 +150,8 @@ class PerceptionWarmup:
 
     def _logits(self, trained: dict, pixels: jax.Array) -> tuple[list[jax.Array], list[jax.Array]]:
         """(the image heads' logits, the token heads' logits (tokens, classes)) of one image."""
-        embeds, _ = encode_patches({"visual": trained["visual"]}, self.cfg, pixels.astype(jnp.float32),
-                                   self.layout)
+        embeds, _ = self.family.encode({"visual": trained["visual"]}, self.cfg, pixels.astype(jnp.float32),
+                                       self.layout)
         head = trained["head"]
         image = jnp.split(embeds.reshape(-1) @ head["w"] + head["b"], np.cumsum(self.heads)[:-1]) if self.heads else []
         tokens = (jnp.split(embeds @ head["token_w"] + head["token_b"], np.cumsum(self.token_heads)[:-1], axis=-1)

@@ -1,4 +1,6 @@
-"""Qwen3-VL as a trainable Policy: the rollout engine samples, `token_logprobs` scores, the processor encodes."""
+"""The model as a trainable Policy: the rollout engine samples, `token_logprobs` scores, the processor encodes.
+
+Either model family (vlmgym.models.family): the decoder is shared and the vision tower is cfg's family's."""
 
 from __future__ import annotations
 
@@ -11,13 +13,13 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from vlmgym.models.family import family_of
 from vlmgym.models.qwen3_vl import lora
 from vlmgym.models.qwen3_vl.chat import END_OF_TURN
 from vlmgym.models.qwen3_vl.config import Qwen3VLConfig
 from vlmgym.models.qwen3_vl.mesh import batch_sharding
 from vlmgym.models.qwen3_vl.model import token_logprobs
 from vlmgym.models.qwen3_vl.shared_prefix import shared_prefix_logprobs
-from vlmgym.models.qwen3_vl.vision import patch_layout
 from vlmgym.rl.loop import Samples
 from vlmgym.rollout.engine import TRACE_COUNTS, Buckets, RolloutEngine
 from vlmgym.rollout.episodes import Advance, EpisodeBatch, run_episodes
@@ -96,7 +98,7 @@ class Qwen3VLLearner:
         total = -(-len(pixels) // frame) * frame
         padding = np.zeros((total - len(pixels), pixels.shape[1]), pixels.dtype)
         return {**inputs, "pixel_values": np.concatenate([pixels, padding]),
-                "patch_layout": patch_layout(self.cfg, grids, pad_to=total)}
+                "patch_layout": family_of(self.cfg).patch_layout(self.cfg, grids, pad_to=total)}
 
     def _place(self, batch: dict) -> dict:
         return distributed.put_global(batch, learner_batch_shardings(batch, self.mesh))

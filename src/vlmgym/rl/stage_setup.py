@@ -16,9 +16,8 @@ from vlmgym import envs
 from vlmgym.data import shards
 from vlmgym.envs.base import Env
 from vlmgym.envs.tools import Tool
+from vlmgym.models.family import load_checkpoint, load_config, save_checkpoint
 from vlmgym.models.qwen3_vl import lora
-from vlmgym.models.qwen3_vl.config import load_hf_config
-from vlmgym.models.qwen3_vl.convert import load_checkpoint, save_checkpoint
 from vlmgym.models.qwen3_vl.lora import LoRAConfig, init_adapters
 from vlmgym.models.qwen3_vl.mesh import make_mesh, param_shardings
 from vlmgym.models.qwen3_vl.processor import Processor
@@ -50,7 +49,7 @@ def load_policy(model_dir: str | Path, model_params: ModelParams, max_new_tokens
     mesh = shardings = None
     if mesh_shape and int(np.prod(mesh_shape)) > 1:
         mesh = make_mesh(*mesh_shape)
-        cfg = load_hf_config(model_dir, dtype=model_params.dtype, param_dtype=model_params.param_dtype)
+        cfg = load_config(model_dir, dtype=model_params.dtype, param_dtype=model_params.param_dtype)
         shardings = param_shardings(cfg, mesh)
     cfg, params = load_checkpoint(model_dir, dtype=model_params.dtype, param_dtype=model_params.param_dtype,
                                   shardings=shardings)

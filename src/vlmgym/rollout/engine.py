@@ -33,9 +33,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from vlmgym.models.family import family_of
 from vlmgym.models.qwen3_vl.config import Qwen3VLConfig
 from vlmgym.models.qwen3_vl.model import prefill
-from vlmgym.models.qwen3_vl.vision import encode_patches, patch_layout
 from vlmgym.models.qwen3_vl.weights import Params
 from vlmgym.rollout.decode import GroupCache, decoder_layers, group_cache, group_decode_step, lm_head_kernel
 from vlmgym.rollout.sampling import SamplingSettings, sample_tokens, seed_from_key
@@ -81,24 +81,25 @@ def _next_power_of_two(value: int) -> int:
 
 
 def bucketed_patch_layout(cfg: Qwen3VLConfig, grid_thw: np.ndarray, pad_to: int) -> dict[str, np.ndarray]:
-    """vision.patch_layout with its attention blocks padded too: (frames, longest frame) rounded up to powers of two.
+    """The family's patch_layout with its attention blocks padded too: (blocks, longest block) rounded up to powers
+    of two (blocks: image frames, and Qwen2.5-VL's attention windows).
 
-    The layout gathers each frame's patches into a row of `block_index` (padded with the past-the-end index,
-    masked by `block_valid`) and scatters results back through `patch_slot` = block * longest + offset; empty
+    The layout gathers each block's patches into a row of an index array (padded with the past-the-end index,
+    masked by its valid array) and scatters results back through a slot array = block * longest + offset; empty
     extra rows and columns change no output, while their shapes no longer depend on the image mix.
     """
-    layout = patch_layout(cfg, grid_thw, pad_to=pad_to)
-    if "block_index" not in layout:
-        return layout
-    index = layout["block_index"]
-    blocks, longest = index.shape
-    new_blocks, new_longest = _next_power_of_two(blocks), _next_power_of_two(longest)
-    past_end = len(layout["patch_slot"])
-    padded = np.full((new_blocks, new_longest), past_end, index.dtype)
-    padded[:blocks, :longest] = index
-    slot = layout["patch_slot"]
-    return {**layout, "block_index": padded, "block_valid": padded < past_end,
-            "patch_slot": ((slot // longest) * new_longest + slot % longest).astype(slot.dtype)}
+    family = family_of(cfg)
+    layout = family.patch_layout(cfg, grid_thw, pad_to=pad_to)
+    for index_key, valid_key, slot_key in family.layout_blocks:
+        index, slot = layout[index_key], layout[slot_key]
+        blocks, longest = index.shape
+        new_blocks, new_longest = _next_power_of_two(blocks), _next_power_of_two(longest)
+        past_end = len(slot)
+        padded = np.full((new_blocks, new_longest), past_end, index.dtype)
+        padded[:blocks, :longest] = index
+        layout = {**layout, index_key: padded, valid_key: padded < past_end,
+                  slot_key: ((slot // longest) * new_longest + slot % longest).astype(slot.dtype)}
+    return layout
 
 
 @dataclass
@@ -219,7 +220,8 @@ def _prefill_group(params: Params, cfg: Qwen3VLConfig, prompts: dict[str, jax.Ar
                 group_size=group_size, max_new_tokens=max_new_tokens, dtype=cfg.dtype)
     image_embeds = deepstack_embeds = None
     if "pixel_values" in prompts:
-        image_embeds, deepstack_embeds = encode_patches(params, cfg, prompts["pixel_values"], prompts["patch_layout"])
+        image_embeds, deepstack_embeds = family_of(cfg).encode(params, cfg, prompts["pixel_values"],
+                                                                prompts["patch_layout"])
     logits, cache = prefill(params, cfg, prompts["input_ids"], prompts["attention_mask"], prompts["position_ids"],
                             image_embeds, deepstack_embeds, cache_size=prompts["input_ids"].shape[1])
     return jnp.repeat(logits, group_size, axis=0), group_cache(cfg, cache, group_size, max_new_tokens)

@@ -173,6 +173,33 @@ def from_hf_dict(hf: dict[str, Any], dtype: str = "fp32", param_dtype: str = "fp
     return cfg.with_dtypes(dtype, param_dtype)
 
 
+def to_hf_dict(cfg: Qwen25VLConfig) -> dict[str, Any]:
+    """An HF config.json dict (5.x nested layout) describing `cfg`."""
+    t, v = cfg.text, cfg.vision
+    return {
+        "architectures": [ARCHITECTURE], "model_type": MODEL_TYPE, "tie_word_embeddings": cfg.tie_word_embeddings,
+        "image_token_id": cfg.image_token_id, "video_token_id": cfg.video_token_id,
+        "vision_start_token_id": cfg.vision_start_token_id, "vision_end_token_id": cfg.vision_end_token_id,
+        "text_config": {
+            "model_type": "qwen2_5_vl_text", "vocab_size": t.vocab_size, "hidden_size": t.hidden_size,
+            "intermediate_size": t.intermediate_size, "num_hidden_layers": t.num_hidden_layers,
+            "num_attention_heads": t.num_attention_heads, "num_key_value_heads": t.num_key_value_heads,
+            "rms_norm_eps": t.rms_norm_eps, "hidden_act": t.hidden_act,
+            "max_position_embeddings": t.max_position_embeddings, "tie_word_embeddings": cfg.tie_word_embeddings,
+            "rope_parameters": {"rope_type": "default", "rope_theta": t.rope_theta,
+                                "mrope_section": list(t.mrope_section)},
+        },
+        "vision_config": {
+            "model_type": "qwen2_5_vl_vision", "depth": v.depth, "hidden_size": v.hidden_size,
+            "intermediate_size": v.intermediate_size, "num_heads": v.num_heads, "out_hidden_size": v.out_hidden_size,
+            "fullatt_block_indexes": list(v.fullatt_block_indexes), "window_size": v.window_size,
+            "in_channels": v.in_channels, "patch_size": v.patch_size, "temporal_patch_size": v.temporal_patch_size,
+            "spatial_merge_size": v.spatial_merge_size, "hidden_act": v.hidden_act,
+            "tokens_per_second": v.tokens_per_second,
+        },
+    }
+
+
 def load_hf_config(path: str | Path, dtype: str = "fp32", param_dtype: str = "fp32") -> Qwen25VLConfig:
     """Read config.json (a file or its folder)."""
     path = Path(path)

@@ -19,6 +19,9 @@ corpus of the environments, trained up to 2,048 tokens):
 
 rope_theta is 10000 rather than the hub's 5e6: with head_dim 32 and ~100-token sequences a 5e6
 base would leave most rotary frequencies unused. `count_parameters` gives the exact figures.
+
+`model.tiny_family: qwen2_5_vl` builds the same dimensions as a Qwen2.5-VL instead
+(vlmgym.models.qwen2_5_vl.tiny).
 """
 
 from __future__ import annotations
@@ -100,7 +103,7 @@ class TinyDims:
             raise ValueError("invalid tiny Qwen3-VL dims: " + "; ".join(problems))
 
 
-def train_tokenizer(corpus: Sequence[str], vocab_size: int = 2048) -> Any:
+def train_tokenizer(corpus: Sequence[str], vocab_size: int = 2048, chat_template: str = QWEN3_VL_CHAT_TEMPLATE) -> Any:
     """A byte-level BPE `Qwen2Tokenizer` trained on `corpus`, with Qwen's special tokens and chat template.
 
     The pipeline (NFC, Qwen's split regex, byte-level) is exactly what `Qwen2Tokenizer` rebuilds from
@@ -132,7 +135,7 @@ def train_tokenizer(corpus: Sequence[str], vocab_size: int = 2048) -> Any:
                                extra_special_tokens=list(SPECIAL_TOKENS[1:]), model_max_length=4096,
                                errors="replace", split_special_tokens=False, clean_up_tokenization_spaces=False)
     tokenizer.add_tokens([AddedToken(t, special=False, normalized=False) for t in PLAIN_ADDED_TOKENS])
-    tokenizer.chat_template = QWEN3_VL_CHAT_TEMPLATE
+    tokenizer.chat_template = chat_template
     return tokenizer
 
 
@@ -167,36 +170,60 @@ def tiny_config(tokenizer: Any, dims: TinyDims = TinyDims()) -> Any:
 
 
 def count_parameters(model: Any) -> dict[str, int]:
-    """Parameter counts of an HF Qwen3-VL: total, vision tower, text decoder (embedding included)."""
+    """Parameter counts of an HF Qwen3-VL or Qwen2.5-VL: total, vision tower, text decoder (embedding included)."""
     total = sum(p.numel() for p in model.parameters())
     vision = sum(p.numel() for p in model.model.visual.parameters())
     return {"params_total": total, "params_vision": vision, "params_text": total - vision}
 
 
 def build_tiny(out_dir: str | Path, corpus: Sequence[str], *, seed: int = 0, dims: TinyDims = TinyDims(),
-               vocab_size: int = 2048, min_pixels: int = TINY_MIN_PIXELS,
-               max_pixels: int = TINY_MAX_PIXELS) -> dict[str, Any]:
-    """Train the tokenizer, build the random tiny model and write an HF folder atomically; returns a summary."""
-    import torch
-    from transformers import GenerationConfig, Qwen3VLForConditionalGeneration
+               vocab_size: int = 2048, min_pixels: int = TINY_MIN_PIXELS, max_pixels: int = TINY_MAX_PIXELS,
+               family: str = "qwen3_vl") -> dict[str, Any]:
+    """Train the tokenizer, build the random tiny model of `family` ('qwen3_vl' or 'qwen2_5_vl') and write an HF
+    folder atomically; returns a summary."""
+    import dataclasses
 
-    tokenizer = train_tokenizer(corpus, vocab_size)
-    config = tiny_config(tokenizer, dims)
+    import torch
+    from transformers import GenerationConfig
+
+    from vlmgym.models.names import FAMILIES, QWEN2_5_VL
+
+    if family not in FAMILIES:
+        raise ValueError(f"tiny model family {family!r} is not one of {FAMILIES}")
+    if family == QWEN2_5_VL:
+        from transformers import Qwen2_5_VLForConditionalGeneration as model_class
+
+        from vlmgym.models.qwen2_5_vl.processor import CHAT_TEMPLATE, IMAGE_SETTINGS, PROCESSOR_CLASS
+        from vlmgym.models.qwen2_5_vl.tiny import tiny_config as qwen2_5_config
+        from vlmgym.models.qwen2_5_vl.tiny import tiny_dims_summary
+
+        tokenizer = train_tokenizer(corpus, vocab_size, CHAT_TEMPLATE)
+        config, processor_class, hub = qwen2_5_config(tokenizer, dims), PROCESSOR_CLASS, IMAGE_SETTINGS
+        dims_summary = tiny_dims_summary(dims)
+    else:
+        from transformers import Qwen3VLForConditionalGeneration as model_class
+
+        tokenizer = train_tokenizer(corpus, vocab_size)
+        config, processor_class, hub = tiny_config(tokenizer, dims), "Qwen3VLProcessor", ImageSettings()
+        dims_summary = asdict(dims)
     torch.manual_seed(seed)
-    model = Qwen3VLForConditionalGeneration(config).eval()
+    model = model_class(config).eval()
     endoftext, im_end = tokenizer.convert_tokens_to_ids(["<|endoftext|>", "<|im_end|>"])
     # The hub's generation defaults, with this tokenizer's ids.
     generation = GenerationConfig(bos_token_id=endoftext, pad_token_id=endoftext, eos_token_id=[im_end, endoftext],
                                   do_sample=True, top_k=20, top_p=0.8, temperature=0.7, repetition_penalty=1.0)
-    settings = ImageSettings(min_pixels=min_pixels, max_pixels=max_pixels)
+    # the family's patch size, mean and std under the tiny pixel budget
+    settings = dataclasses.replace(hub, min_pixels=min_pixels, max_pixels=max_pixels)
     tokens_per_image = settings.num_image_tokens(192, 256)
+    preprocessor = image_processor_config(settings, processor_class)
 
     with atomic_dir(out_dir) as folder:
         model.save_pretrained(folder)
         generation.save_pretrained(folder)
         tokenizer.save_pretrained(folder)
-        (folder / "preprocessor_config.json").write_text(json.dumps(image_processor_config(settings), indent=2) + "\n")
-    return {"source": "tiny", "seed": seed, "vocab_size": len(tokenizer), "dims": asdict(dims),
+        (folder / "preprocessor_config.json").write_text(json.dumps(preprocessor, indent=2) + "\n")
+    family_field = {} if family == "qwen3_vl" else {"family": family}  # the default's summary as it always was
+    return {"source": "tiny", **family_field, "seed": seed, "vocab_size": len(tokenizer), "dims": dims_summary,
             "min_pixels": min_pixels, "max_pixels": max_pixels, "image_tokens_256x192": tokens_per_image,
             **count_parameters(model)}
 
@@ -218,14 +245,15 @@ def fetch_hub_model(repo: str, out_dir: str | Path,
         download(repo, folder)
         check_checkpoint(folder, f"hub snapshot of {repo}")
     config = json.loads((Path(out_dir) / "config.json").read_text())
+    text = config.get("text_config") or config  # Qwen2.5-VL hub configs keep the text keys at the top level
     return {"source": f"hf:{repo}", "model_type": config.get("model_type"),
-            "text_hidden_size": (config.get("text_config") or {}).get("hidden_size"),
-            "text_layers": (config.get("text_config") or {}).get("num_hidden_layers"),
+            "text_hidden_size": text.get("hidden_size"), "text_layers": text.get("num_hidden_layers"),
             "vision_depth": (config.get("vision_config") or {}).get("depth")}
 
 
 def check_checkpoint(folder: Path, what: str) -> None:
-    """Raise ValueError naming what is missing when `folder` is not a loadable Qwen3-VL HF checkpoint."""
+    """Raise ValueError naming what is missing when `folder` is not a loadable Qwen3-VL or Qwen2.5-VL HF
+    checkpoint."""
     missing = [name for name in ("config.json", "preprocessor_config.json") if not (folder / name).exists()]
     if not list(folder.glob("*.safetensors")):
         missing.append("*.safetensors")
@@ -233,12 +261,17 @@ def check_checkpoint(folder: Path, what: str) -> None:
         missing.append("tokenizer.json or vocab.json")
     if missing:
         raise ValueError(f"{what}: missing {', '.join(missing)}")
+    from vlmgym.models.names import FAMILIES, model_family
+
     try:
-        model_type = json.loads((folder / "config.json").read_text()).get("model_type")
+        config = json.loads((folder / "config.json").read_text())
     except json.JSONDecodeError as err:
         raise ValueError(f"{what}: config.json is not valid JSON: {err}") from err
-    if model_type != "qwen3_vl":
-        raise ValueError(f"{what}: config.json model_type is {model_type!r}, expected 'qwen3_vl'")
+    try:
+        model_family(config)
+    except ValueError as err:
+        raise ValueError(f"{what}: config.json model_type is {config.get('model_type')!r}, expected one of "
+                         f"{', '.join(repr(f) for f in FAMILIES)}") from err
 
 
 def build_base_model(params: Any, corpus: Sequence[str] = (),
@@ -255,7 +288,7 @@ def build_base_model(params: Any, corpus: Sequence[str] = (),
             raise ParamsError(f"model.min_pixels {params.min_pixels} > model.max_pixels {params.max_pixels}")
         dims = TinyDims.scaled(params.tiny_hidden_size, params.tiny_num_layers)
         return build_tiny(params.hf_dir, corpus, seed=params.seed, dims=dims, vocab_size=params.tiny_vocab_size,
-                          min_pixels=params.min_pixels, max_pixels=params.max_pixels)
+                          min_pixels=params.min_pixels, max_pixels=params.max_pixels, family=params.tiny_family)
     if params.source.startswith("hf:"):
         return fetch_hub_model(params.source[len("hf:"):], params.hf_dir, download)
     raise ParamsError(f"model.source: {params.source!r} is neither 'tiny' nor 'hf:<owner>/<name>'")

@@ -87,6 +87,7 @@ class Qwen3VLConfig:
     vision_end_token_id: int = 151653
     dtype: str = "fp32"
     param_dtype: str = "fp32"
+    family: str = "qwen3_vl"  # vlmgym.models.family: what code outside the models asks the family record
 
     @property
     def compute_dtype(self) -> Any:

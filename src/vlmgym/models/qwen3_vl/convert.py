@@ -1,5 +1,9 @@
 """HF safetensors <-> JAX params, orbax checkpoints, and export back to a transformers folder.
 
+The checkpoint functions (save / load / convert / export / check) serve every model family: the family comes from
+the config (`cfg.family`) or the folder's config.json (vlmgym.models.family), which brings its key table and
+parameter layout; the key table below is Qwen3-VL's.
+
 The key table is built from the config, so every expected tensor is known up front:
 a checkpoint key that matches nothing, an expected key that is absent, or a shape that
 differs is an error naming the key. Values are copied exactly (only transposed or
@@ -24,7 +28,7 @@ import orbax.checkpoint as ocp
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
-from vlmgym.models.qwen3_vl.config import Qwen3VLConfig, from_hf_dict, load_hf_config
+from vlmgym.models.qwen3_vl.config import Qwen3VLConfig
 from vlmgym.models.qwen3_vl.lora import ADAPTER_DIR
 from vlmgym.models.qwen3_vl.weights import Params, abstract_params
 from vlmgym.runtime import distributed
@@ -84,6 +88,12 @@ def _key_table(cfg: Qwen3VLConfig) -> Iterator[tuple[str, tuple[str, ...], int |
     yield "language_model.norm.weight", ("text", "norm", "scale"), None, "copy"
     if not cfg.tie_word_embeddings:
         yield "lm_head.weight", ("lm_head", "kernel"), None, "linear"
+
+
+def _family(cfg: Any) -> Any:
+    from vlmgym.models.family import family_of
+
+    return family_of(cfg)
 
 
 def _get(tree: Any, path: tuple[str, ...]) -> Any:
@@ -280,7 +290,7 @@ def save_checkpoint(path: str | Path, cfg: Qwen3VLConfig, params: Params, hf_con
         if distributed.is_primary():  # the small files once
             for record in ("_CHECKPOINT_METADATA", "commit_success.txt"):
                 (tmp / "params" / record).unlink(missing_ok=True)
-            config = hf_config if hf_config is not None else to_hf_dict(cfg)
+            config = hf_config if hf_config is not None else _family(cfg).to_hf_dict(cfg)
             (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
             (tmp / META_FILE).write_text(json.dumps({"param_dtype": _dtype_name(params), "format": 1}) + "\n")
             if side_files_from is not None:
@@ -301,8 +311,10 @@ def load_checkpoint(path: str | Path, dtype: str = "fp32", param_dtype: str | No
     if not meta_path.exists():
         raise ConversionError(f"{path}: not a vlmgym JAX checkpoint ({META_FILE} missing)")
     stored = json.loads(meta_path.read_text())["param_dtype"]
-    cfg = load_hf_config(path, dtype=dtype, param_dtype=param_dtype or stored)
-    abstract = abstract_params(cfg)
+    from vlmgym.models.family import load_config
+
+    cfg = load_config(path, dtype=dtype, param_dtype=param_dtype or stored)
+    abstract = _family(cfg).abstract_params(cfg)
     if shardings is None:
         device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
         shardings = jax.tree.map(lambda _: device, abstract)
@@ -313,10 +325,12 @@ def load_checkpoint(path: str | Path, dtype: str = "fp32", param_dtype: str | No
 
 def convert_hf_to_jax(hf_dir: str | Path, out_dir: str | Path) -> tuple[Qwen3VLConfig, Path]:
     """HF folder -> JAX checkpoint folder (params, config.json, tokenizer and preprocessor files)."""
+    from vlmgym.models.family import load_config
+
     hf_dir = Path(hf_dir)
     hf_config = json.loads((hf_dir / "config.json").read_text())
-    cfg = from_hf_dict(hf_config)
-    params = hf_to_params(read_safetensors(hf_dir), cfg)
+    cfg = load_config(hf_dir)
+    params = _family(cfg).hf_to_params(read_safetensors(hf_dir), cfg)
     cfg = cfg.with_dtypes(param_dtype=_dtype_name(params))
     return cfg, save_checkpoint(out_dir, cfg, params, hf_config=hf_config, side_files_from=hf_dir)
 
@@ -348,7 +362,7 @@ def export_to_hf(jax_dir: str | Path, out_dir: str | Path) -> Path:
     """JAX checkpoint folder -> folder that transformers' from_pretrained loads (atomic)."""
     jax_dir = Path(jax_dir)
     cfg, params = load_checkpoint(jax_dir)
-    state = params_to_hf(jax.tree.map(np.asarray, params), cfg)
+    state = _family(cfg).params_to_hf(jax.tree.map(np.asarray, params), cfg)
     final = Path(out_dir).absolute()
     with atomic_dir(final) as tmp:
         _write_safetensors(state, tmp)
@@ -360,7 +374,8 @@ def export_to_hf(jax_dir: str | Path, out_dir: str | Path) -> Path:
 
 
 def check_adapter(hf_dir: str | Path, state: dict[str, np.ndarray]) -> int:
-    """Check a LoRA run's `adapter/` folder against PEFT's layout over the exported model's own weights `state`:
+    """Check a LoRA run's `adapter/` folder against PEFT's layout over the exported model's weights `state`, named as
+    transformers holds them in memory:
     every lora_A (r, in) / lora_B (out, r) pair sits on a linear layer of that shape that the config's
     target_modules regex names. Returns the number of adapted modules; raises ExportCheckFailed."""
     folder = Path(hf_dir) / ADAPTER_DIR
@@ -391,7 +406,9 @@ def check_export(jax_dir: str | Path, hf_dir: str | Path) -> dict[str, float]:
     from vlmgym.models.qwen3_vl.hf_reference import IncompleteCheckpoint, load_hf_model
 
     cfg, params = load_checkpoint(jax_dir)
-    expected = params_to_hf(jax.tree.map(np.asarray, params), cfg)
+    family = _family(cfg)
+    numpy_params = jax.tree.map(np.asarray, params)
+    expected = family.params_to_hf(numpy_params, cfg)
     exported = read_safetensors(hf_dir)
     if expected.keys() != exported.keys():
         missing, extra = sorted(expected.keys() - exported.keys()), sorted(exported.keys() - expected.keys())
@@ -404,7 +421,10 @@ def check_export(jax_dir: str | Path, hf_dir: str | Path) -> dict[str, float]:
     except IncompleteCheckpoint as err:
         raise ExportCheckFailed(str(err)) from err
     adapted = (Path(hf_dir) / ADAPTER_DIR).is_dir()
-    figures = {"adapted_modules": float(check_adapter(hf_dir, exported))} if adapted else {}
+    # PEFT names modules as the model holds them in memory (`model.language_model.*`), which is not always the
+    # layout save_pretrained writes (Qwen2.5-VL's hub layout says `model.*`)
+    in_memory = params_to_hf(numpy_params, cfg, key_table=family.key_table) if adapted else {}
+    figures = {"adapted_modules": float(check_adapter(hf_dir, in_memory))} if adapted else {}
     return {**figures, "tensors": float(len(exported)),
             "parameters": float(sum(int(np.prod(v.shape)) for v in exported.values())),
             "transformers_parameters": float(sum(p.numel() for p in model.parameters())),

@@ -1,4 +1,7 @@
-"""transformers' Qwen3-VL as the reference the JAX port is compared with: load it, feed it vlmgym's numpy inputs.
+"""transformers' model as the reference the JAX port is compared with: load it, feed it vlmgym's numpy inputs.
+
+The class is the folder's family's (Qwen3VLForConditionalGeneration or Qwen2_5_VLForConditionalGeneration, from its
+config.json: vlmgym.models.family); the rest is the same for both.
 
 One loader for everything that runs the HF model next to the JAX one (`vlmgym parity`, the convert stage's parity
 check, the export check, the evaluate stage's HF baseline, `vlmgym bench rollout`):
@@ -46,16 +49,16 @@ def torch_dtype(dtype: str) -> Any:
 
 
 def load_hf_model(hf_dir: str | Path, dtype: str | None = "fp32", device: str = "cpu", strict: bool = False) -> Any:
-    """transformers' Qwen3-VL from a local folder (offline), on `device`, in eval mode.
+    """transformers' model of the folder's family from a local folder (offline), on `device`, in eval mode.
 
     dtype None: transformers' default (the checkpoint's dtype). strict: raise IncompleteCheckpoint when
     transformers reports missing, unexpected or mismatched weights (it would otherwise initialise them randomly).
     """
-    from transformers import Qwen3VLForConditionalGeneration
+    from vlmgym.models.family import family_named, folder_family
 
+    model_class = family_named(folder_family(hf_dir)).hf_class()
     kwargs = {} if dtype is None else {"dtype": torch_dtype(dtype)}
-    model, info = Qwen3VLForConditionalGeneration.from_pretrained(str(hf_dir), local_files_only=True,
-                                                                  output_loading_info=True, **kwargs)
+    model, info = model_class.from_pretrained(str(hf_dir), local_files_only=True, output_loading_info=True, **kwargs)
     problems = {k: v for k, v in info.items() if v and k in LOADING_PROBLEMS}
     if strict and problems:
         raise IncompleteCheckpoint(hf_dir, problems)
@@ -63,14 +66,17 @@ def load_hf_model(hf_dir: str | Path, dtype: str | None = "fp32", device: str = 
 
 
 def random_hf_model(config_path: str | Path, dtype: str = "fp32", device: str = "cpu", seed: int = 0) -> Any:
-    """transformers' Qwen3-VL with random weights for a config.json (e.g. a shipped real config), in eval mode."""
+    """transformers' model of the config's family with random weights for a config.json (e.g. a shipped real
+    config), in eval mode."""
     import torch
-    from transformers import Qwen3VLConfig, Qwen3VLForConditionalGeneration
 
-    config = Qwen3VLConfig.from_json_file(str(config_path))
+    from vlmgym.models.family import family_named, folder_family
+
+    family = family_named(folder_family(config_path))
+    config = family.hf_config_class().from_json_file(str(config_path))
     torch.manual_seed(seed)
     with torch.device(device):
-        model = Qwen3VLForConditionalGeneration._from_config(config, dtype=torch_dtype(dtype))
+        model = family.hf_class()._from_config(config, dtype=torch_dtype(dtype))
     return model.eval()
 
 

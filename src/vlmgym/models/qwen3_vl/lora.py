@@ -39,6 +39,9 @@ VISION_TARGETS = ("qkv", "proj", "fc1", "fc2")
 HF_TEXT = {"q": "self_attn.q_proj", "k": "self_attn.k_proj", "v": "self_attn.v_proj", "o": "self_attn.o_proj",
            "gate": "mlp.gate_proj", "up": "mlp.up_proj", "down": "mlp.down_proj"}
 HF_VISION = {"qkv": "attn.qkv", "proj": "attn.proj", "fc1": "mlp.linear_fc1", "fc2": "mlp.linear_fc2"}
+# Qwen2.5-VL's vision blocks (vlmgym.models.qwen2_5_vl) have a gated MLP; attention is named as Qwen3-VL's.
+HF_VISION_QWEN2_5 = {"qkv": "attn.qkv", "proj": "attn.proj", "gate": "mlp.gate_proj", "up": "mlp.up_proj",
+                     "down": "mlp.down_proj"}
 
 
 @dataclass(frozen=True)
@@ -112,9 +115,11 @@ def train_mode(params: Params, micro: dict) -> Params:
 
 def _targets(cfg: Qwen3VLConfig, lora: LoRAConfig) -> list[tuple[tuple[str, ...], int]]:
     """(params path of the dense dict, stacked count) of every adapted projection."""
+    from vlmgym.models.family import family_of
+
     out = [(("text", "layers", name), cfg.text.num_hidden_layers) for name in TEXT_TARGETS if name in lora.targets]
-    if lora.vision:
-        out += [(("visual", "blocks", name), cfg.vision.depth) for name in VISION_TARGETS]
+    if lora.vision:  # every projection of the family's vision blocks
+        out += [(("visual", "blocks", name), cfg.vision.depth) for name in family_of(cfg).vision_lora]
     return out
 
 
@@ -227,7 +232,8 @@ def merge(params: Params) -> Params:
 
 
 def peft_state(params: Params, dropout: float = 0.0) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-    """The adapters as PEFT names them on transformers' Qwen3VLForConditionalGeneration (lora_A (r, in),
+    """The adapters as PEFT names them on transformers' Qwen3VLForConditionalGeneration or
+    Qwen2_5_VLForConditionalGeneration (the same module names but for the vision MLP) (lora_A (r, in),
     lora_B (out, r), float32) and the adapter_config.json fields that load them (`dropout`: the rate trained with,
     which PEFT applies only when training the adapter further)."""
     state, templates, rank, scale = {}, set(), None, None
@@ -240,7 +246,7 @@ def peft_state(params: Params, dropout: float = 0.0) -> tuple[dict[str, np.ndarr
         if a.shape[-1] != rank or not np.all(scales == scale):
             raise ValueError("PEFT needs one rank and one alpha for every adapter")
         tower, _, name = path
-        hf = (f"visual.blocks.{{}}.{HF_VISION[name]}" if tower == "visual"
+        hf = (f"visual.blocks.{{}}.{(HF_VISION | HF_VISION_QWEN2_5)[name]}" if tower == "visual"
               else f"language_model.layers.{{}}.{HF_TEXT[name]}")
         templates.add(hf)
         for layer in range(a.shape[0]):

@@ -16,7 +16,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from vlmgym.models.qwen3_vl.config import Qwen3VLConfig
-from vlmgym.models.qwen3_vl.weights import Params, abstract_params, param_axes
+from vlmgym.models.qwen3_vl.weights import Params
 
 MESH_AXES = ("data", "fsdp", "tensor")
 
@@ -104,9 +104,12 @@ def logical_sharding(axes: tuple[str, ...], shape: tuple[int, ...], mesh: Mesh,
 
 
 def param_shardings(cfg: Qwen3VLConfig, mesh: Mesh, rules: ShardingRules = ShardingRules()) -> Params:
-    """Tree of NamedSharding parallel to the params."""
-    axes = param_axes(cfg)
-    abstract = abstract_params(cfg)
+    """Tree of NamedSharding parallel to the params (of cfg's family: vlmgym.models.family)."""
+    from vlmgym.models.family import family_of
+
+    family = family_of(cfg)
+    axes = family.param_axes(cfg)
+    abstract = family.abstract_params(cfg)
     return jax.tree.map(lambda a, s: logical_sharding(a, s.shape, mesh, rules), axes, abstract,
                         is_leaf=lambda x: isinstance(x, tuple))
 

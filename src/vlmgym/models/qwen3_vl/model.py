@@ -14,7 +14,6 @@ import numpy as np
 
 from vlmgym.models.qwen3_vl.config import Qwen3VLConfig
 from vlmgym.models.qwen3_vl.lora import project
-from vlmgym.models.qwen3_vl.vision import encode_patches
 from vlmgym.models.qwen3_vl.weights import Params
 
 KVCache = dict[str, jax.Array]
@@ -289,10 +288,13 @@ def repeat_cache(cache: KVCache, repeats: int) -> KVCache:
 
 
 def encode_inputs(params: Params, cfg: Qwen3VLConfig, inputs: dict[str, Any], remat: bool = False):
-    """Image embeds and DeepStack embeds of a batch dict with `pixel_values` + `patch_layout` (None if no images)."""
+    """Image embeds and DeepStack embeds of a batch dict with `pixel_values` + `patch_layout` (None if no images),
+    by the vision tower of cfg's family (Qwen2.5-VL has no DeepStack: None)."""
     if inputs.get("pixel_values") is None:
         return None, None
-    return encode_patches(params, cfg, inputs["pixel_values"], inputs["patch_layout"], remat)
+    from vlmgym.models.family import family_of
+
+    return family_of(cfg).encode(params, cfg, inputs["pixel_values"], inputs["patch_layout"], remat)
 
 
 def token_logprobs(params: Params, cfg: Qwen3VLConfig, inputs: dict[str, Any], completion_ids: jax.Array,

@@ -1,4 +1,5 @@
-"""`vlmgym parity`: run transformers and the JAX port on the same inputs and compare their logits.
+"""`vlmgym parity`: run transformers and the JAX port on the same inputs and compare their logits (either model
+family: the folders' config.json says which).
 
 Both sides get the same numpy-processed inputs (vlmgym's processor, itself tested against
 transformers); transformers computes its own MRoPE positions, the JAX side uses the
@@ -66,8 +67,8 @@ def _hf_side(model: Any, inputs: dict[str, np.ndarray], max_new_tokens: int) -> 
 def _jax_side(cfg: Any, params: Any, inputs: dict[str, np.ndarray],
               max_new_tokens: int) -> tuple[np.ndarray, list[int]]:
     """JAX logits and greedy continuation (prefill + decode steps)."""
+    from vlmgym.models.family import encode_images
     from vlmgym.models.qwen3_vl import model as qwen
-    from vlmgym.models.qwen3_vl.vision import encode_images
 
     image_embeds = deepstack = None
     if inputs["image_grid_thw"].shape[0]:
@@ -160,14 +161,15 @@ def convert_and_check(hf_dir: str | Path, jax_dir: str | Path, dtype: str = "fp3
                       tolerance: float | None = None) -> ConvertResult:
     """HF folder -> JAX checkpoint, then parity on a text-only and a one-image prompt (the caller logs the figures
     and calls `raise_if_failed`)."""
+    from vlmgym.models.family import family_of
     from vlmgym.models.qwen3_vl.convert import convert_hf_to_jax
-    from vlmgym.models.qwen3_vl.weights import abstract_params, count_params
+    from vlmgym.models.qwen3_vl.weights import count_params
 
     cfg, out_dir = convert_hf_to_jax(hf_dir, jax_dir)
     cases = [(CONVERT_PROMPT, []), (CONVERT_PROMPT, [parity_image()])]
     report = run_parity(hf_dir, out_dir, cases, dtype=dtype, tolerance=tolerance)
     metrics = {
-        "params_total": count_params(abstract_params(cfg)),
+        "params_total": count_params(family_of(cfg).abstract_params(cfg)),
         "max_abs_logit_diff": report["max_abs_logit_diff"],
         "mean_abs_logit_diff": report["mean_abs_logit_diff"],
         "greedy_token_agreement": report["greedy_token_agreement"],

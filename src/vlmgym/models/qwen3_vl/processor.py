@@ -435,6 +435,10 @@ def build_inputs(tokenizer: Any, batch_of_messages: Sequence[Sequence[dict]],
     s = settings or ImageSettings(min_pixels=min_pixels, max_pixels=max_pixels)
     image_token_id = _single_token_id(tokenizer, IMAGE_PAD)
     template = chat_template or getattr(tokenizer, "chat_template", None) or QWEN3_VL_CHAT_TEMPLATE
+    if batch_of_tools is not None and any(batch_of_tools) and "tools" not in template:
+        # Qwen2.5-VL's template has no tool section: the model would never see the tools it is asked to call
+        raise ValueError("this chat template does not list tools (Qwen2.5-VL's has no tool section); an env with "
+                         "tools needs a model whose template does (Qwen3-VL)")
     flat_images = [image for images in batch_of_images for image in images]
     pixel_values, grid_thw = preprocess_images(flat_images, settings=s)
     tokens_per_image = (grid_thw.prod(axis=1) // (s.merge_size ** 2)).tolist()
@@ -524,9 +528,10 @@ def read_image_settings(path: str | Path) -> ImageSettings:
                          rescale_factor=float(raw.get("rescale_factor", RESCALE_FACTOR)))
 
 
-def image_processor_config(settings: ImageSettings) -> dict[str, Any]:
-    """A preprocessor_config.json dict in the Qwen3-VL hub layout for these settings."""
-    return {"image_processor_type": "Qwen2VLImageProcessor", "processor_class": "Qwen3VLProcessor",
+def image_processor_config(settings: ImageSettings, processor_class: str = "Qwen3VLProcessor") -> dict[str, Any]:
+    """A preprocessor_config.json dict in the hub layout for these settings (Qwen2.5-VL's names processor_class
+    Qwen2_5_VLProcessor; the image processor is the same class)."""
+    return {"image_processor_type": "Qwen2VLImageProcessor", "processor_class": processor_class,
             "do_convert_rgb": True, "do_resize": True, "resample": 3, "do_rescale": True,
             "rescale_factor": settings.rescale_factor, "do_normalize": True,
             "image_mean": list(settings.image_mean), "image_std": list(settings.image_std),
@@ -586,16 +591,16 @@ class Processor:
 
 
 def load_tokenizer(model_dir: Path) -> Any:
-    """The folder's tokenizer, as AutoTokenizer loads it. Qwen3-VL's class (Qwen2Tokenizer, which AutoTokenizer takes
-    from tokenizer_config.json for model_type qwen3_vl or a folder without config.json) is imported directly:
-    AutoTokenizer's config machinery imports torch (~2 s), which the JAX stages that only tokenize never need. Any
-    other class or model type goes through AutoTokenizer."""
+    """The folder's tokenizer, as AutoTokenizer loads it. The Qwen class (Qwen2Tokenizer, which AutoTokenizer takes
+    from tokenizer_config.json for model_type qwen3_vl, qwen2_5_vl or a folder without config.json) is imported
+    directly: AutoTokenizer's config machinery imports torch (~2 s), which the JAX stages that only tokenize never
+    need. Any other class or model type goes through AutoTokenizer."""
     try:
         named = json.loads((model_dir / "tokenizer_config.json").read_text()).get("tokenizer_class")
         model_type = json.loads((model_dir / "config.json").read_text()).get("model_type")
     except (OSError, ValueError):
         named = model_type = None
-    if named == "Qwen2Tokenizer" and model_type in (None, "qwen3_vl"):
+    if named == "Qwen2Tokenizer" and model_type in (None, "qwen3_vl", "qwen2_5_vl"):
         from transformers.models.qwen2.tokenization_qwen2 import Qwen2Tokenizer
 
         return Qwen2Tokenizer.from_pretrained(str(model_dir), local_files_only=True)
