@@ -15,6 +15,7 @@ and best-of-k reward on test where the runs sampled. `vlmgym study tables` rewri
 from __future__ import annotations
 
 import json
+import os
 import re
 from collections.abc import Mapping
 from pathlib import Path
@@ -48,8 +49,9 @@ def differences(report: Mapping[str, Any]) -> list[str]:
     return [f"{arm}_minus_sft" for arm in report["arms"]] + list(report["comparisons"])
 
 
-def table(report: Mapping[str, Any], name: str) -> str:
-    """Study `name`'s headline tables (markdown) from its report.json's content."""
+def table(report: Mapping[str, Any], name: str, link: str | None = None) -> str:
+    """Study `name`'s headline tables (markdown) from its report.json's content; `link`: the full report's path
+    from the page (default: from the repository root)."""
     seeds, results = len(report["seeds"]), report["results"]
     policies = ["sft", *report["arms"]]
     diffs = differences(report)
@@ -62,9 +64,10 @@ def table(report: Mapping[str, Any], name: str) -> str:
     level = f"{100 * report['confidence']:.0f}%"
     interval = (f"{level} t-interval over the {seeds} seeds, **bold** where it excludes 0" if seeds > 1
                 else f"{level} bootstrap over test samples: one seed, no run-to-run variance")
+    link = link or f"studies/{name}/report.md"
     out = [f"Mean reward (greedy) over seeds {', '.join(map(str, report['seeds']))} [{interval}]; "
            f"`{report['study']}`, env {report['env']}, every arm selected by `validation.select: "
-           f"{report['select']}`; the full report: [studies/{name}/report.md](studies/{name}/report.md).", "",
+           f"{report['select']}`; the full report: [studies/{name}/report.md]({link}).", "",
            *lines]
     test = results.get("test", {})
     if all("best_of_k_reward" in test.get(p, {}) for p in policies):
@@ -93,7 +96,8 @@ def rendered(root: Path, text: str, where: Path) -> str:
         if not path.is_file():
             raise FileNotFoundError(f"{where}: a study-table block names study {name!r}, but {path} does not "
                                     f"exist (dvc repro studies/{name}/dvc.yaml writes it)")
-        content = table(json.loads(path.read_text()), name)
+        link = os.path.relpath(path.with_name("report.md"), Path(where).resolve().parent)
+        content = table(json.loads(path.read_text()), name, Path(link).as_posix())
         return match.group(1) + content + match.group(4)
 
     out, last = [], 0
