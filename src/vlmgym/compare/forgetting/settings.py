@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from vlmgym.compare.arms import CONTROL, RL_ARMS, validated_settings
+from vlmgym.compare.arms import BUDGET_KEYS, CONTROL, RL_ARMS, arm_section, validated_settings
 from vlmgym.compare.settings import PARAMS, SECTIONS, SELECT, STUDIES
 from vlmgym.params import ParamsError
 
@@ -82,17 +82,19 @@ class ForgettingStudy:
         return self.point_settings[point]["method"]
 
     def generalist_settings(self) -> dict[str, Any]:
-        """The generalist's settings as dotted keys of the sft section (its budget its own), validated."""
+        """The generalist's settings as dotted keys of the sft section (its budget and selection rule its own: it
+        trains until its val reward levels off, study.select is the points'), validated."""
         return validated_settings(CONTROL, self.generalist, self.base_params, f"{self.params_file}: generalist",
-                                  own_budget=True)
+                                  own=("steps", "validation.select"))
 
     def settings_of(self, point: str) -> dict[str, Any]:
         """A point's settings (its method left out) as dotted keys of the section its method trains, validated."""
         if point not in self.points:
             raise ParamsError(f"{self.params_file}: {point!r} is not in study.points ({', '.join(self.points)})")
         settings = {k: v for k, v in self.point_settings[point].items() if k != "method"}
-        return validated_settings(self.method(point), settings, self.base_params,
-                                  f"{self.params_file}: point.{point}", own_budget=True)
+        method = self.method(point)
+        return validated_settings(method, settings, self.base_params, f"{self.params_file}: point.{point}",
+                                  own=BUDGET_KEYS[arm_section(method)])
 
     def sections(self) -> dict[str, Any]:
         """The base params' sections, checked: they train study.env, made of several envs, new_skill.env one of
