@@ -363,3 +363,16 @@ def test_env_serves_the_generated_samples_from_shards(shards):
 
 def test_registered_under_its_name():
     assert envs.env_class("digits") is DigitsEnv and DigitsEnv.name == "digits" and DigitsEnv.ood_note
+
+
+def test_tasks_leave_the_other_question_out_of_every_split():
+    samples = DigitsEnv.generate(12, seed=3, split="test")  # balanced: 6 of each
+    for asked in (("sort",), ("sum",)):
+        env = DigitsEnv(samples=samples, params=DigitsParams(tasks=asked))
+        assert len(env) == 6 and {s.meta["task"] for s in env.samples} == set(asked)
+        assert env.reset(0)[1]["messages"][-1]["content"][-1]["text"] == PROMPTS[asked[0]]
+    assert len(DigitsEnv(samples=samples)) == 12  # both, by default
+    with pytest.raises(ValueError, match=r"no sample of tasks \['sum'\]"):
+        DigitsEnv(samples=[s for s in samples if s.meta["task"] == "sort"], params=DigitsParams(tasks=("sum",)))
+    with pytest.raises(ParamsError, match="env.digits.tasks"):
+        DigitsParams(tasks=())

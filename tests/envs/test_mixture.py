@@ -161,6 +161,9 @@ def test_params_read_and_render():
     assert envs.parts(section) == ["digits", "rec"] and envs.has_parts(section)  # name order, always
     assert section.settings().envs == {"rec": 2.0, "digits": 1.0}
     assert envs.part_params(section, "digits").settings().format_weight == 0.3
+    # a sub-env on its own under the mixture's recipe: it runs the mixture's settings, not a recipe of its own
+    recipe = from_dict(EnvParams, {"name": "mixture", "recipe": "mixture"}, where="p: env")
+    assert envs.part_params(recipe, "digits").recipe == "" and envs.part_params(recipe, "digits").name == "digits"
     assert not envs.has_parts(EnvParams()) and envs.parts(EnvParams()) == ["geospot"]
     assert envs.parts(EnvParams(name="mixture")) == list(NAMES)  # the default mixture
     text = render_yaml({"env": section})

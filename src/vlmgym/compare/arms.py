@@ -110,15 +110,18 @@ def dotted(settings: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 def validated_settings(arm: str, settings: Mapping[str, Any], params_file: str | Path,
-                       where: str) -> dict[str, Any]:
+                       where: str, own: tuple[str, ...] = ()) -> dict[str, Any]:
     """An arm's (or, `arm` the control, the seeds' start's) settings as dotted keys of its section (arm_section)
     under their canonical names (TRL's accepted), validated as that section of `params_file` would be with them; a
-    ParamsError names `where` and the key."""
+    ParamsError names `where` and the key. `own`: keys the study otherwise sets that these settings may (a forgetting
+    study's points each train for their own number of steps, its generalist selects by its own rule)."""
     from vlmgym.params import ParamsError, canonical_paths, load_section, nested_keys, value_at
 
     section = arm_section(arm)
     keys = canonical_paths(SFTParams if section == "sft" else TrainParams, dotted(settings), where)
     for key in keys:
+        if key in own:
+            continue
         if key in STUDY_KEYS or (key == "algorithm" and arm in RL_ARMS):
             raise ParamsError(f"{where}.{key}: set by the study (each seed's start, seed and folders; study.select "
                               "for every arm; an RL arm's name is its algorithm): leave it out")

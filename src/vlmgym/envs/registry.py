@@ -251,8 +251,9 @@ def parts(env_params: EnvParams) -> list[str]:
 
 
 def part_params(env_params: EnvParams, name: str) -> EnvParams:
-    """The `env` section for one sub-env `name` of a mixture on its own: its name, the same sections."""
-    return dataclasses.replace(env_params, name=name)
+    """The `env` section for one sub-env `name` of a mixture on its own: its name, the same sections, and no recipe
+    (env.recipe names the mixture's, which a sub-env on its own does not run under)."""
+    return dataclasses.replace(env_params, name=name, recipe="")
 
 
 def split_dirs(env_params: EnvParams, shards_dir: str | Path, split: str) -> list[Path]:

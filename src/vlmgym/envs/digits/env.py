@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from vlmgym.config.spec import spec
+from vlmgym.config.spec import ParamsError, spec
 from vlmgym.data.rows import SAFE_KEY, Row, RowSchema, RowSkip
 from vlmgym.envs.base import Env, SampleLike, State
 from vlmgym.envs.digits import data as digits_data
@@ -59,6 +59,16 @@ class DigitsParams(ThinkParams, ToolParams):
 
     format_weight: float = spec(0.1, ge=0, le=1, doc="share of the reward for an answer of the expected shape "
                                                      "(digits and commas for sort, one integer for sum)")
+    tasks: tuple[str, ...] = spec(digits_data.TASKS, choices=digits_data.TASKS,
+                                  doc="the questions asked: the samples of the other task are left out of every "
+                                      "split (e.g. [sort] teaches a policy to sort alone, and [sum] then asks it "
+                                      "the question it never saw)")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not self.tasks or len(set(self.tasks)) < len(self.tasks):
+            raise ParamsError(f"env.digits.tasks: expected one or more distinct tasks of {digits_data.TASKS}, got "
+                              f"{list(self.tasks)}")
 
 
 def read_integers(text: str) -> list[int | None]:
@@ -141,6 +151,16 @@ class DigitsEnv(Env):
                    **{f"accuracy_{n}digit": (f"accuracy, {n} digit{'s' if n > 1 else ''}", "rate") for n in COUNTS}}
     ood_note = ("inverted colours, light ink on a dark background (data.digits.ood_shift: invert; or rotate, digits "
                 "turned 20-40 degrees), on test-pool handwriting, which train never shows")
+
+    def __init__(self, samples: Sequence[SampleLike] | None = None, **kwargs: Any):
+        super().__init__(samples, **kwargs)
+        asked = set(self.params.tasks)
+        if asked != set(digits_data.TASKS):  # env.digits.tasks: one question held out of every split
+            where = kwargs.get("shards_dir", "the given samples")
+            self.samples = [sample for sample in self.samples if sample.meta["task"] in asked]
+            if not self.samples:
+                raise ValueError(f"digits: no sample of tasks {sorted(asked)} in {where} "
+                                 f"({kwargs.get('split', '')})")
 
     def check_sample(self, sample: SampleLike) -> None:
         task, digits = sample.meta.get("task"), sample.meta.get("digits")
