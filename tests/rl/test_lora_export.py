@@ -3,9 +3,9 @@ plain transformers, and its PEFT adapter folder loaded by `peft` onto the HF bas
 
 import json
 
-import jax
 import numpy as np
 import pytest
+from lora_fixtures import trained_looking_adapters
 
 from vlmgym.models.qwen3_vl import lora
 from vlmgym.models.qwen3_vl.convert import ExportCheckFailed, check_adapter, export_and_check, read_safetensors
@@ -19,17 +19,6 @@ from vlmgym.rollout.sampling import SamplingSettings
 TOLERANCE = 1e-5  # fp32, the bound docs/scaling.md states
 
 
-def _adapted(tiny_vlm):
-    params = lora.init_adapters(tiny_vlm.params, tiny_vlm.cfg, lora.LoRAConfig(rank=4, alpha=8.0, vision=True))
-    key = jax.random.key(3)
-
-    def leaf(path, x):  # a trained-looking B, so the adapters change the logits
-        if getattr(path[-1], "key", None) != "lora_b":
-            return x
-        return 0.05 * jax.random.normal(jax.random.fold_in(key, len(jax.tree_util.keystr(path))), x.shape)
-
-    return jax.tree_util.tree_map_with_path(leaf, params)
-
 
 @pytest.fixture(scope="module")
 def exported(tiny_vlm, tmp_path_factory):
@@ -37,7 +26,7 @@ def exported(tiny_vlm, tmp_path_factory):
     settings = SamplingSettings(max_new_tokens=8, eos_ids=tuple(tiny_vlm.processor.eos_token_ids),
                                 pad_id=int(tiny_vlm.processor.pad_token_id))
     policy = Qwen3VLPolicy(tiny_vlm.cfg, tiny_vlm.processor, settings)
-    adapted = _adapted(tiny_vlm)
+    adapted = trained_looking_adapters(tiny_vlm.params, tiny_vlm.cfg)
     jax_dir = save_model(folder / "jax", policy, adapted, tiny_vlm.folder)
     hf_dir, figures = export_and_check(jax_dir, folder / "hf")
     processor = Processor.from_pretrained(tiny_vlm.folder)

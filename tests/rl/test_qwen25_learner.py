@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from lora_fixtures import trained_looking_adapters
 
 from vlmgym.models.family import convert_hf_to_jax, export_and_check, load_checkpoint
 from vlmgym.models.qwen3_vl import lora
@@ -102,22 +103,11 @@ def test_remat_gives_the_same_gradients(tiny):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-6, rtol=1e-5)
 
 
-def _adapted(tiny):
-    params = lora.init_adapters(tiny["params"], tiny["cfg"], lora.LoRAConfig(rank=4, alpha=8.0, vision=True))
-    key = jax.random.key(3)
-
-    def leaf(path, x):  # a trained-looking B, so the adapters change the logits
-        if getattr(path[-1], "key", None) != "lora_b":
-            return x
-        return 0.05 * jax.random.normal(jax.random.fold_in(key, len(jax.tree_util.keystr(path))), x.shape)
-
-    return jax.tree_util.tree_map_with_path(leaf, params)
-
 
 @pytest.fixture(scope="module")
 def exported(tiny):
     policy = Qwen3VLPolicy(tiny["cfg"], tiny["processor"], tiny["settings"])
-    adapted = _adapted(tiny)
+    adapted = trained_looking_adapters(tiny["params"], tiny["cfg"])
     jax_dir = save_model(tiny["root"] / "lora_jax", policy, adapted, tiny["root"] / "jax")
     hf_dir, figures = export_and_check(jax_dir, tiny["root"] / "lora_hf")
     inputs = tiny["processor"]([MESSAGES[0]], [[parity_image(1, (96, 84))]])

@@ -18,6 +18,7 @@ from __future__ import annotations
 import ast
 import os
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -84,23 +85,29 @@ def code_deps() -> list[str]:
     return sorted(os.path.relpath(d) for d in deps)
 
 
-def dvc_stages(study: Study, sections: dict[str, Any]) -> dict[str, Any]:
-    """The stages of the study's dvc.yaml (paths from the repository root, the stages' wdir)."""
-    folder, base, own = study.folder.as_posix(), study.base_params.as_posix(), study.params_file.as_posix()
-    # the project's plug-in envs (vlmgym.envs.registry): an edit to one reruns what it changes
+def stage_writer(study: Any) -> tuple[Callable[..., dict], dict[str, Any]]:
+    """(a function writing one stage of `study`'s dvc.yaml: `vlmgym study COMMAND`, run from the repository root, on
+    the project's code and plug-in envs (an edit to one reruns what it changes) and its own deps, params and outs,
+    over an optional matrix; the head stages of a study with its own data and base model, else none)."""
     code = [*code_deps(), *(["plugins"] if Path("plugins").is_dir() else [])]
-    data = sorted({sections[s].shards_dir for s in ("sft", "train", "rollout")})
-    base_model = sections["sft"].init_dir
-    run = f"{folder}/runs/${{item.seed}}"
-    by_seed = {"seed": "${study.seeds}"}
 
     def stage(command: str, deps: list[str], params: list, outs: list, matrix: dict | None = None) -> dict:
         spec = {"matrix": dict(matrix)} if matrix else {}  # a copy each: yaml would write a shared one as an anchor
         return {**spec, "wdir": os.path.relpath(".", study.folder), "cmd": f"vlmgym study {command}",
                 "deps": [*code, *deps], "params": params, "outs": outs}
 
-    head = own_data.head_stages(study.base_params, code) if own_data.own_pipeline(study.base_params,
-                                                                                 study.folder) else {}
+    own = own_data.own_pipeline(study.base_params, study.folder)
+    return stage, own_data.head_stages(study.base_params, code) if own else {}
+
+
+def dvc_stages(study: Study, sections: dict[str, Any]) -> dict[str, Any]:
+    """The stages of the study's dvc.yaml (paths from the repository root, the stages' wdir)."""
+    folder, base, own = study.folder.as_posix(), study.base_params.as_posix(), study.params_file.as_posix()
+    data = sorted({sections[s].shards_dir for s in ("sft", "train", "rollout")})
+    base_model = sections["sft"].init_dir
+    run = f"{folder}/runs/${{item.seed}}"
+    by_seed = {"seed": "${study.seeds}"}
+    stage, head = stage_writer(study)
     return {
         **head,
         "start": stage(f"start {folder} --seed ${{item.seed}}", [base_model, *data],

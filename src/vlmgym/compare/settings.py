@@ -31,18 +31,10 @@ SELECT = ("last", "best_val")
 SECTIONS = ("train", "sft", "model", "env", "rollout", "eval", "data", "tracking")
 
 
-@dataclass(frozen=True)
-class Study:
-    """A study's settings; paths from the repository root, where its stages run."""
+class StudyFolder:
+    """Where a study's files are, from its `folder` (studies/<name>): a base of the studies' settings classes."""
 
     folder: Path
-    base_params: Path
-    env: str
-    seeds: tuple[int, ...]
-    arms: tuple[str, ...]
-    select: str
-    settings: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # arm -> its settings, as written
-    start: Mapping[str, Any] = field(default_factory=dict)  # the start's settings over the sft section, as written
 
     @property
     def name(self) -> str:
@@ -53,12 +45,54 @@ class Study:
         return self.folder / PARAMS
 
     def run_folder(self, seed: int) -> Path:
-        """Where seed `seed`'s start, arms and blind baseline write their models and answers."""
+        """Where seed `seed`'s runs write their models and answers."""
         return self.folder / "runs" / str(seed)
 
     def checkpoints(self, seed: int) -> Path:
         """Seed `seed`'s resumable checkpoints: not DVC outputs, which DVC deletes before it reruns a stage."""
         return Path("checkpoints") / STUDIES / self.name / str(seed)
+
+
+def check_seeds(seeds: Any, where: Path) -> None:
+    if not isinstance(seeds, list) or not seeds or not all(type(s) is int and s >= 0 for s in seeds) \
+            or len(set(seeds)) < len(seeds):
+        raise ParamsError(f"{where}: study.seeds: expected a list of distinct seeds >= 0, got {seeds!r}")
+
+
+def base_params_of(study: Mapping[str, Any], folder: Path) -> Path:
+    """study.base_params (from the study's folder) from the repository root; it must exist."""
+    base = Path(os.path.normpath(folder / study["base_params"]))
+    if not base.is_file():
+        raise ParamsError(f"{folder / PARAMS}: study.base_params {study['base_params']!r}: no such file ({base})")
+    return base
+
+
+def read_settings(folder: str | Path, check: Any, command: str) -> tuple[Any, Path]:
+    """(the settings read from `folder`/params.yaml, checked by `check`, the folder normalised); `command` makes a
+    study where there is none."""
+    from vlmgym.params import read_yaml
+
+    folder = Path(os.path.normpath(folder))
+    path = folder / PARAMS
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no study here; `{command}` makes one")
+    raw = read_yaml(path)
+    check(raw, path)
+    return raw, folder
+
+
+@dataclass(frozen=True)
+class Study(StudyFolder):
+    """A study's settings; paths from the repository root, where its stages run."""
+
+    folder: Path
+    base_params: Path
+    env: str
+    seeds: tuple[int, ...]
+    arms: tuple[str, ...]
+    select: str
+    settings: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # arm -> its settings, as written
+    start: Mapping[str, Any] = field(default_factory=dict)  # the start's settings over the sft section, as written
 
     def raw(self) -> dict[str, Any]:
         """The settings as params.yaml holds them."""
@@ -101,10 +135,8 @@ def check(raw: Any, where: Path) -> None:
     if unknown:
         raise ParamsError(f"{where}: study.{sorted(unknown)[0]}: unknown key (known: base_params, env, seeds, arms, "
                           "select)")
-    seeds, names = study.get("seeds"), study.get("arms")
-    if not isinstance(seeds, list) or not seeds or not all(type(s) is int and s >= 0 for s in seeds) \
-            or len(set(seeds)) < len(seeds):
-        raise ParamsError(f"{where}: study.seeds: expected a list of distinct seeds >= 0, got {seeds!r}")
+    names = study.get("arms")
+    check_seeds(study.get("seeds"), where)
     if not isinstance(names, list) or not names or len(set(names)) < len(names) \
             or not all(isinstance(a, str) and a.isidentifier() for a in names):
         raise ParamsError(f"{where}: study.arms: expected a list of distinct arm names (words), got {names!r}")
@@ -129,10 +161,8 @@ def check(raw: Any, where: Path) -> None:
 def from_raw(raw: Mapping[str, Any], folder: Path) -> Study:
     """A Study from checked settings (check) of the study in `folder`."""
     study = raw["study"]
-    base = Path(os.path.normpath(folder / study["base_params"]))
-    if not base.is_file():
-        raise ParamsError(f"{folder / PARAMS}: study.base_params {study['base_params']!r}: no such file ({base})")
-    return Study(folder=folder, base_params=base, env=study["env"], seeds=tuple(study["seeds"]),
+    return Study(folder=folder, base_params=base_params_of(study, folder), env=study["env"],
+                 seeds=tuple(study["seeds"]),
                  arms=tuple(study["arms"]), select=study["select"],
                  settings={name: dict(raw.get("arm", {}).get(name) or {}) for name in study["arms"]},
                  start=dict(raw.get("start") or {}))
@@ -140,14 +170,7 @@ def from_raw(raw: Mapping[str, Any], folder: Path) -> Study:
 
 def load(folder: str | Path) -> Study:
     """The study in `folder` (studies/<name>, from the repository root), its settings checked."""
-    from vlmgym.params import read_yaml
-
-    folder = Path(os.path.normpath(folder))
-    path = folder / PARAMS
-    if not path.is_file():
-        raise FileNotFoundError(f"{path}: no study here; `vlmgym study new {folder.name}` makes one")
-    raw = read_yaml(path)
-    check(raw, path)
+    raw, folder = read_settings(folder, check, f"vlmgym study new {Path(folder).name}")
     return from_raw(raw, folder)
 
 

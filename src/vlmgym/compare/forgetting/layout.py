@@ -26,7 +26,7 @@ import yaml
 from vlmgym.compare import own_data
 from vlmgym.compare.arms import CONTROL
 from vlmgym.compare.forgetting.settings import GENERALIST, SINGLE, ForgettingStudy, check, from_raw
-from vlmgym.compare.layout import DVC_HEADER, HEADER, code_deps
+from vlmgym.compare.layout import DVC_HEADER, HEADER, stage_writer
 from vlmgym.compare.settings import PARAMS, STUDIES
 
 
@@ -47,18 +47,10 @@ def sweep(steps: Mapping[str, Sequence[int]], lrs: Mapping[str, Sequence[float]]
 def dvc_stages(study: ForgettingStudy, sections: dict[str, Any]) -> dict[str, Any]:
     """The stages of the study's dvc.yaml (paths from the repository root, the stages' wdir)."""
     folder, base, own = study.folder.as_posix(), study.base_params.as_posix(), study.params_file.as_posix()
-    code = [*code_deps(), *(["plugins"] if Path("plugins").is_dir() else [])]
     data, base_model = sections["rollout"].shards_dir, sections["sft"].init_dir
     run = f"{folder}/runs/${{item.seed}}"
     by_seed = {"seed": "${study.seeds}"}
-
-    def stage(command: str, deps: list[str], params: list, outs: list, matrix: dict | None = None) -> dict:
-        spec = {"matrix": dict(matrix)} if matrix else {}  # a copy each: yaml would write a shared one as an anchor
-        return {**spec, "wdir": os.path.relpath(".", study.folder), "cmd": f"vlmgym study {command}",
-                "deps": [*code, *deps], "params": params, "outs": outs}
-
-    head = own_data.head_stages(study.base_params, code) if own_data.own_pipeline(study.base_params,
-                                                                                 study.folder) else {}
+    stage, head = stage_writer(study)
     answering = ["model", "env", "rollout"]
     return {
         **head,

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from vlmgym.compare.arms import BUDGET_KEYS, CONTROL, RL_ARMS, arm_section, validated_settings
-from vlmgym.compare.settings import PARAMS, SECTIONS, SELECT, STUDIES
+from vlmgym.compare.settings import SECTIONS, SELECT, StudyFolder, base_params_of, check_seeds, read_settings
 from vlmgym.params import ParamsError
 
 METHODS = (CONTROL, *RL_ARMS)  # how a point teaches the new skill: SFT on its ideal answers, or an RL algorithm
@@ -41,7 +41,7 @@ KEYS = {"study": ("base_params", "env", "seeds", "select", "points"), "generalis
 
 
 @dataclass(frozen=True)
-class ForgettingStudy:
+class ForgettingStudy(StudyFolder):
     """A forgetting study's settings; paths from the repository root, where its stages run."""
 
     folder: Path
@@ -54,21 +54,6 @@ class ForgettingStudy:
     generalist: Mapping[str, Any] = field(default_factory=dict)
     new_skill: str = ""
     new_skill_settings: Mapping[str, Any] = field(default_factory=dict)
-
-    @property
-    def name(self) -> str:
-        return self.folder.name
-
-    @property
-    def params_file(self) -> Path:
-        return self.folder / PARAMS
-
-    def run_folder(self, seed: int) -> Path:
-        return self.folder / "runs" / str(seed)
-
-    def checkpoints(self, seed: int) -> Path:
-        """Seed `seed`'s resumable checkpoints: not DVC outputs, which DVC deletes before it reruns a stage."""
-        return Path("checkpoints") / STUDIES / self.name / str(seed)
 
     def raw(self) -> dict[str, Any]:
         """The settings as params.yaml holds them."""
@@ -156,10 +141,8 @@ def check(raw: Any, where: Path) -> None:
         if known and unknown:
             raise ParamsError(f"{where}: {section}.{sorted(unknown)[0]}: unknown key (known: {', '.join(known)})")
     study, points = raw["study"], raw["point"] or {}
-    seeds, names = study.get("seeds"), study.get("points")
-    if not isinstance(seeds, list) or not seeds or not all(type(s) is int and s >= 0 for s in seeds) \
-            or len(set(seeds)) < len(seeds):
-        raise ParamsError(f"{where}: study.seeds: expected a list of distinct seeds >= 0, got {seeds!r}")
+    names = study.get("points")
+    check_seeds(study.get("seeds"), where)
     if not isinstance(names, list) or not names or len(set(names)) < len(names) \
             or not all(isinstance(p, str) and p.isidentifier() for p in names):
         raise ParamsError(f"{where}: study.points: expected a list of distinct point names (words), got {names!r}")
@@ -186,12 +169,9 @@ def is_forgetting(raw: Any) -> bool:
 
 
 def from_raw(raw: Mapping[str, Any], folder: Path) -> ForgettingStudy:
-    study = raw["study"]
-    base = Path(os.path.normpath(folder / study["base_params"]))
-    if not base.is_file():
-        raise ParamsError(f"{folder / PARAMS}: study.base_params {study['base_params']!r}: no such file ({base})")
-    new_skill = raw["new_skill"]
-    return ForgettingStudy(folder=folder, base_params=base, env=study["env"], seeds=tuple(study["seeds"]),
+    study, new_skill = raw["study"], raw["new_skill"]
+    return ForgettingStudy(folder=folder, base_params=base_params_of(study, folder), env=study["env"],
+                           seeds=tuple(study["seeds"]),
                            select=study["select"], points=tuple(study["points"]),
                            point_settings={name: dict(raw["point"][name]) for name in study["points"]},
                            generalist=dict(raw["generalist"] or {}), new_skill=new_skill["env"],
@@ -200,12 +180,5 @@ def from_raw(raw: Mapping[str, Any], folder: Path) -> ForgettingStudy:
 
 def load(folder: str | Path) -> ForgettingStudy:
     """The forgetting study in `folder` (studies/<name>), its settings checked."""
-    from vlmgym.params import read_yaml
-
-    folder = Path(os.path.normpath(folder))
-    path = folder / PARAMS
-    if not path.is_file():
-        raise FileNotFoundError(f"{path}: no study here; `vlmgym study new {folder.name} --new-skill ENV` makes one")
-    raw = read_yaml(path)
-    check(raw, path)
+    raw, folder = read_settings(folder, check, f"vlmgym study new {Path(folder).name} --new-skill ENV")
     return from_raw(raw, folder)
