@@ -10,25 +10,23 @@ prompt.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 TINY_WINDOW_SIZE = 56
 
 
-def tiny_config(tokenizer: Any, dims: Any) -> Any:
-    """An explicit transformers `Qwen2_5_VLConfig` for the tiny model, with token ids taken from `tokenizer`."""
+def tiny_config(ids: Mapping[str, int], vocab_size: int, dims: Any) -> Any:
+    """An explicit transformers `Qwen2_5_VLConfig` for the tiny model: `ids` are the tokenizer's ids of its special
+    tokens (vlmgym.models.qwen3_vl.base_model.SPECIAL_TOKENS), `vocab_size` its length."""
     from transformers import Qwen2_5_VLConfig
 
-    from vlmgym.models.qwen3_vl.base_model import SPECIAL_TOKENS
-
-    vocab_size = len(tokenizer)
     if dims.hidden_size // dims.num_heads != dims.head_dim:
         raise ValueError(f"invalid tiny Qwen2.5-VL dims: head_dim {dims.head_dim} must be hidden_size / num_heads "
                          f"({dims.hidden_size} / {dims.num_heads}); Qwen2.5-VL has no head_dim of its own")
     if sum(dims.mrope_section) != dims.head_dim // 2 or dims.num_heads % dims.num_kv_heads:
         raise ValueError(f"invalid tiny Qwen2.5-VL dims: mrope_section {dims.mrope_section} must sum to head_dim/2 "
                          f"and num_heads {dims.num_heads} be a multiple of num_kv_heads {dims.num_kv_heads}")
-    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS}
     text_config = {
         "vocab_size": vocab_size, "hidden_size": dims.hidden_size, "intermediate_size": dims.intermediate_size,
         "num_hidden_layers": dims.num_layers, "num_attention_heads": dims.num_heads,

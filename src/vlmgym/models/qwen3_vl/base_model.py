@@ -198,7 +198,8 @@ def build_tiny(out_dir: str | Path, corpus: Sequence[str], *, seed: int = 0, dim
         from vlmgym.models.qwen2_5_vl.tiny import tiny_dims_summary
 
         tokenizer = train_tokenizer(corpus, vocab_size, CHAT_TEMPLATE)
-        config, processor_class, hub = qwen2_5_config(tokenizer, dims), PROCESSOR_CLASS, IMAGE_SETTINGS
+        ids = {t: tokenizer.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS}
+        config, processor_class, hub = qwen2_5_config(ids, len(tokenizer), dims), PROCESSOR_CLASS, IMAGE_SETTINGS
         dims_summary = tiny_dims_summary(dims)
     else:
         from transformers import Qwen3VLForConditionalGeneration as model_class
