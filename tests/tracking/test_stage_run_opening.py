@@ -71,3 +71,43 @@ def test_a_run_that_could_not_be_created_stops_the_stage_with_its_name(tmp_path,
         handle.close("FINISHED", flush_timeout_s=1)  # the work succeeded: the stage still fails
     handle.close("FAILED", flush_timeout_s=1)  # the body's own error goes on: this one is only reported
     assert "sft: its MLflow run could not be created" in capsys.readouterr().err
+
+
+def test_the_end_waits_for_what_the_opening_logs_after_the_run_exists(tmp_path, monkeypatch):
+    """A stage whose work ends before its run is open: the end comes after the params the opening logs."""
+    import time
+
+    journal = []
+
+    class Recorded(Spool):
+        def append(self, entry):
+            journal.append(entry["kind"])
+
+    class Sender(_Sender):
+        def flush(self, timeout_s):
+            return True
+
+        def stop(self):
+            pass
+
+    def slow_open(request):
+        time.sleep(0.3)
+        run = SimpleNamespace(info=SimpleNamespace(run_id="run-1", experiment_id="0"))
+        return stage_runs.Opened(run=run, client=None, spool=Recorded(tmp_path / "spool"), sender=Sender(), tags={},
+                                 parent_id=None, logged_through=-1, continued=False)
+
+    monkeypatch.setattr(stage_runs, "open_run", slow_open)
+    log_params = stage_runs.StageRun.log_params
+
+    def slow_params(self, params):  # the opening's own logging, after the run exists, takes its time too
+        time.sleep(0.3)
+        log_params(self, params)
+
+    monkeypatch.setattr(stage_runs.StageRun, "log_params", slow_params)
+    request = stage_runs.OpenRequest("train", tmp_path, "sqlite:///x.db", "unit", tmp_path / "params.yaml",
+                                     {"deps": [], "outs": []}, {"lr": "0.1"}, None, None, False, False)
+    handle = stage_runs.StageRun("train")
+    handle.open_in_background(request)
+    handle.log_metrics({"loss": 1.0}, step=1)
+    handle.close("FINISHED", flush_timeout_s=1)
+    assert journal == ["metrics", "params", "terminate"]

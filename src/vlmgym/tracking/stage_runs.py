@@ -357,8 +357,14 @@ class StageRun:
         self._opened, self._error = opened, None
         self._ready = threading.Event()
         self.system: SystemMetrics | None = None
+        self._opener: threading.Thread | None = None  # opens the run, then logs what it starts with
         if opened is not None:
             self._ready.set()
+
+    def open_in_background(self, request: OpenRequest) -> None:
+        self._opener = threading.Thread(target=_open_into, args=(self, request), name="vlmgym-mlflow-open",
+                                        daemon=True)
+        self._opener.start()
 
     def attach(self, opened: Opened) -> None:
         """The run exists: what was queued goes into its spool, in order, less the steps it already holds."""
@@ -566,6 +572,8 @@ class StageRun:
     def close(self, status: str, flush_timeout_s: float) -> None:
         """End the run with `status` once it exists. A run that could not be created fails a stage whose work
         succeeded (TrackingNotOpened); under a failing body it is only reported, the body's error goes on."""
+        if self._opener is not None:  # all it logs (params, the pipeline's references) goes before the end
+            self._opener.join()
         try:
             self.opened()
         except TrackingNotOpened as err:
@@ -737,7 +745,7 @@ def stage_run(stage: str, params: Any = None, *, experiment: str | None = None,
                           group, resume_folder, whole_pipeline,
                           tracking_cfg.system_metrics and stage in SYSTEM_METRICS_STAGES)
     handle = StageRun(stage)
-    threading.Thread(target=_open_into, args=(handle, request), name="vlmgym-mlflow-open", daemon=True).start()
+    handle.open_in_background(request)
     status = "FAILED"
     curve = pipeline_run.curve_file(stage)
     try:
