@@ -111,3 +111,38 @@ def test_the_end_waits_for_what_the_opening_logs_after_the_run_exists(tmp_path, 
     handle.log_metrics({"loss": 1.0}, step=1)
     handle.close("FINISHED", flush_timeout_s=1)
     assert journal == ["metrics", "params", "terminate"]
+
+
+def test_a_write_inside_the_stage_commits_only_once_its_run_exists(tmp_path, monkeypatch):
+    """So a stage killed inside a write always has a run to close as KILLED; the hook goes with the stage run."""
+    import time
+
+    from vlmgym.runtime import write_hooks
+    from vlmgym.runtime.atomic import write_text_atomically
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("DVC_ROOT", raising=False)
+    events = []
+
+    class Sender(_Sender):
+        def flush(self, timeout_s):
+            return True
+
+        def stop(self):
+            pass
+
+    def slow_open(request):
+        time.sleep(0.5)
+        events.append("run exists")
+        run = SimpleNamespace(info=SimpleNamespace(run_id="run-1", experiment_id="0"))
+        return stage_runs.Opened(run=run, client=None, spool=Spool(tmp_path / "spool"), sender=Sender(), tags={},
+                                 parent_id=None, logged_through=-1, continued=False)
+
+    monkeypatch.setattr(stage_runs, "open_run", slow_open)
+    hooks_before = list(write_hooks.before_rename)
+    with stage_runs.stage_run("download"):
+        write_text_atomically(tmp_path / "out.txt", "the stage's output")
+        events.append("written")
+    assert events == ["run exists", "written"]
+    assert (tmp_path / "out.txt").read_text() == "the stage's output"
+    assert write_hooks.before_rename == hooks_before

@@ -1,5 +1,6 @@
-"""Callbacks at the moments a write commits. Both lists stay empty in normal runs; the kill-in-write test hook
-(`vlmgym.runtime.killpoint`) registers itself here once, when the process starts with VLMGYM_KILL_IN_WRITE set."""
+"""Callbacks at the moments a write commits. A stage's MLflow run holds its writes here until the run exists
+(vlmgym.tracking.stage_runs.StageRun.wait_for_run); the kill-in-write test hook (`vlmgym.runtime.killpoint`)
+registers itself here once, when the process starts with VLMGYM_KILL_IN_WRITE set."""
 
 from __future__ import annotations
 

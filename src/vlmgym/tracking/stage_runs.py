@@ -31,7 +31,7 @@ from typing import Any
 
 import yaml
 
-from vlmgym.runtime import atomic, temps
+from vlmgym.runtime import atomic, temps, write_hooks
 from vlmgym.tracking import pipeline_run, run_recovery
 from vlmgym.tracking import spool as spool_mod
 from vlmgym.tracking.system_metrics import SystemMetrics
@@ -360,6 +360,13 @@ class StageRun:
         self._opener: threading.Thread | None = None  # opens the run, then logs what it starts with
         if opened is not None:
             self._ready.set()
+
+    def wait_for_run(self, *_: Any) -> None:
+        """A write hook (vlmgym.runtime.write_hooks): the stage's outputs and checkpoints commit only once its run
+        exists, so a stage killed inside a write always leaves a run to close as KILLED, and a resumed training the
+        run to continue. The opening's own writes go on."""
+        if threading.current_thread() is not self._opener:
+            self._ready.wait()
 
     def open_in_background(self, request: OpenRequest) -> None:
         self._opener = threading.Thread(target=_open_into, args=(self, request), name="vlmgym-mlflow-open",
@@ -746,6 +753,9 @@ def stage_run(stage: str, params: Any = None, *, experiment: str | None = None,
                           tracking_cfg.system_metrics and stage in SYSTEM_METRICS_STAGES)
     handle = StageRun(stage)
     handle.open_in_background(request)
+    hooks = (write_hooks.before_rename, write_hooks.at_checkpoint_save)
+    for hook_list in hooks:
+        hook_list.insert(0, handle.wait_for_run)  # before any other hook (the kill-in-write test hook)
     status = "FAILED"
     curve = pipeline_run.curve_file(stage)
     try:
@@ -755,4 +765,8 @@ def stage_run(stage: str, params: Any = None, *, experiment: str | None = None,
             handle.copy_curve(stage, root / curve, handle.output_hash(root / curve))
         status = "FINISHED"
     finally:
-        handle.close(status, tracking_cfg.flush_timeout_s)
+        try:
+            handle.close(status, tracking_cfg.flush_timeout_s)
+        finally:
+            for hook_list in hooks:
+                hook_list.remove(handle.wait_for_run)
