@@ -14,6 +14,7 @@ TRAIN_STAGE = """
 import time
 from vlmgym.tracking.stage_runs import stage_run
 with stage_run("train") as run:
+    run.run_id  # the run opens in the background; its system metrics are sampled from then on
     time.sleep(1.5)
 """
 
