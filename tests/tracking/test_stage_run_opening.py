@@ -14,11 +14,33 @@ from vlmgym.tracking.spool import Spool
 
 
 class _Sender:
+    """A sender whose server takes everything at once."""
+
     def __init__(self):
         self.notified = 0
 
     def notify(self):
         self.notified += 1
+
+    def flush(self, timeout_s):
+        return True
+
+    def stop(self):
+        pass
+
+
+def _slow_open(spool, seconds, then=lambda: None):
+    """An open_run that takes `seconds`, calls `then`, and returns a new run (no parent) journalled in `spool`."""
+    import time
+
+    def open_run(request):
+        time.sleep(seconds)
+        then()
+        run = SimpleNamespace(info=SimpleNamespace(run_id="run-1", experiment_id="0"))
+        return stage_runs.Opened(run=run, client=None, spool=spool, sender=_Sender(), tags={}, parent_id=None,
+                                 logged_through=-1, continued=False)
+
+    return open_run
 
 
 def _opened(tmp_path, logged_through=-1, parent="parent-run"):
@@ -83,20 +105,7 @@ def test_the_end_waits_for_what_the_opening_logs_after_the_run_exists(tmp_path, 
         def append(self, entry):
             journal.append(entry["kind"])
 
-    class Sender(_Sender):
-        def flush(self, timeout_s):
-            return True
-
-        def stop(self):
-            pass
-
-    def slow_open(request):
-        time.sleep(0.3)
-        run = SimpleNamespace(info=SimpleNamespace(run_id="run-1", experiment_id="0"))
-        return stage_runs.Opened(run=run, client=None, spool=Recorded(tmp_path / "spool"), sender=Sender(), tags={},
-                                 parent_id=None, logged_through=-1, continued=False)
-
-    monkeypatch.setattr(stage_runs, "open_run", slow_open)
+    monkeypatch.setattr(stage_runs, "open_run", _slow_open(Recorded(tmp_path / "spool"), 0.3))
     log_params = stage_runs.StageRun.log_params
 
     def slow_params(self, params):  # the opening's own logging, after the run exists, takes its time too
@@ -115,7 +124,6 @@ def test_the_end_waits_for_what_the_opening_logs_after_the_run_exists(tmp_path, 
 
 def test_a_write_inside_the_stage_commits_only_once_its_run_exists(tmp_path, monkeypatch):
     """So a stage killed inside a write always has a run to close as KILLED; the hook goes with the stage run."""
-    import time
 
     from vlmgym.runtime import write_hooks
     from vlmgym.runtime.atomic import write_text_atomically
@@ -124,21 +132,8 @@ def test_a_write_inside_the_stage_commits_only_once_its_run_exists(tmp_path, mon
     monkeypatch.delenv("DVC_ROOT", raising=False)
     events = []
 
-    class Sender(_Sender):
-        def flush(self, timeout_s):
-            return True
-
-        def stop(self):
-            pass
-
-    def slow_open(request):
-        time.sleep(0.5)
-        events.append("run exists")
-        run = SimpleNamespace(info=SimpleNamespace(run_id="run-1", experiment_id="0"))
-        return stage_runs.Opened(run=run, client=None, spool=Spool(tmp_path / "spool"), sender=Sender(), tags={},
-                                 parent_id=None, logged_through=-1, continued=False)
-
-    monkeypatch.setattr(stage_runs, "open_run", slow_open)
+    monkeypatch.setattr(stage_runs, "open_run", _slow_open(Spool(tmp_path / "spool"), 0.5,
+                                                           then=lambda: events.append("run exists")))
     hooks_before = list(write_hooks.before_rename)
     with stage_runs.stage_run("download"):
         write_text_atomically(tmp_path / "out.txt", "the stage's output")
