@@ -17,8 +17,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from vlmgym.models.family import export_and_check
-from vlmgym.models.qwen3_vl.convert import ExportCheckFailed
+from vlmgym.models.checkpoint import ExportCheckFailed, export_and_check
 from vlmgym.params import load_section
 from vlmgym.runtime.collector import collect_less
 from vlmgym.tracking import model_registry as registry

@@ -21,8 +21,8 @@ def tiny_untied(tmp_path_factory) -> Tiny:
 @pytest.fixture(scope="session")
 def tiny_folder(tmp_path_factory):
     """A complete tiny HF folder (tokenizer, chat template, preprocessor config) and its JAX conversion."""
+    from vlmgym.models.checkpoint import convert_hf_to_jax
     from vlmgym.models.qwen3_vl.base_model import TinyDims, build_tiny
-    from vlmgym.models.qwen3_vl.convert import convert_hf_to_jax
 
     root = tmp_path_factory.mktemp("tiny_folder")
     corpus = ["Where was this photo taken?", "country: France region: Brittany city: Brest", "The answer is Japan."]

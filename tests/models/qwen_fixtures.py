@@ -56,7 +56,7 @@ class Tiny:
 
 
 def make_tiny(tmp_root: Path, name: str, tie: bool, deepstack: tuple[int, ...], seed: int) -> Tiny:
-    from vlmgym.models.qwen3_vl.convert import convert_hf_to_jax, load_checkpoint
+    from vlmgym.models.checkpoint import convert_hf_to_jax, load_checkpoint
 
     model = build_hf_model(tie, deepstack, seed)
     hf_dir = tmp_root / name / "hf"

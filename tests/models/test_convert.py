@@ -13,18 +13,16 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
-from vlmgym.models.qwen3_vl.convert import (
-    ConversionError,
+from vlmgym.models.checkpoint import (
     ExportCheckFailed,
     check_export,
     convert_hf_to_jax,
     export_and_check,
     export_to_hf,
-    hf_to_params,
     load_checkpoint,
-    read_safetensors,
     save_checkpoint,
 )
+from vlmgym.models.qwen3_vl.convert import ConversionError, hf_to_params, read_safetensors
 
 
 @pytest.fixture(scope="module")

@@ -11,8 +11,8 @@ import jax
 import numpy as np
 from PIL import Image
 
+from vlmgym.models.checkpoint import load_checkpoint, save_checkpoint
 from vlmgym.models.qwen3_vl import parity
-from vlmgym.models.qwen3_vl.convert import load_checkpoint, save_checkpoint
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -17,7 +17,7 @@ CHILD = textwrap.dedent("""
     import sys
     import jax, jax.numpy as jnp, numpy as np
     from vlmgym.models.qwen3_vl import model as qwen
-    from vlmgym.models.qwen3_vl.convert import load_checkpoint
+    from vlmgym.models.checkpoint import load_checkpoint
     from vlmgym.models.qwen3_vl.mesh import (batch_sharding, cache_shardings, logical_sharding, make_mesh,
                                                   param_shardings)
     from vlmgym.models.qwen3_vl.vision import encode_images

@@ -45,7 +45,8 @@ def test_the_export_loads_as_qwen25_with_the_jax_models_logits(qwen25_pipeline):
     import torch
     from transformers import Qwen2_5_VLForConditionalGeneration
 
-    from vlmgym.models.family import encode_images, load_checkpoint
+    from vlmgym.models.checkpoint import load_checkpoint
+    from vlmgym.models.family import encode_images
     from vlmgym.models.qwen3_vl import model as decoder
     from vlmgym.models.qwen3_vl.hf_reference import hf_logits, torch_inputs
     from vlmgym.models.qwen3_vl.parity import parity_image

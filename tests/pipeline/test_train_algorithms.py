@@ -12,7 +12,7 @@ import pytest
 import yaml
 from pipeline_helpers import run_checked
 
-from vlmgym.models.qwen3_vl.convert import load_checkpoint
+from vlmgym.models.checkpoint import load_checkpoint
 
 # What each algorithm logs beside the rewards, and the figure that says whether it had a learning signal.
 ALGORITHMS = {"dpo": ({"dpo_margin", "dpo_pairs"}, "dpo_pairs"),

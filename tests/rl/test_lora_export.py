@@ -7,8 +7,9 @@ import numpy as np
 import pytest
 from lora_fixtures import trained_looking_adapters
 
+from vlmgym.models.checkpoint import ExportCheckFailed, check_adapter, export_and_check
 from vlmgym.models.qwen3_vl import lora
-from vlmgym.models.qwen3_vl.convert import ExportCheckFailed, check_adapter, export_and_check, read_safetensors
+from vlmgym.models.qwen3_vl.convert import read_safetensors
 from vlmgym.models.qwen3_vl.hf_reference import load_hf_model
 from vlmgym.models.qwen3_vl.parity import _hf_side, _jax_side, parity_image
 from vlmgym.models.qwen3_vl.processor import Processor

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from lora_fixtures import trained_looking_adapters
 
-from vlmgym.models.family import convert_hf_to_jax, export_and_check, load_checkpoint
+from vlmgym.models.checkpoint import convert_hf_to_jax, export_and_check, load_checkpoint
 from vlmgym.models.qwen3_vl import lora
 from vlmgym.models.qwen3_vl.hf_reference import load_hf_model, torch_inputs
 from vlmgym.models.qwen3_vl.parity import _hf_side, _jax_side, parity_image
@@ -149,7 +149,8 @@ def test_peft_loads_the_adapter_onto_the_qwen25_base_with_the_same_logits(export
 CHILD = textwrap.dedent("""
     import sys
     import jax, numpy as np
-    from vlmgym.models.family import load_checkpoint, load_config
+    from vlmgym.models.family import load_config
+    from vlmgym.models.checkpoint import load_checkpoint
     from vlmgym.models.qwen3_vl.mesh import make_mesh, param_shardings
     from vlmgym.models.qwen3_vl.processor import Processor
     from vlmgym.rl.policy import Qwen3VLPolicy

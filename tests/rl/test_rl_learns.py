@@ -26,8 +26,8 @@ import numpy as np
 import pytest
 
 from vlmgym.data.shard_writer import shard_raw
+from vlmgym.models.checkpoint import convert_hf_to_jax
 from vlmgym.models.qwen3_vl.base_model import build_base_model
-from vlmgym.models.qwen3_vl.convert import convert_hf_to_jax
 from vlmgym.params import DataParams, EnvParams, ModelParams, ShardParams, TrainParams, with_values
 from vlmgym.rl.grpo_trainer import GRPOTrainer
 from vlmgym.rl.loop import score

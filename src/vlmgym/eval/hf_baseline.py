@@ -84,7 +84,7 @@ def run_hf_baseline(hf_dir: str | Path, jax_dir: str | Path, observations: Seque
                     logit_samples: int, dtype: str = "fp32") -> tuple[dict[str, float], dict[str, float]]:
     """All HF-baseline figures for these observations and the JAX engine's greedy answers to them, and the timing
     of transformers' generate (`hf_seconds`, `hf_tokens_per_s`: different on every run, so kept apart)."""
-    from vlmgym.models.family import load_checkpoint
+    from vlmgym.models.checkpoint import load_checkpoint
     from vlmgym.models.qwen3_vl.processor import Processor
 
     if len(observations) != len(jax_answers):

@@ -57,7 +57,7 @@ class RolloutTiming:
 def load_engine(model_dir: str | Path, *, max_new_tokens: int, dtype: str = "fp32", param_dtype: str = "fp32",
                 greedy: bool = True, temperature: float = 1.0) -> tuple[Any, Any]:
     """(RolloutEngine, params) for a vlmgym JAX model folder; greedy, or plain sampling at `temperature`."""
-    from vlmgym.models.family import load_checkpoint
+    from vlmgym.models.checkpoint import load_checkpoint
     from vlmgym.models.qwen3_vl.processor import Processor
     from vlmgym.rollout import RolloutEngine, SamplingSettings
 

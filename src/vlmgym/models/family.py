@@ -10,10 +10,10 @@ A checkpoint's config.json names its family (`model_type`, else `architectures`)
     family.hf_class()                                                  # transformers' model class
 
 The decoder (vlmgym.models.qwen3_vl.model), the checkpoint format and the processor code are shared: each family
-only brings its vision tower, parameter layout, key table, image settings and chat template. Checkpoint I/O that
-starts from a folder (`load_checkpoint`, `save_checkpoint`, `convert_hf_to_jax`, `export_and_check`) reads the
-family from the folder's config.json. Modules are imported when first asked for, so reading a family's name
-needs neither jax nor torch.
+only brings its vision tower, parameter layout, key table, image settings and chat template. Checkpoint folders
+(vlmgym.models.checkpoint) read the family from the folder's config.json. A family's modules are imported when it
+is first asked for, so reading a family's name needs neither jax nor torch; the modules shared by both families
+import this one, never the other way.
 """
 
 from __future__ import annotations
@@ -28,8 +28,7 @@ from typing import Any
 from vlmgym.models.names import FAMILIES, QWEN2_5_VL, QWEN3_VL, config_path, folder_family, model_family
 
 __all__ = ["FAMILIES", "QWEN2_5_VL", "QWEN3_VL", "Family", "family_named", "family_of", "folder_family",
-           "model_family", "load_config", "load_checkpoint", "save_checkpoint", "convert_hf_to_jax",
-           "export_and_check", "encode_images"]
+           "model_family", "load_config", "encode_images"]
 
 
 def load_config(path: str | Path, dtype: str = "fp32", param_dtype: str = "fp32") -> Any:
@@ -87,7 +86,7 @@ def family_named(name: str) -> Family:
 
 def _qwen3_vl() -> Family:
     from vlmgym.models.qwen3_vl import config, convert, vision, weights
-    from vlmgym.models.qwen3_vl.lora import HF_VISION
+    from vlmgym.models.qwen3_vl.lora import VISION_LORA
     from vlmgym.models.qwen3_vl.processor import QWEN3_VL_CHAT_TEMPLATE, ImageSettings
 
     def hf_class() -> type:
@@ -107,14 +106,14 @@ def _qwen3_vl() -> Family:
         params_to_hf=lambda params, cfg: convert.params_to_hf(params, cfg),
         patch_layout=vision.patch_layout, encode=vision.encode_patches,
         layout_blocks=(("block_index", "block_valid", "patch_slot"),), image_settings=ImageSettings(),
-        chat_template=QWEN3_VL_CHAT_TEMPLATE, vision_lora=HF_VISION, hf_class=hf_class,
+        chat_template=QWEN3_VL_CHAT_TEMPLATE, vision_lora=VISION_LORA[QWEN3_VL], hf_class=hf_class,
         hf_config_class=hf_config_class)
 
 
 def _qwen2_5_vl() -> Family:
     from vlmgym.models.qwen2_5_vl import config, convert, vision, weights
     from vlmgym.models.qwen2_5_vl.processor import CHAT_TEMPLATE, IMAGE_SETTINGS
-    from vlmgym.models.qwen3_vl.lora import HF_VISION_QWEN2_5
+    from vlmgym.models.qwen3_vl.lora import VISION_LORA
 
     def encode(params: Any, cfg: Any, pixel_values: Any, layout: dict, remat: bool = False) -> tuple[Any, None]:
         return vision.encode_patches(params, cfg, pixel_values, layout, remat), None  # no DeepStack
@@ -134,40 +133,8 @@ def _qwen2_5_vl() -> Family:
         key_table=convert.key_table, hf_to_params=convert.hf_to_params, params_to_hf=convert.params_to_hf,
         patch_layout=vision.patch_layout, encode=encode,
         layout_blocks=(("full_index", "full_valid", "full_slot"), ("window_index", "window_valid", "window_slot")),
-        image_settings=IMAGE_SETTINGS, chat_template=CHAT_TEMPLATE, vision_lora=HF_VISION_QWEN2_5,
+        image_settings=IMAGE_SETTINGS, chat_template=CHAT_TEMPLATE, vision_lora=VISION_LORA[QWEN2_5_VL],
         hf_class=hf_class, hf_config_class=hf_config_class)
-
-
-# --- checkpoint folders (either family; the shared orbax format of vlmgym.models.qwen3_vl.convert) -------------
-
-
-def load_checkpoint(path: str | Path, dtype: str = "fp32", param_dtype: str | None = None,
-                    shardings: Any = None) -> tuple[Any, Any]:
-    """(cfg, params) of a vlmgym JAX checkpoint folder of either family."""
-    from vlmgym.models.qwen3_vl.convert import load_checkpoint as load
-
-    return load(path, dtype, param_dtype, shardings)
-
-
-def save_checkpoint(path: str | Path, cfg: Any, params: Any, **kwargs: Any) -> Path:
-    """Write a vlmgym JAX checkpoint folder atomically (see vlmgym.models.qwen3_vl.convert.save_checkpoint)."""
-    from vlmgym.models.qwen3_vl.convert import save_checkpoint as save
-
-    return save(path, cfg, params, **kwargs)
-
-
-def convert_hf_to_jax(hf_dir: str | Path, out_dir: str | Path) -> tuple[Any, Path]:
-    """A transformers folder of either family -> a vlmgym JAX checkpoint folder."""
-    from vlmgym.models.qwen3_vl.convert import convert_hf_to_jax as convert
-
-    return convert(hf_dir, out_dir)
-
-
-def export_and_check(jax_dir: str | Path, out_dir: str | Path) -> tuple[Path, dict[str, float]]:
-    """A JAX checkpoint folder -> a transformers folder, checked bit-exact and loaded by its family's class."""
-    from vlmgym.models.qwen3_vl.convert import export_and_check as export
-
-    return export(jax_dir, out_dir)
 
 
 def encode_images(params: Any, cfg: Any, pixel_values: Any, grid_thw: Any) -> tuple[Any, Any]:

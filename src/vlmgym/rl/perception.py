@@ -30,7 +30,8 @@ import optax
 from tqdm import tqdm
 
 from vlmgym.envs.base import Env, MissingPart
-from vlmgym.models.family import family_of, load_checkpoint, save_checkpoint
+from vlmgym.models.checkpoint import load_checkpoint, save_checkpoint
+from vlmgym.models.family import family_of
 from vlmgym.models.qwen3_vl.processor import ImageSettings, preprocess_images
 from vlmgym.params import SFTParams
 from vlmgym.rl.loop import NonFiniteError, non_finite_message, non_finite_params

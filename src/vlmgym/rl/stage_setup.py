@@ -16,7 +16,8 @@ from vlmgym import envs
 from vlmgym.data import shards
 from vlmgym.envs.base import Env
 from vlmgym.envs.tools import Tool
-from vlmgym.models.family import load_checkpoint, load_config, save_checkpoint
+from vlmgym.models.checkpoint import load_checkpoint, save_checkpoint
+from vlmgym.models.family import load_config
 from vlmgym.models.qwen3_vl import lora
 from vlmgym.models.qwen3_vl.lora import LoRAConfig, init_adapters
 from vlmgym.models.qwen3_vl.mesh import make_mesh, param_shardings

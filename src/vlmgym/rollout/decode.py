@@ -17,7 +17,8 @@ import jax
 import jax.numpy as jnp
 
 from vlmgym.models.qwen3_vl.config import Qwen3VLConfig
-from vlmgym.models.qwen3_vl.model import NEG_INF, KVCache, _attn_out_and_mlp, _qkv, _rms_norm, mrope_cos_sin
+from vlmgym.models.qwen3_vl.layers import rms_norm
+from vlmgym.models.qwen3_vl.model import NEG_INF, KVCache, _attn_out_and_mlp, _qkv, mrope_cos_sin
 from vlmgym.models.qwen3_vl.weights import Params
 
 GroupCache = dict[str, jax.Array]
@@ -107,5 +108,5 @@ def group_decode_step(params: Params, cfg: Qwen3VLConfig, layers: list[Params], 
                                 gen_v[i], step)
         h = _attn_out_and_mlp(cfg, p, h, attn)
     # The model's final norm + lm_head (model._logits), with the projection passed in.
-    h = _rms_norm(h[:, 0], params["text"]["norm"]["scale"], cfg.text.rms_norm_eps)
+    h = rms_norm(h[:, 0], params["text"]["norm"]["scale"], cfg.text.rms_norm_eps)
     return (h @ lm_head).astype(jnp.float32), {**cache, "gen_k": tuple(gen_k), "gen_v": tuple(gen_v)}

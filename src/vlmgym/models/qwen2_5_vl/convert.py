@@ -17,7 +17,7 @@ import numpy as np
 from vlmgym.models.qwen2_5_vl.config import ARCHITECTURE, Qwen25VLConfig, from_hf_dict
 from vlmgym.models.qwen2_5_vl.weights import abstract_params
 from vlmgym.models.qwen3_vl import convert as qwen3_convert
-from vlmgym.models.qwen3_vl.convert import ConversionError, _write_safetensors, read_safetensors
+from vlmgym.models.qwen3_vl.convert import ConversionError, read_safetensors, write_safetensors
 from vlmgym.models.qwen3_vl.weights import Params
 
 __all__ = ["ConversionError", "hf_to_params", "params_to_hf", "load_hf_folder", "save_hf_folder", "key_table"]
@@ -102,6 +102,6 @@ def save_hf_folder(folder: str | Path, cfg: Qwen25VLConfig, params: Params, hf_c
     folder.mkdir(parents=True, exist_ok=True)
     config = dict(hf_config)
     config.setdefault("architectures", [ARCHITECTURE])
-    _write_safetensors(params_to_hf(params, cfg), folder)
+    write_safetensors(params_to_hf(params, cfg), folder)
     (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     return folder

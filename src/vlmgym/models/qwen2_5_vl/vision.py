@@ -18,7 +18,7 @@ import jax
 import numpy as np
 
 from vlmgym.models.qwen2_5_vl.config import Qwen25VLConfig
-from vlmgym.models.qwen3_vl.model import _rms_norm
+from vlmgym.models.qwen3_vl.layers import rms_norm
 from vlmgym.models.qwen3_vl.vision import _dense, _grid_rows_cols, _rotary_cos_sin, block_attention
 from vlmgym.models.qwen3_vl.weights import Params
 
@@ -98,10 +98,10 @@ def patch_layout(cfg: Qwen25VLConfig, grid_thw: Sequence[Sequence[int]], pad_to:
 def _block(cfg: Qwen25VLConfig, p: Params, x: jax.Array, cos: jax.Array, sin: jax.Array, layout: PatchLayout,
            kind: str) -> jax.Array:
     """One pre-RMSNorm ViT block; attention inside each frame (kind 'full') or window (kind 'window')."""
-    h = _rms_norm(x, p["norm1"]["scale"], VISION_EPS)
+    h = rms_norm(x, p["norm1"]["scale"], VISION_EPS)
     x = x + block_attention(cfg, p, h, cos, sin, layout[f"{kind}_index"], layout[f"{kind}_valid"],
                             layout[f"{kind}_slot"])
-    h = _rms_norm(x, p["norm2"]["scale"], VISION_EPS)
+    h = rms_norm(x, p["norm2"]["scale"], VISION_EPS)
     act = _ACTIVATIONS[cfg.vision.hidden_act]
     return x + _dense(act(_dense(h, p["gate"])) * _dense(h, p["up"]), p["down"])
 
@@ -134,7 +134,7 @@ def encode_patches(params: Params, cfg: Qwen25VLConfig, pixel_values: jax.Array,
         body = jax.checkpoint(body) if remat else body
         x, _ = jax.lax.scan(body, x, jax.tree.map(lambda a, s=start, e=end: a[s:e], p["blocks"]))
     merger = p["merger"]
-    grouped = _rms_norm(x, merger["norm"]["scale"], VISION_EPS).reshape(-1, x.shape[-1] * cfg.vision.merge_unit)
+    grouped = rms_norm(x, merger["norm"]["scale"], VISION_EPS).reshape(-1, x.shape[-1] * cfg.vision.merge_unit)
     return _dense(jax.nn.gelu(_dense(grouped, merger["fc1"]), approximate=False), merger["fc2"])
 
 

@@ -37,13 +37,11 @@ Text / entry points (`model.py`)
     Image features fill the image-pad positions in order; a count mismatch raises when input_ids are host
     values (as transformers does) but cannot be checked inside jit.
 
-Checkpoints (`convert.py`)
-    convert_hf_to_jax(hf_dir, out_dir) -> (cfg, path)      strict: unmatched / missing key, bad shape -> error
-    export_to_hf(jax_dir, out_dir) -> path                  transformers-loadable folder, bit-exact
-    check_export(jax_dir, hf_dir) -> figures                tensors bit-identical + loads in transformers, or
-        ExportCheckFailed; export_and_check(jax_dir, out_dir) -> (path, figures) removes a failed export
-    save_checkpoint(path, cfg, params, hf_config=None, side_files_from=None)   atomic (temp dir + rename)
-    load_checkpoint(path, dtype="fp32", param_dtype=None, shardings=None) -> (cfg, params)
+HF layout (`convert.py`)
+    hf_to_params(state, cfg) / params_to_hf(params, cfg)      strict: unmatched / missing key, bad shape -> error;
+        values copied exactly; read_safetensors(folder), write_safetensors(state, folder)
+    Checkpoint folders of either family (convert in, save / load, export back, checked bit-exact) are
+    vlmgym.models.checkpoint's.
 
 Config / params / sharding
     load_hf_config(path_or_dir), named_config("2b" | "4b" | "8b"), cfg.with_dtypes(dtype, param_dtype)
@@ -72,9 +70,7 @@ _EXPORTS = {
     "vision": ("patch_layout", "encode_patches", "encode_images"),
     "model": ("forward", "prefill", "decode_step", "repeat_cache", "token_logprobs", "hidden_states",
               "text_position_ids", "KVCache", "jit_forward", "jit_prefill", "jit_decode_step", "jit_token_logprobs"),
-    "convert": ("convert_hf_to_jax", "export_to_hf", "save_checkpoint", "load_checkpoint", "ConversionError",
-                "hf_to_params", "params_to_hf", "read_safetensors", "check_export", "export_and_check",
-                "ExportCheckFailed"),
+    "convert": ("ConversionError", "hf_to_params", "params_to_hf", "read_safetensors", "write_safetensors"),
     "sharding": ("ShardingRules", "make_mesh", "param_shardings", "shard_params", "batch_sharding",
                  "cache_shardings"),
 }

@@ -1,53 +1,34 @@
-"""HF safetensors <-> JAX params, orbax checkpoints, and export back to a transformers folder.
-
-The checkpoint functions (save / load / convert / export / check) serve every model family: the family comes from
-the config (`cfg.family`) or the folder's config.json (vlmgym.models.family), which brings its key table and
-parameter layout; the key table below is Qwen3-VL's.
+"""Qwen3-VL's HF safetensors layout <-> JAX params, and the safetensors files every family's checkpoints use.
 
 The key table is built from the config, so every expected tensor is known up front:
 a checkpoint key that matches nothing, an expected key that is absent, or a shape that
 differs is an error naming the key. Values are copied exactly (only transposed or
-reshaped), so HF -> JAX -> HF is bit-exact, and `check_export` verifies it on the written folder.
+reshaped), so HF -> JAX -> HF is bit-exact. Another family (vlmgym.models.qwen2_5_vl.convert) passes its own key
+table to the same functions; checkpoint folders (orbax params, export, the export check) are
+vlmgym.models.checkpoint's.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
-import logging
-import re
-import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import jax
 import ml_dtypes  # noqa: F401  (registers bfloat16 with numpy so safetensors can read bf16 as numpy)
 import numpy as np
-import orbax.checkpoint as ocp
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
 from vlmgym.models.qwen3_vl.config import Qwen3VLConfig
-from vlmgym.models.qwen3_vl.lora import ADAPTER_DIR
 from vlmgym.models.qwen3_vl.weights import Params, abstract_params
-from vlmgym.runtime import distributed
-from vlmgym.runtime.atomic import atomic_dir
 
-# Files next to the weights that a transformers folder needs besides config + safetensors.
-SIDE_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt",
-              "added_tokens.json", "chat_template.json", "chat_template.jinja", "preprocessor_config.json",
-              "video_preprocessor_config.json", "processor_config.json", "generation_config.json")
-META_FILE = "vlmgym_checkpoint.json"
 MAX_SHARD_BYTES = 4 * 1024**3
 
 
 class ConversionError(ValueError):
     """A checkpoint does not match the architecture (names the key)."""
 
-
-class ExportCheckFailed(RuntimeError):
-    """The exported folder does not reproduce the JAX weights or does not load in transformers."""
 
 
 def _key_table(cfg: Qwen3VLConfig) -> Iterator[tuple[str, tuple[str, ...], int | None, str]]:
@@ -90,16 +71,12 @@ def _key_table(cfg: Qwen3VLConfig) -> Iterator[tuple[str, tuple[str, ...], int |
         yield "lm_head.weight", ("lm_head", "kernel"), None, "linear"
 
 
-def _family(cfg: Any) -> Any:
-    from vlmgym.models.family import family_of
-
-    return family_of(cfg)
-
 
 def _get(tree: Any, path: tuple[str, ...]) -> Any:
     for name in path:
         tree = tree[name]
     return tree
+
 
 
 def _hf_shape(shape: tuple[int, ...], kind: str, cfg: Qwen3VLConfig) -> tuple[int, ...]:
@@ -111,8 +88,10 @@ def _hf_shape(shape: tuple[int, ...], kind: str, cfg: Qwen3VLConfig) -> tuple[in
     return shape
 
 
+
 def _strip(key: str) -> str:
     return key[len("model."):] if key.startswith("model.") else key
+
 
 
 def hf_to_params(state: dict[str, np.ndarray], cfg: Qwen3VLConfig, *,
@@ -171,6 +150,7 @@ def hf_to_params(state: dict[str, np.ndarray], cfg: Qwen3VLConfig, *,
     return params
 
 
+
 def params_to_hf(params: Params, cfg: Qwen3VLConfig, *,
                  key_table: Callable[[Any], Iterator] | None = None) -> dict[str, np.ndarray]:
     """HF state dict ('model.'-prefixed keys, (out, in) linear weights) from a params tree."""
@@ -187,6 +167,7 @@ def params_to_hf(params: Params, cfg: Qwen3VLConfig, *,
         key = hf if hf == "lm_head.weight" else "model." + hf
         state[key] = np.ascontiguousarray(value)
     return state
+
 
 
 def read_safetensors(folder: str | Path) -> dict[str, np.ndarray]:
@@ -208,20 +189,6 @@ def read_safetensors(folder: str | Path) -> dict[str, np.ndarray]:
                 state[key] = f.get_tensor(key)
     return state
 
-
-def _dtype_name(params: Params) -> str:
-    dtype = jax.tree.leaves(params)[0].dtype
-    return {np.dtype(np.float32): "fp32", np.dtype(ml_dtypes.bfloat16): "bf16"}[np.dtype(dtype)]
-
-
-def copy_side_files(src: str | Path, dst: str | Path) -> list[str]:
-    """Copy tokenizer / preprocessor / chat-template / generation files present in `src`."""
-    copied = []
-    for name in SIDE_FILES:
-        if (Path(src) / name).exists():
-            shutil.copy2(Path(src) / name, Path(dst) / name)
-            copied.append(name)
-    return copied
 
 
 def to_hf_dict(cfg: Qwen3VLConfig) -> dict[str, Any]:
@@ -252,90 +219,8 @@ def to_hf_dict(cfg: Qwen3VLConfig) -> dict[str, Any]:
     }
 
 
-@contextlib.contextmanager
-def _without_ocdbt_merge_warning(folder: Path) -> Iterator[None]:
-    """Drop orbax's absl warning "Skipping merge of OCDBT checkpoints: No per-process OCDBT checkpoint subdirs
-    found in <folder>..." for saves under `folder`, while the block runs.
 
-    Orbax tries to merge per-process OCDBT stores after every pytree save, even one written without OCDBT
-    (use_ocdbt=False, as save_checkpoint does), and warns when it finds none: there is nothing to merge, the
-    checkpoint is complete. Any other record, and this one for any other folder, is kept."""
-    def keep(record):
-        message = record.getMessage()
-        return not ("Skipping merge of OCDBT checkpoints" in message and str(folder) in message)
-
-    logger = logging.getLogger("absl")  # absl.logging's own logger, read without importing absl
-    logger.addFilter(keep)
-    try:
-        yield
-    finally:
-        logger.removeFilter(keep)
-
-
-def save_checkpoint(path: str | Path, cfg: Qwen3VLConfig, params: Params, hf_config: dict[str, Any] | None = None,
-                    side_files_from: str | Path | None = None,
-                    extra: Callable[[Path], None] | None = None) -> Path:
-    """Write params (orbax) + config.json (+ tokenizer files) into `path` atomically (temp dir + rename).
-
-    The folder's bytes depend only on what is saved, so DVC sees equal params as an unchanged output: orbax's
-    OCDBT store names its files at random, so arrays are written one zarr folder each instead, and orbax's two
-    run records (timestamps, the temp path), which restoring does not read, are dropped.
-    """
-    final = Path(path).absolute()
-    # Params spread over several processes are saved by all of them together, into one shared folder.
-    with (distributed.shared_dir(final) if distributed.count() > 1 else atomic_dir(final)) as tmp:
-        checkpointer = ocp.Checkpointer(ocp.StandardCheckpointHandler(use_ocdbt=False))
-        with _without_ocdbt_merge_warning(tmp / "params"):
-            checkpointer.save(tmp / "params", args=ocp.args.StandardSave(params))  # synchronous
-        if distributed.is_primary():  # the small files once
-            for record in ("_CHECKPOINT_METADATA", "commit_success.txt"):
-                (tmp / "params" / record).unlink(missing_ok=True)
-            config = hf_config if hf_config is not None else _family(cfg).to_hf_dict(cfg)
-            (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-            (tmp / META_FILE).write_text(json.dumps({"param_dtype": _dtype_name(params), "format": 1}) + "\n")
-            if side_files_from is not None:
-                copy_side_files(side_files_from, tmp)
-            if extra is not None:  # more files in the same atomic folder (a LoRA run's adapter/)
-                extra(tmp)
-    return final
-
-
-def load_checkpoint(path: str | Path, dtype: str = "fp32", param_dtype: str | None = None,
-                    shardings: Any = None) -> tuple[Qwen3VLConfig, Params]:
-    """(cfg, params) from a checkpoint folder; params in the stored dtype unless `param_dtype` is given.
-
-    `shardings`: optional tree of jax.sharding.Sharding (see sharding.param_shardings) to restore onto.
-    """
-    path = Path(path).absolute()
-    meta_path = path / META_FILE
-    if not meta_path.exists():
-        raise ConversionError(f"{path}: not a vlmgym JAX checkpoint ({META_FILE} missing)")
-    stored = json.loads(meta_path.read_text())["param_dtype"]
-    from vlmgym.models.family import load_config
-
-    cfg = load_config(path, dtype=dtype, param_dtype=param_dtype or stored)
-    abstract = _family(cfg).abstract_params(cfg)
-    if shardings is None:
-        device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-        shardings = jax.tree.map(lambda _: device, abstract)
-    target = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, shardings)
-    params = ocp.StandardCheckpointer().restore(path / "params", target)
-    return cfg, params
-
-
-def convert_hf_to_jax(hf_dir: str | Path, out_dir: str | Path) -> tuple[Qwen3VLConfig, Path]:
-    """HF folder -> JAX checkpoint folder (params, config.json, tokenizer and preprocessor files)."""
-    from vlmgym.models.family import load_config
-
-    hf_dir = Path(hf_dir)
-    hf_config = json.loads((hf_dir / "config.json").read_text())
-    cfg = load_config(hf_dir)
-    params = _family(cfg).hf_to_params(read_safetensors(hf_dir), cfg)
-    cfg = cfg.with_dtypes(param_dtype=_dtype_name(params))
-    return cfg, save_checkpoint(out_dir, cfg, params, hf_config=hf_config, side_files_from=hf_dir)
-
-
-def _write_safetensors(state: dict[str, np.ndarray], folder: Path) -> None:
+def write_safetensors(state: dict[str, np.ndarray], folder: Path) -> None:
     """One model.safetensors, or shards + model.safetensors.index.json past MAX_SHARD_BYTES."""
     total = sum(a.nbytes for a in state.values())
     if total <= MAX_SHARD_BYTES:
@@ -356,87 +241,4 @@ def _write_safetensors(state: dict[str, np.ndarray], folder: Path) -> None:
         weight_map.update({key: name for key in shard})
     index = {"metadata": {"total_size": total}, "weight_map": weight_map}
     (folder / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
-
-
-def export_to_hf(jax_dir: str | Path, out_dir: str | Path) -> Path:
-    """JAX checkpoint folder -> folder that transformers' from_pretrained loads (atomic)."""
-    jax_dir = Path(jax_dir)
-    cfg, params = load_checkpoint(jax_dir)
-    state = _family(cfg).params_to_hf(jax.tree.map(np.asarray, params), cfg)
-    final = Path(out_dir).absolute()
-    with atomic_dir(final) as tmp:
-        _write_safetensors(state, tmp)
-        shutil.copy2(jax_dir / "config.json", tmp / "config.json")
-        copy_side_files(jax_dir, tmp)
-        if (jax_dir / ADAPTER_DIR).is_dir():  # a LoRA run's adapters (PEFT layout) go along
-            shutil.copytree(jax_dir / ADAPTER_DIR, tmp / ADAPTER_DIR)
-    return final
-
-
-def check_adapter(hf_dir: str | Path, state: dict[str, np.ndarray]) -> int:
-    """Check a LoRA run's `adapter/` folder against PEFT's layout over the exported model's weights `state`, named as
-    transformers holds them in memory:
-    every lora_A (r, in) / lora_B (out, r) pair sits on a linear layer of that shape that the config's
-    target_modules regex names. Returns the number of adapted modules; raises ExportCheckFailed."""
-    folder = Path(hf_dir) / ADAPTER_DIR
-    config = json.loads((folder / "adapter_config.json").read_text())
-    adapters = read_safetensors(folder)
-    rank, pattern = config["r"], config["target_modules"]
-    prefix = "base_model.model."
-    modules = sorted({key[len(prefix):].rsplit(".lora_", 1)[0] for key in adapters})
-    if config.get("peft_type") != "LORA" or len(adapters) != 2 * len(modules) or not modules:
-        raise ExportCheckFailed(f"{folder}: not a PEFT LoRA adapter ({len(adapters)} tensors, {len(modules)} modules)")
-    for module in modules:
-        weight = state.get(module + ".weight")
-        a, b = adapters.get(f"{prefix}{module}.lora_A.weight"), adapters.get(f"{prefix}{module}.lora_B.weight")
-        if weight is None or a is None or b is None or not re.fullmatch(pattern, module):
-            raise ExportCheckFailed(f"{folder}: adapter on {module!r} names no adapted linear layer of the model")
-        if a.shape != (rank, weight.shape[1]) or b.shape != (weight.shape[0], rank):
-            raise ExportCheckFailed(f"{folder}: {module} adapter shapes {a.shape}, {b.shape} do not fit "
-                                    f"weight {weight.shape} at rank {rank}")
-    return len(modules)
-
-
-def check_export(jax_dir: str | Path, hf_dir: str | Path) -> dict[str, float]:
-    """Compare the exported tensors with the JAX params and load the folder in transformers; returns figures.
-
-    Raises ExportCheckFailed when a tensor is missing, extra or not bit-identical, or when transformers reports
-    missing, unexpected or mismatched weights.
-    """
-    from vlmgym.models.qwen3_vl.hf_reference import IncompleteCheckpoint, load_hf_model
-
-    cfg, params = load_checkpoint(jax_dir)
-    family = _family(cfg)
-    numpy_params = jax.tree.map(np.asarray, params)
-    expected = family.params_to_hf(numpy_params, cfg)
-    exported = read_safetensors(hf_dir)
-    if expected.keys() != exported.keys():
-        missing, extra = sorted(expected.keys() - exported.keys()), sorted(exported.keys() - expected.keys())
-        raise ExportCheckFailed(f"{hf_dir}: tensors missing {missing[:5]}, unexpected {extra[:5]}")
-    for key, value in expected.items():
-        if exported[key].dtype != value.dtype or not np.array_equal(exported[key], value):
-            raise ExportCheckFailed(f"{hf_dir}: tensor {key!r} differs from the JAX parameter it was exported from")
-    try:
-        model = load_hf_model(hf_dir, dtype=None, strict=True)
-    except IncompleteCheckpoint as err:
-        raise ExportCheckFailed(str(err)) from err
-    adapted = (Path(hf_dir) / ADAPTER_DIR).is_dir()
-    # PEFT names modules as the model holds them in memory (`model.language_model.*`), which is not always the
-    # layout save_pretrained writes (Qwen2.5-VL's hub layout says `model.*`)
-    in_memory = params_to_hf(numpy_params, cfg, key_table=family.key_table) if adapted else {}
-    figures = {"adapted_modules": float(check_adapter(hf_dir, in_memory))} if adapted else {}
-    return {**figures, "tensors": float(len(exported)),
-            "parameters": float(sum(int(np.prod(v.shape)) for v in exported.values())),
-            "transformers_parameters": float(sum(p.numel() for p in model.parameters())),
-            "bytes": float(sum(p.stat().st_size for p in Path(hf_dir).glob("*.safetensors")))}
-
-
-def export_and_check(jax_dir: str | Path, out_dir: str | Path) -> tuple[Path, dict[str, float]]:
-    """`export_to_hf`, then `check_export`; when the check fails (or errors) the exported folder is removed."""
-    out = export_to_hf(jax_dir, out_dir)
-    try:
-        return out, check_export(jax_dir, out)
-    except Exception:
-        shutil.rmtree(out, ignore_errors=True)
-        raise
 

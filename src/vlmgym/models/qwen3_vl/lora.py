@@ -26,6 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from vlmgym.config.sections import LoRAParams
+from vlmgym.models.names import QWEN2_5_VL, QWEN3_VL
 from vlmgym.models.qwen3_vl.config import Qwen3VLConfig
 from vlmgym.models.qwen3_vl.weights import Params
 
@@ -42,6 +43,7 @@ HF_VISION = {"qkv": "attn.qkv", "proj": "attn.proj", "fc1": "mlp.linear_fc1", "f
 # Qwen2.5-VL's vision blocks (vlmgym.models.qwen2_5_vl) have a gated MLP; attention is named as Qwen3-VL's.
 HF_VISION_QWEN2_5 = {"qkv": "attn.qkv", "proj": "attn.proj", "gate": "mlp.gate_proj", "up": "mlp.up_proj",
                      "down": "mlp.down_proj"}
+VISION_LORA = {QWEN3_VL: HF_VISION, QWEN2_5_VL: HF_VISION_QWEN2_5}  # per family (config.json model_type)
 
 
 @dataclass(frozen=True)
@@ -115,11 +117,9 @@ def train_mode(params: Params, micro: dict) -> Params:
 
 def _targets(cfg: Qwen3VLConfig, lora: LoRAConfig) -> list[tuple[tuple[str, ...], int]]:
     """(params path of the dense dict, stacked count) of every adapted projection."""
-    from vlmgym.models.family import family_of
-
     out = [(("text", "layers", name), cfg.text.num_hidden_layers) for name in TEXT_TARGETS if name in lora.targets]
     if lora.vision:  # every projection of the family's vision blocks
-        out += [(("visual", "blocks", name), cfg.vision.depth) for name in family_of(cfg).vision_lora]
+        out += [(("visual", "blocks", name), cfg.vision.depth) for name in VISION_LORA[cfg.family]]
     return out
 
 

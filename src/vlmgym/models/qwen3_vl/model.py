@@ -13,18 +13,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from vlmgym.models.qwen3_vl.config import Qwen3VLConfig
+from vlmgym.models.qwen3_vl.layers import rms_norm
 from vlmgym.models.qwen3_vl.lora import project
 from vlmgym.models.qwen3_vl.weights import Params
 
 KVCache = dict[str, jax.Array]
 NEG_INF = float(np.finfo(np.float32).min)
-
-
-def _rms_norm(x: jax.Array, scale: jax.Array, eps: float) -> jax.Array:
-    """RMSNorm: normalise in fp32, cast back, multiply by the weight (transformers' order)."""
-    xf = x.astype(jnp.float32)
-    y = xf * jax.lax.rsqrt(jnp.mean(jnp.square(xf), axis=-1, keepdims=True) + eps)
-    return scale.astype(x.dtype) * y.astype(x.dtype)
 
 
 def _rotate_half(x: jax.Array) -> jax.Array:
@@ -76,7 +70,7 @@ def _qkv(cfg: Qwen3VLConfig, p: Params, x: jax.Array, cos: jax.Array, sin: jax.A
     one: Qwen3), then rotary (B,T,heads,D)."""
     t = cfg.text
     b, length, _ = x.shape
-    h = _rms_norm(x, p["input_norm"]["scale"], t.rms_norm_eps)
+    h = rms_norm(x, p["input_norm"]["scale"], t.rms_norm_eps)
 
     def heads(name: str, n: int) -> jax.Array:
         y = project(h, p[name])
@@ -86,15 +80,15 @@ def _qkv(cfg: Qwen3VLConfig, p: Params, x: jax.Array, cos: jax.Array, sin: jax.A
 
     q, k, v = heads("q", t.num_attention_heads), heads("k", t.num_key_value_heads), heads("v", t.num_key_value_heads)
     if "q_norm" in p:
-        q = _rms_norm(q, p["q_norm"]["scale"], t.rms_norm_eps)
-        k = _rms_norm(k, p["k_norm"]["scale"], t.rms_norm_eps)
+        q = rms_norm(q, p["q_norm"]["scale"], t.rms_norm_eps)
+        k = rms_norm(k, p["k_norm"]["scale"], t.rms_norm_eps)
     c, s = cos[:, :, None], sin[:, :, None]
     return q * c + _rotate_half(q) * s, k * c + _rotate_half(k) * s, v
 
 
 def _attn_out_and_mlp(cfg: Qwen3VLConfig, p: Params, x: jax.Array, attn: jax.Array) -> jax.Array:
     x = x + project(attn, p["o"])
-    h = _rms_norm(x, p["post_norm"]["scale"], cfg.text.rms_norm_eps)
+    h = rms_norm(x, p["post_norm"]["scale"], cfg.text.rms_norm_eps)
     return x + project(jax.nn.silu(project(h, p["gate"])) * project(h, p["up"]), p["down"])
 
 
@@ -153,7 +147,7 @@ def _decoder(params: Params, cfg: Qwen3VLConfig, x: jax.Array, position_ids: jax
 
 def _logits(params: Params, cfg: Qwen3VLConfig, h: jax.Array) -> jax.Array:
     """Final RMSNorm and lm_head (the transposed embedding when tied), float32 out."""
-    h = _rms_norm(h, params["text"]["norm"]["scale"], cfg.text.rms_norm_eps)
+    h = rms_norm(h, params["text"]["norm"]["scale"], cfg.text.rms_norm_eps)
     if cfg.tie_word_embeddings:
         logits = jnp.einsum("...h,vh->...v", h, params["text"]["embed"].astype(h.dtype))
     else:
@@ -340,7 +334,7 @@ def token_logprobs(params: Params, cfg: Qwen3VLConfig, inputs: dict[str, Any], c
 
 def final_features(params: Params, cfg: Qwen3VLConfig, h: jax.Array) -> jax.Array:
     """The final RMSNorm of hidden states (what lm_head reads), float32."""
-    return _rms_norm(h, params["text"]["norm"]["scale"], cfg.text.rms_norm_eps).astype(jnp.float32)
+    return rms_norm(h, params["text"]["norm"]["scale"], cfg.text.rms_norm_eps).astype(jnp.float32)
 
 
 def picked_logprobs(params: Params, cfg: Qwen3VLConfig, h: jax.Array, completion_ids: jax.Array,

@@ -90,7 +90,7 @@ def _jax_side(cfg: Any, params: Any, inputs: dict[str, np.ndarray],
 def run_parity(hf_dir: str | Path, jax_dir: str | Path, cases: Sequence[tuple[str, Sequence[Any]]],
                dtype: str = "fp32", tolerance: float | None = None, max_new_tokens: int = 8) -> dict[str, Any]:
     """Compare the two implementations on each (prompt, images) case; returns per-case and overall figures."""
-    from vlmgym.models.qwen3_vl.convert import load_checkpoint
+    from vlmgym.models.checkpoint import load_checkpoint
     from vlmgym.models.qwen3_vl.hf_reference import load_hf_model
     from vlmgym.models.qwen3_vl.processor import Processor
 
@@ -161,8 +161,8 @@ def convert_and_check(hf_dir: str | Path, jax_dir: str | Path, dtype: str = "fp3
                       tolerance: float | None = None) -> ConvertResult:
     """HF folder -> JAX checkpoint, then parity on a text-only and a one-image prompt (the caller logs the figures
     and calls `raise_if_failed`)."""
+    from vlmgym.models.checkpoint import convert_hf_to_jax
     from vlmgym.models.family import family_of
-    from vlmgym.models.qwen3_vl.convert import convert_hf_to_jax
     from vlmgym.models.qwen3_vl.weights import count_params
 
     cfg, out_dir = convert_hf_to_jax(hf_dir, jax_dir)
