@@ -91,3 +91,19 @@ def hf_forward(model: Any, batch: dict[str, np.ndarray]) -> tuple[np.ndarray, np
         model.model.rope_deltas = None
         out = model(input_ids=input_ids, attention_mask=mask, **kwargs)
     return out.logits.float().numpy(), position_ids.numpy()
+
+
+def rope_index(cfg: Any, input_ids: Any, image_grid_thw: Any, attention_mask: Any = None) -> tuple[Any, Any]:
+    """MRoPE position ids (3, B, L) and rope deltas (B, 1), as `Qwen2_5_VLModel.get_rope_index` (still images)."""
+    from vlmgym.models.qwen3_vl.processor import get_rope_index
+
+    return get_rope_index(input_ids, image_grid_thw, attention_mask, image_token_id=cfg.image_token_id,
+                          spatial_merge_size=cfg.vision.spatial_merge_size)
+
+
+def jit_forward(params: Any, cfg: Any, input_ids: Any, attention_mask: Any, position_ids: Any = None,
+                image_embeds: Any = None) -> Any:
+    """The shared decoder's full forward (float32 logits (B, L, V)) on a Qwen2.5-VL: no DeepStack embeds."""
+    from vlmgym.models.qwen3_vl import model as decoder
+
+    return decoder.jit_forward(params, cfg, input_ids, attention_mask, position_ids, image_embeds, None)

@@ -6,10 +6,10 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from qwen25_fixtures import IMAGE_TOKEN, image_prompt, make_batch, make_tiny
+from qwen25_fixtures import IMAGE_TOKEN, image_prompt, make_batch, make_tiny, rope_index
 
-from vlmgym.models.qwen2_5_vl import model as qwen25
 from vlmgym.models.qwen2_5_vl.vision import encode_images, encode_patches, patch_layout
+from vlmgym.models.qwen3_vl import model as decoder
 
 pytestmark = pytest.mark.slow
 
@@ -42,8 +42,8 @@ def test_greedy_decode_equals_transformers_generate(tiny):
     hf_logits = np.stack([step.float().numpy() for step in out.logits], axis=1)
 
     image_embeds = encode_images(tiny.params, tiny.cfg, jnp.asarray(batch["pixel_values"]), grids)
-    positions, _ = qwen25.rope_index(tiny.cfg, batch["input_ids"], batch["grid_thw"], batch["attention_mask"])
-    logits, cache = qwen25.prefill(tiny.params, tiny.cfg, jnp.asarray(batch["input_ids"], jnp.int32),
+    positions, _ = rope_index(tiny.cfg, batch["input_ids"], batch["grid_thw"], batch["attention_mask"])
+    logits, cache = decoder.prefill(tiny.params, tiny.cfg, jnp.asarray(batch["input_ids"], jnp.int32),
                                    jnp.asarray(batch["attention_mask"], jnp.int32), jnp.asarray(positions),
                                    image_embeds, cache_size=64)
     tokens, steps = [], []
@@ -51,7 +51,7 @@ def test_greedy_decode_equals_transformers_generate(tiny):
         steps.append(np.asarray(logits))
         token = jnp.argmax(logits, axis=-1).astype(jnp.int32)
         tokens.append(np.asarray(token))
-        logits, cache = qwen25.decode_step(tiny.params, tiny.cfg, token, cache)
+        logits, cache = decoder.decode_step(tiny.params, tiny.cfg, token, cache)
     np.testing.assert_array_equal(np.stack(tokens, axis=1), hf_tokens)
     diff = np.abs(np.stack(steps, axis=1) - hf_logits).max()
     print(f"greedy decode: max abs logit diff {diff:.3g}")

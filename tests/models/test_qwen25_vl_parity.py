@@ -6,9 +6,8 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from qwen25_fixtures import IMAGE_TOKEN, PATCH, hf_forward, image_prompt, make_batch, make_tiny
+from qwen25_fixtures import IMAGE_TOKEN, PATCH, hf_forward, image_prompt, jit_forward, make_batch, make_tiny, rope_index
 
-from vlmgym.models.qwen2_5_vl import model as qwen25
 from vlmgym.models.qwen2_5_vl.vision import encode_images
 
 pytestmark = pytest.mark.slow
@@ -37,9 +36,9 @@ def jax_logits(tiny, batch) -> tuple[np.ndarray, np.ndarray]:
     grids = [tuple(int(x) for x in g) for g in batch["grid_thw"]]
     if batch["pixel_values"] is not None:
         image_embeds = encode_images(tiny.params, tiny.cfg, jnp.asarray(batch["pixel_values"]), grids)
-    positions, _ = qwen25.rope_index(tiny.cfg, batch["input_ids"], batch["grid_thw"] if grids else None,
+    positions, _ = rope_index(tiny.cfg, batch["input_ids"], batch["grid_thw"] if grids else None,
                                      batch["attention_mask"])
-    logits = qwen25.jit_forward(tiny.params, tiny.cfg, jnp.asarray(batch["input_ids"], jnp.int32),
+    logits = jit_forward(tiny.params, tiny.cfg, jnp.asarray(batch["input_ids"], jnp.int32),
                                 jnp.asarray(batch["attention_mask"], jnp.int32), jnp.asarray(positions, jnp.int32),
                                 image_embeds)
     return np.asarray(logits), positions
