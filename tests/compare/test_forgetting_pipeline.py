@@ -22,6 +22,7 @@ OLD = {"digits": ["test", "test_ood"], "geospot": ["test", "test_ood"]}  # both 
 POINTS = ["sft_2", "grpo_2"]
 # the old skills: digits' sort question and geospot; the new skill: digits' sum question, which the generalist never
 # sees (its one-digit images' sort answer is their sum, so it can sample right answers)
+WARM_UP = {"steps": 3, "batch_size": 4, "eval_every": 0}
 OVERLAY = {"env": {"mixture": {"envs": {"digits": 1.0, "geospot": 1.0}}, "digits": {"tasks": ["sort"]}}}
 
 
@@ -38,6 +39,9 @@ def test_a_forgetting_study_runs_as_a_dvc_pipeline_and_reports_both_curves_and_t
     settings = yaml.safe_load((root / STUDY / "params.yaml").read_text())
     assert settings["study"]["points"] == POINTS and settings["new_skill"] == {"env": "digits",
                                                                                "settings": {"tasks": ["sum"]}}
+    # the generalist's tower warms up on the labels of the one old skill that has them (digits)
+    settings["generalist"]["perception"] = WARM_UP
+    (root / STUDY / "params.yaml").write_text(yaml.safe_dump(settings, sort_keys=False))
     run_checked(["git", "add", "-A"], root, env)
     run_checked(["git", "commit", "-qm", "study forget: settings"], root, env)  # pre-registered
 
@@ -50,6 +54,12 @@ def test_a_forgetting_study_runs_as_a_dvc_pipeline_and_reports_both_curves_and_t
     for seed in (5, 6):  # each point after its seed's generalist
         assert all(ran.index(f"{STUDY}/dvc.yaml:generalist@{seed}") < ran.index(f"{STUDY}/dvc.yaml:point@{seed}-{p}")
                    for p in POINTS)
+
+    # warmed up: the generalist (on digits' images, inside the mixture) and digits' single-task reference; geospot's
+    # reference, whose env has no labels, is not
+    checkpoints = root / "checkpoints/studies/forget"  # <seed>/<run>/<config hash>/perception/perception.json
+    warmed = {"/".join(path.relative_to(checkpoints).parts[:-3]) for path in checkpoints.rglob("perception.json")}
+    assert warmed == {f"{seed}/{run}" for seed in (5, 6) for run in ("generalist", "single/digits")}
 
     report = json.loads((root / STUDY / "report.json").read_text())
     assert report["seeds"] == [5, 6] and report["old_skills"] == sorted(OLD) and report["new_skill"] == "digits"

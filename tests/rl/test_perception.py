@@ -12,6 +12,7 @@ from PIL import Image
 
 from vlmgym.envs.base import Env, MissingPart
 from vlmgym.envs.digits.env import DigitsEnv
+from vlmgym.envs.mixture import MixtureEnv, MixtureParams
 from vlmgym.params import LoRAParams, ParamsError, PerceptionParams, SFTParams, with_values
 from vlmgym.rl import perception
 
@@ -180,6 +181,29 @@ def test_warm_up_is_kept_and_reused_by_a_resumed_run(tiny_vlm, tmp_path):
     # ... and logs every step's figures again, from the journal (a forced rerun's new MLflow run gets them all)
     assert [step for step, _ in logged] == list(range(1, 11)) and logged_again == logged
     assert jax.tree.all(jax.tree.map(lambda a, b: bool(np.array_equal(a, b)), first["visual"], again["visual"]))
+
+
+def mixture(labelled: Env, other: Env) -> MixtureEnv:
+    """A mixture over two registered names holding the given envs (the mixture reads only their samples)."""
+    weights = {"digits": 1.0, "geospot": 1.0}
+    return MixtureEnv({"digits": labelled, "geospot": other}, params=MixtureParams(envs=weights))
+
+
+def test_a_mixture_warms_up_on_its_one_sub_env_with_labels(tiny_vlm, tmp_path):
+    # the other sub-env's images are another size: a warm-up over the whole mixture would stop on them
+    wide = NoLabelsEnv(colour_samples(8, 2, (64, 192)))
+    train = mixture(ColourEnv(colour_samples(24, 0)), wide)
+    val = mixture(ColourEnv(colour_samples(12, 1)), NoLabelsEnv(colour_samples(4, 3, (64, 192))))
+    assert train.perception_source() is train.parts["digits"]
+    params, summary = perception.warm_up(policy_of(tiny_vlm), tiny_vlm.params, train, val, section(tiny_vlm), tmp_path)
+    assert summary["perception/val_all_labels"] == 1.0
+    assert not jax.tree.all(jax.tree.map(lambda a, b: bool(np.array_equal(a, b)), params["visual"],
+                                         tiny_vlm.params["visual"]))
+    both = mixture(ColourEnv(colour_samples(3, 0)), QuadrantsEnv(quadrant_samples(3, 0)))
+    with pytest.raises(ValueError, match=r"sub-envs \['digits', 'geospot'\] all have perception labels"):
+        perception.warm_up(policy_of(tiny_vlm), tiny_vlm.params, both, None, section(tiny_vlm), tmp_path / "both")
+    with pytest.raises(MissingPart, match="env 'mixture' has no perception labels"):
+        perception.check_supported(section(tiny_vlm), mixture(NoLabelsEnv(colour_samples(3, 0)), wide), 1)
 
 
 def test_bad_labels_and_mixed_image_sizes_name_the_sample(tiny_vlm):

@@ -20,8 +20,8 @@ Everything else is optional, with a default that works:
   `DataParams` (`data.<name>`, the generator's), `recipe`;
 - samples and episodes: `check_sample` (meta checks; the schema's image count is checked for every env),
   `prepare_truth`, `ideal_tool_calls` and `turn_reward` (with tools), `corpus` (the tokenizer's texts),
-  `perception_heads` / `perception_labels`, `perception_token_heads` / `perception_token_labels` and
-  `perception_view` (sft.perception's warm-up of the vision tower);
+  `perception_heads` / `perception_labels`, `perception_token_heads` / `perception_token_labels`,
+  `perception_view` and `perception_source` (sft.perception's warm-up of the vision tower);
 - data: `download_hub` (a public dataset); `ood_note` / `describe_ood`, what the out-of-distribution test split
   (test_ood) shifts, when the generator writes one;
 - evaluate: rollout record fields, task metrics and report sections (vlmgym.envs.evaluation.EvaluationParts).
@@ -179,6 +179,11 @@ class Env(EvaluationParts, abc.ABC):
         order; the token grid spans the whole image (default: none)."""
         raise MissingPart(f"env {self.name!r} has no perception token labels; implement perception_token_heads and "
                           "perception_token_labels(meta, rows, cols)")
+
+    def perception_source(self) -> Env | None:
+        """The env whose samples and labels sft.perception learns from: this one when it has labels (default), else
+        None. An env made of others (mixture) answers with the one of them that has labels."""
+        return self if self.perception_heads or self.perception_token_heads else None
 
     def perception_view(self, image: Image.Image, meta: dict) -> tuple[Image.Image, dict]:
         """The image and meta the warm-up learns a sample from (default: the sample's own). An env whose task images

@@ -196,6 +196,16 @@ class MixtureEnv(Env):
         name = self.part_of(meta)
         return self.parts[name].sft_target({k: v for k, v in meta.items() if k != PART_KEY})
 
+    def perception_source(self) -> Env | None:
+        """The one sub-env with perception labels: sft.perception warms the shared tower up on its train split (its
+        images are one size, the warm-up's heads are its labels); the others are learnt by SFT alone. None when no
+        sub-env has labels; a ValueError when several have (their heads and image sizes differ)."""
+        labelled = {name: source for name, env in self.parts.items() if (source := env.perception_source())}
+        if len(labelled) > 1:
+            raise ValueError(f"mixture: sub-envs {sorted(labelled)} all have perception labels; sft.perception warms "
+                             "the tower up on one env's labels (set sft.perception.steps: 0, or keep one of them)")
+        return next(iter(labelled.values()), None)
+
     def prompt(self, sample: SampleLike) -> str:
         raise TypeError("mixture: a sample's prompt is its sub-env's; use reset(idx), or parts[name].prompt")
 

@@ -44,7 +44,7 @@ CURVE_DIR = "perception_curve"  # in the SFT checkpoint folder: the warm-up's st
 
 def check_supported(section: SFTParams, env: Env, processes: int) -> None:
     """Raise MissingPart for an env without labels, a ValueError naming the setting the warm-up cannot run with."""
-    if not env.perception_heads and not env.perception_token_heads:
+    if env.perception_source() is None:
         raise MissingPart(f"env {env.name!r} has no perception labels (perception_heads and "
                           "perception_token_heads are empty), so "
                           "sft.perception cannot warm its vision tower up; set sft.perception.steps: 0")
@@ -264,7 +264,10 @@ def warm_up(policy: Any, params: Any, env: Env, val_env: Env | None, section: SF
         params["visual"] = stored["visual"]
         journal.replay_through(settings.steps)
         return params, json.loads((done / SUMMARY_FILE).read_text())
-    warmup = PerceptionWarmup(policy.cfg, params, policy.processor.settings, env, val_env, settings, log=journal)
+    # the env the labels come from: env itself, or the sub-env of a mixture that has them
+    source, val_source = env.perception_source(), val_env.perception_source() if val_env is not None else None
+    warmup = PerceptionWarmup(policy.cfg, params, policy.processor.settings, source, val_source, settings,
+                              log=journal)
     params, summary = warmup.run()
     save_checkpoint(done, policy.cfg, params, hf_config=_stored_config(section.init_dir),
                     extra=lambda tmp: (tmp / SUMMARY_FILE).write_text(json.dumps(summary, sort_keys=True) + "\n"))
