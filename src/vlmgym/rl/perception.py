@@ -264,7 +264,7 @@ def warm_up(policy: Any, params: Any, env: Env, val_env: Env | None, section: SF
         params["visual"] = stored["visual"]
         journal.replay_through(settings.steps)
         return params, json.loads((done / SUMMARY_FILE).read_text())
-    # the env the labels come from: env itself, or the sub-env of a mixture that has them
+    # the env the labels come from: env itself, or the one of its parts that has them (an env made of several)
     source, val_source = env.perception_source(), val_env.perception_source() if val_env is not None else None
     warmup = PerceptionWarmup(policy.cfg, params, policy.processor.settings, source, val_source, settings,
                               log=journal)
