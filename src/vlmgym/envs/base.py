@@ -180,10 +180,15 @@ class Env(EvaluationParts, abc.ABC):
         raise MissingPart(f"env {self.name!r} has no perception token labels; implement perception_token_heads and "
                           "perception_token_labels(meta, rows, cols)")
 
+    @classmethod
+    def has_perception_labels(cls) -> bool:
+        """Whether the env labels its images (or their tokens) for sft.perception."""
+        return bool(cls.perception_heads or cls.perception_token_heads)
+
     def perception_source(self) -> Env | None:
         """The env whose samples and labels sft.perception learns from: this one when it has labels (default), else
         None. An env made of others (mixture) answers with the one of them that has labels."""
-        return self if self.perception_heads or self.perception_token_heads else None
+        return self if self.has_perception_labels() else None
 
     def perception_view(self, image: Image.Image, meta: dict) -> tuple[Image.Image, dict]:
         """The image and meta the warm-up learns a sample from (default: the sample's own). An env whose task images

@@ -111,17 +111,12 @@ def single(study: ForgettingStudy, seed: int) -> None:
             own = study.part_sections(sections, part)
             folder = study.run_folder(seed) / SINGLE / part
             config = _generalist_config(study, own, seed, folder, f"{SINGLE}/{part}")
-            if not _has_perception_labels(own):  # the generalist's warm-up came from another part's labels
+            if not registry.env_class(own["env"].name).has_perception_labels():  # warmed by another part's labels
                 config = replace(config, perception=replace(config.perception, steps=0))
             history: dict[str, list] = {}
             model_dir, training = train_arm(CONTROL, config, own, _recorder(run, history))
             _write(folder / "training.json", {**training, "val": history})
             answer_greedy(model_dir, folder, f"{SINGLE}_{part}", own, run)
-
-
-def _has_perception_labels(sections: dict[str, Any]) -> bool:
-    env = registry.env_class(sections["env"].name)
-    return bool(env.perception_heads or env.perception_token_heads)
 
 
 def point_config(study: ForgettingStudy, new: dict[str, Any], seed: int, point: str, start: Path, out: Path) -> Any:
