@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from vlmgym.compare import readme
 from vlmgym.compare.study import tables
 
@@ -71,3 +73,31 @@ def test_this_repositorys_study_tables_agree_with_the_committed_reports():
     quoted = {name for page in readme.pages(REPO) for name in readme.blocks(page.read_text())}
     committed = {path.parent.name for path in (REPO / "studies").glob("*/report.json")}
     assert committed <= quoted, f"studies with a report but no table in the docs: {sorted(committed - quoted)}"
+
+
+def test_a_summary_block_shows_one_row_per_study_and_split_with_a_blank_where_a_study_lacks_an_arm(tmp_path):
+    other = {**report(), "study": "wider", "env": "otherenv", "seeds": [1, 2, 3],
+             "arms": ["sft_longer", "sft_compute", "grpo"], "comparisons": ["grpo_minus_sft_longer",
+                                                                            "grpo_minus_sft_compute"]}
+    other["results"] = {"test": {**report()["results"]["test"], "sft_compute": flat(0.4, 0.3, 0.5),
+                                 "grpo_minus_sft_compute": flat(-0.07, -0.09, -0.01)}}
+    for name, content in (("demo", report()), ("wider", other)):
+        (tmp_path / "studies" / name).mkdir(parents=True)
+        readme.report_file(tmp_path, name).write_text(json.dumps(content))
+    (tmp_path / "docs").mkdir()
+    page = tmp_path / "docs" / "page.md"
+    page.write_text("<!-- study-summary: demo wider -->\n<!-- /study-summary -->\n")
+    text = readme.rendered(tmp_path, page.read_text(), page)
+    assert ("| study (env, seeds) | split | sft | sft_longer | grpo | sft_compute | sft - constant | sft - sft_blind "
+            "| grpo - sft | grpo - sft_longer | grpo - sft_compute |") in text
+    # demo has no sft_compute arm nor sft_blind baseline: blank cells, not zeros
+    assert ("| [demo](../studies/demo/report.md) (someenv, 5) | test | 0.300 | 0.500 | 0.330 |  | "
+            "**+0.150 [+0.100, +0.200]** |  | **+0.030 [+0.010, +0.050]** | **-0.170 [-0.200, -0.100]** |  |") in text
+    assert ("|  | test_ood | 0.150 | 0.250 | 0.165 |  | **+0.075 [+0.025, +0.125]** |  | +0.015 [-0.035, +0.065] |"
+            in text)
+    assert text.endswith("| **-0.070 [-0.090, -0.010]** |\n<!-- /study-summary -->\n")
+    assert "[wider](../studies/wider/report.md) (otherenv, 3) | test |" in text
+    assert readme.blocks(page.read_text()) == ["demo", "wider"]
+    page.write_text("<!-- study-table: demo wider -->\n<!-- /study-table -->\n")
+    with pytest.raises(ValueError, match="names one study"):
+        readme.rendered(tmp_path, page.read_text(), page)

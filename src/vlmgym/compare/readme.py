@@ -8,8 +8,15 @@ A block in README.md or a page under docs/
 
 holds study NAME's headline tables: every arm's mean reward and each RL arm's paired differences against the start and
 against each SFT control, per split, with the report's interval (bold where it excludes 0), then greedy, sampled mean
-and best-of-k reward on test where the runs sampled. `vlmgym study tables` rewrites every block from the reports;
-`--check` only lists the blocks that differ (exit 1), which the test suite runs, so no result row is typed by hand.
+and best-of-k reward on test where the runs sampled. A block
+
+    <!-- study-summary: NAME NAME ... -->
+    <!-- /study-summary -->
+
+holds one table over several studies (one env each): per study and split, its seeds, every arm's mean reward, the
+start against the image-blind baselines and each RL arm against the start and each SFT control. `vlmgym study tables`
+rewrites every block from the reports; `--check` only lists the blocks that differ (exit 1), which the test suite
+runs, so no result row is typed by hand.
 """
 
 from __future__ import annotations
@@ -21,7 +28,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-BLOCK = re.compile(r"(<!-- study-table: (?P<name>[A-Za-z0-9_.-]+) -->\n)(?P<body>.*?)(<!-- /study-table -->)", re.S)
+BLOCK = re.compile(r"(<!-- study-(?P<kind>table|summary): (?P<name>[A-Za-z0-9_.-]+(?: [A-Za-z0-9_.-]+)*) -->\n)"
+                   r"(?P<body>.*?)(<!-- /study-(?P=kind) -->)", re.S)
 FENCE = re.compile(r"^```.*?^```[^\n]*$", re.S | re.M)  # a block shown in a code example is not one to fill
 PAGES = ("README.md", "docs")
 SAMPLED = (("mean_reward", "greedy"), ("sampled_mean_reward", "sampled mean, k sampled"),
@@ -84,21 +92,62 @@ def table(report: Mapping[str, Any], name: str, link: str | None = None) -> str:
     return "\n".join(out) + "\n"
 
 
+def _arms(reports: list[Mapping[str, Any]]) -> tuple[list[str], list[str]]:
+    """The arms over every report in order of first appearance, and their differences (each RL arm against the start,
+    then the report's comparisons)."""
+    arms, diffs = [], []
+    for report in reports:
+        arms += [arm for arm in report["arms"] if arm not in arms]
+        diffs += [d for d in differences(report) if d not in diffs and not d.startswith("sft_")]
+    return arms, diffs
+
+
+def summary(reports: Mapping[str, Mapping[str, Any]], links: Mapping[str, str]) -> str:
+    """One table over several studies (name -> report.json's content; `links`: name -> its report.md from the page):
+    a row per study and split with every arm's mean and the differences' intervals; a cell a study lacks is empty."""
+    arms, diffs = _arms(list(reports.values()))
+    blind = ["sft_minus_constant", "sft_minus_sft_blind"]
+    header = ["study (env, seeds)", "split", "sft", *arms, *(d.replace("_minus_", " - ") for d in blind + diffs)]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for name, report in reports.items():
+        seeds = len(report["seeds"])
+        for row, (split, results) in enumerate(report["results"].items()):
+            cells = [f"[{name}]({links[name]}) ({report['env']}, {seeds})" if row == 0 else "", split]
+            cells += [_cell(results[p], "mean_reward", False, 1) if p in results else "" for p in ["sft", *arms]]
+            cells += [_cell(results[d], "mean_reward", True, seeds) if d in results else "" for d in blind + diffs]
+            lines.append("| " + " | ".join(cells) + " |")
+    level = f"{100 * next(iter(reports.values()))['confidence']:.0f}%"
+    return (f"Mean reward (greedy) of each arm over its study's seeds, and paired differences [{level} t-interval over "
+            "the seeds, **bold** where it excludes 0]; each study's page has every metric and seed.\n\n"
+            + "\n".join(lines) + "\n")
+
+
 def pages(root: Path) -> list[Path]:
     return [root / "README.md", *sorted((root / "docs").rglob("*.md"))]
 
 
 def rendered(root: Path, text: str, where: Path) -> str:
     """`text` with every study-table block rewritten from its study's report."""
-    def body(match: re.Match) -> str:
-        name = match.group("name")
+    def load(name: str) -> tuple[dict[str, Any], str]:
         path = report_file(root, name)
         if not path.is_file():
-            raise FileNotFoundError(f"{where}: a study-table block names study {name!r}, but {path} does not "
-                                    f"exist (dvc repro studies/{name}/dvc.yaml writes it)")
-        link = os.path.relpath(path.with_name("report.md"), Path(where).resolve().parent)
-        content = table(json.loads(path.read_text()), name, Path(link).as_posix())
-        return match.group(1) + content + match.group(4)
+            raise FileNotFoundError(f"{where}: a study block names study {name!r}, but {path} does not exist "
+                                    f"(dvc repro studies/{name}/dvc.yaml writes it)")
+        link = os.path.relpath(path.with_name("report.md").resolve(), Path(where).resolve().parent)
+        return json.loads(path.read_text()), Path(link).as_posix()
+
+    def body(match: re.Match) -> str:
+        names = match.group("name").split()
+        if match.group("kind") == "table":
+            if len(names) != 1:
+                raise ValueError(f"{where}: a study-table block names one study, not {names} (study-summary "
+                                 "takes several)")
+            report, link = load(names[0])
+            content = table(report, names[0], link)
+        else:
+            loaded = {name: load(name) for name in names}
+            content = summary({n: r for n, (r, _) in loaded.items()}, {n: link for n, (_, link) in loaded.items()})
+        return match.group(1) + content + match.group(5)
 
     out, last = [], 0
     for fence in FENCE.finditer(text):
@@ -109,7 +158,7 @@ def rendered(root: Path, text: str, where: Path) -> str:
 
 def blocks(text: str) -> list[str]:
     """The study names of the blocks in `text` (outside code examples)."""
-    return [m.group("name") for m in BLOCK.finditer(FENCE.sub("", text))]
+    return [name for m in BLOCK.finditer(FENCE.sub("", text)) for name in m.group("name").split()]
 
 
 def stale(root: Path) -> list[Path]:
