@@ -161,3 +161,52 @@ def test_a_study_of_another_env_gets_its_own_pipeline_params_and_first_stages(re
     assert stages["start"]["deps"][-2:] == ["studies/pairs/models/jax/base", "studies/pairs/data/shards"]
     # the repository's own params are untouched
     assert load_section("env", repo / "params.yaml").name == "geospot"
+
+
+
+def test_a_study_on_another_studys_pipeline_keeps_its_settings_and_moves_its_folders_not_nested(repo):
+    import shutil
+
+    from vlmgym.compare import own_data
+    from vlmgym.params import load_section, value_at
+    from vlmgym.recipes import paths, recipe_overlay
+
+    shutil.copy(REPO / "dvc.yaml", repo / "dvc.yaml")
+    layout.new_study("pairs", env="nlvr2", seeds=[5], arms=["grpo"])
+    first = repo / "studies/pairs/pipeline.yaml"
+    tuned = yaml.safe_load(first.read_text())
+    tuned["train"]["sampling"]["temperature"] = 0.3  # a change by hand over nlvr2's recipe
+    first.write_text(yaml.safe_dump(tuned))
+    # a pipeline of its own on the same env (as a forgetting study writes one): the base's settings stay
+    second = own_data.write_pipeline(Path("studies/pairs-again"), "studies/pairs/pipeline.yaml", "nlvr2")
+    assert load_section("train", second).sampling.temperature == 0.3
+    assert load_section("data", second).raw_dir == "studies/pairs-again/data/raw"
+    assert load_section("model", second).jax_dir == load_section("sft", second).init_dir == \
+        "studies/pairs-again/models/jax/base"
+    assert load_section("shard", second).out_dir == load_section("rollout", second).shards_dir == \
+        "studies/pairs-again/data/shards"
+    # switching env applies the new env's recipe over the base's settings, the hand change included
+    layout.new_study("pairs-geo", base_params="studies/pairs/pipeline.yaml", env="geospot", seeds=[6], arms=["grpo"])
+    third = repo / "studies/pairs-geo/pipeline.yaml"
+    overlay = dict(paths(recipe_overlay("geospot")))
+    assert ("train", "sampling", "temperature") in overlay
+    for (section, *keys), value in overlay.items():
+        assert value_at(load_section(section, third), ".".join(keys)) == value, (section, keys)
+    assert load_section("data", third).raw_dir == "studies/pairs-geo/data/raw"
+    assert load_section("sft", third).shards_dir == "studies/pairs-geo/data/shards"
+
+
+@pytest.mark.parametrize("folder", sorted(p.parent.name for p in (REPO / "studies").glob("*/pipeline.yaml")))
+def test_a_committed_studys_first_stages_read_what_the_repositorys_read_now(folder, monkeypatch):
+    """A study with its own data and base model copies the repository's first stages: when those gain a param
+    (a model key), the study's copies must too, or changing that key in its pipeline.yaml rebuilds nothing."""
+    from vlmgym.compare import own_data
+
+    monkeypatch.chdir(REPO)
+    written = yaml.safe_load((REPO / "studies" / folder / "dvc.yaml").read_text())["stages"]
+    expected = own_data.head_stages(Path("studies") / folder / own_data.PIPELINE, [])
+    for name, stage in expected.items():
+        assert {k: written[name][k] for k in ("cmd", "params", "outs")} == \
+            {k: stage[k] for k in ("cmd", "params", "outs")}, name
+        assert [d for d in written[name]["deps"] if not d.startswith(("src/", "plugins"))] == \
+            [d for d in stage["deps"] if d != "plugins"], name
