@@ -101,3 +101,30 @@ def test_a_summary_block_shows_one_row_per_study_and_split_with_a_blank_where_a_
     page.write_text("<!-- study-table: demo wider -->\n<!-- /study-table -->\n")
     with pytest.raises(ValueError, match="names one study"):
         readme.rendered(tmp_path, page.read_text(), page)
+
+
+def test_an_eval_table_block_is_the_evaluate_stages_table_from_its_metrics_file(tmp_path):
+    from vlmgym.eval.report import markdown_table
+
+    metrics = {"sft": {"n": 10, "mean_reward": 0.3, "mean_reward_ci_low": 0.2, "mean_reward_ci_high": 0.4},
+               "grpo": {"n": 10, "mean_reward": 0.35, "mean_reward_ci_low": 0.25, "mean_reward_ci_high": 0.45},
+               "grpo_minus_sft": {"n": 10, "mean_reward": 0.05, "mean_reward_ci_low": -0.01,
+                                  "mean_reward_ci_high": 0.11}}
+    (tmp_path / "metrics").mkdir()
+    (tmp_path / "metrics" / "eval.json").write_text(json.dumps(metrics))
+    (tmp_path / "docs").mkdir()
+    page = tmp_path / "README.md"
+    page.write_text("<!-- eval-table: geospot metrics/eval.json sft grpo_minus_sft -->\ntyped\n<!-- /eval-table -->\n")
+    assert readme.stale(tmp_path) == [page] and readme.blocks(page.read_text()) == []
+    readme.rewrite(tmp_path)
+    text = page.read_text()
+    assert text == ("<!-- eval-table: geospot metrics/eval.json sft grpo_minus_sft -->\n"
+                    + markdown_table("geospot", {"sft": metrics["sft"], "grpo_minus_sft": metrics["grpo_minus_sft"]})
+                    + "<!-- /eval-table -->\n")
+    assert "| mean reward | 0.300 [0.200, 0.400] | +0.050 [-0.010, +0.110] |" in text and "grpo |" not in text
+    assert readme.stale(tmp_path) == []
+    page.write_text(text.replace("+0.050", "+0.060"))  # a number edited by hand
+    assert readme.stale(tmp_path) == [page]
+    page.write_text("<!-- eval-table: geospot metrics/eval.json sft ppo -->\n<!-- /eval-table -->\n")
+    with pytest.raises(ValueError, match=r"columns \['ppo'\]"):
+        readme.stale(tmp_path)

@@ -14,9 +14,15 @@ and best-of-k reward on test where the runs sampled. A block
     <!-- /study-summary -->
 
 holds one table over several studies (one env each): per study and split, its seeds, every arm's mean reward, the
-start against the image-blind baselines and each RL arm against the start and each SFT control. `vlmgym study tables`
-rewrites every block from the reports; `--check` only lists the blocks that differ (exit 1), which the test suite
-runs, so no result row is typed by hand.
+start against the image-blind baselines and each RL arm against the start and each SFT control. A block
+
+    <!-- eval-table: ENV metrics/eval.json COLUMN COLUMN ... -->
+    <!-- /eval-table -->
+
+holds one run's evaluation table, as the evaluate stage writes it into reports/eval.md, from the git-tracked metrics
+file it writes beside it: env ENV's metrics (rows) for the named policies and differences (columns) of its test split.
+`vlmgym study tables` rewrites every block from the reports; `--check` only lists the blocks that differ (exit 1),
+which the test suite runs, so no result row is typed by hand.
 """
 
 from __future__ import annotations
@@ -28,8 +34,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-BLOCK = re.compile(r"(<!-- study-(?P<kind>table|summary): (?P<name>[A-Za-z0-9_.-]+(?: [A-Za-z0-9_.-]+)*) -->\n)"
-                   r"(?P<body>.*?)(<!-- /study-(?P=kind) -->)", re.S)
+BLOCK = re.compile(r"(<!-- (?P<kind>study-table|study-summary|eval-table): "
+                   r"(?P<name>[A-Za-z0-9_./-]+(?: [A-Za-z0-9_./-]+)*) -->\n)(?P<body>.*?)(<!-- /(?P=kind) -->)", re.S)
+STUDY_KINDS = ("study-table", "study-summary")
 FENCE = re.compile(r"^```.*?^```[^\n]*$", re.S | re.M)  # a block shown in a code example is not one to fill
 PAGES = ("README.md", "docs")
 SAMPLED = (("mean_reward", "greedy"), ("sampled_mean_reward", "sampled mean, k sampled"),
@@ -122,12 +129,30 @@ def summary(reports: Mapping[str, Mapping[str, Any]], links: Mapping[str, str]) 
             + "\n".join(lines) + "\n")
 
 
+def eval_table(root: Path, args: list[str], where: Path) -> str:
+    """An eval-table block's content: args ENV FILE COLUMN..., FILE a metrics/eval.json from the repository root."""
+    from vlmgym.eval.report import markdown_table
+
+    if len(args) < 3:
+        raise ValueError(f"{where}: an eval-table block names an env, a metrics file and its columns, not {args}")
+    env, path, columns = args[0], root / args[1], args[2:]
+    if not path.is_file():
+        raise FileNotFoundError(f"{where}: an eval-table block reads {path}, which does not exist (the evaluate "
+                                "stage writes it)")
+    results = json.loads(path.read_text())
+    missing = [c for c in columns if c not in results]
+    if missing:
+        raise ValueError(f"{where}: an eval-table block names columns {missing} that {path} does not hold "
+                         f"(it has {sorted(results)})")
+    return markdown_table(env, {c: results[c] for c in columns})
+
+
 def pages(root: Path) -> list[Path]:
     return [root / "README.md", *sorted((root / "docs").rglob("*.md"))]
 
 
 def rendered(root: Path, text: str, where: Path) -> str:
-    """`text` with every study-table block rewritten from its study's report."""
+    """`text` with every generated block rewritten from its report."""
     def load(name: str) -> tuple[dict[str, Any], str]:
         path = report_file(root, name)
         if not path.is_file():
@@ -138,7 +163,9 @@ def rendered(root: Path, text: str, where: Path) -> str:
 
     def body(match: re.Match) -> str:
         names = match.group("name").split()
-        if match.group("kind") == "table":
+        if match.group("kind") == "eval-table":
+            content = eval_table(root, names, where)
+        elif match.group("kind") == "study-table":
             if len(names) != 1:
                 raise ValueError(f"{where}: a study-table block names one study, not {names} (study-summary "
                                  "takes several)")
@@ -157,13 +184,14 @@ def rendered(root: Path, text: str, where: Path) -> str:
 
 
 def blocks(text: str) -> list[str]:
-    """The study names of the blocks in `text` (outside code examples)."""
-    return [name for m in BLOCK.finditer(FENCE.sub("", text)) for name in m.group("name").split()]
+    """The study names of the study blocks in `text` (outside code examples)."""
+    return [name for m in BLOCK.finditer(FENCE.sub("", text)) if m.group("kind") in STUDY_KINDS
+            for name in m.group("name").split()]
 
 
 def stale(root: Path) -> list[Path]:
-    """The pages whose study-table blocks differ from what the reports give."""
-    return [page for page in pages(root) if blocks(page.read_text())
+    """The pages whose generated blocks differ from what the reports give."""
+    return [page for page in pages(root) if BLOCK.search(FENCE.sub("", page.read_text()))
             and rendered(root, page.read_text(), page) != page.read_text()]
 
 
