@@ -34,6 +34,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from vlmgym.compare.tables import shown
+
 BLOCK = re.compile(r"(<!-- (?P<kind>study-table|study-summary|eval-table): "
                    r"(?P<name>[A-Za-z0-9_./-]+(?: [A-Za-z0-9_./-]+)*) -->\n)(?P<body>.*?)(<!-- /(?P=kind) -->)", re.S)
 STUDY_KINDS = ("study-table", "study-summary")
@@ -70,7 +72,7 @@ def table(report: Mapping[str, Any], name: str, link: str | None = None) -> str:
     seeds, results = len(report["seeds"]), report["results"]
     policies = ["sft", *report["arms"]]
     diffs = differences(report)
-    header = ["split", *policies, *(d.replace("_minus_", " - ") for d in diffs)]
+    header = ["split", *policies, *(shown(d) for d in diffs)]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for split, split_results in results.items():
         cells = [_cell(split_results[p], "mean_reward", False, seeds) for p in policies]
@@ -86,7 +88,7 @@ def table(report: Mapping[str, Any], name: str, link: str | None = None) -> str:
            *lines]
     test = results.get("test", {})
     if all("best_of_k_reward" in test.get(p, {}) for p in policies):
-        rows = ["| test | " + " | ".join([*policies, *(d.replace("_minus_", " - ") for d in diffs
+        rows = ["| test | " + " | ".join([*policies, *(shown(d) for d in diffs
                                                         if d.endswith("_minus_sft"))]) + " |"]
         rows.append("|" + "---|" * (1 + len(policies) + len(report["arms"])))
         for key, label in SAMPLED:
@@ -114,7 +116,7 @@ def summary(reports: Mapping[str, Mapping[str, Any]], links: Mapping[str, str]) 
     a row per study and split with every arm's mean and the differences' intervals; a cell a study lacks is empty."""
     arms, diffs = _arms(list(reports.values()))
     blind = ["sft_minus_constant", "sft_minus_sft_blind"]
-    header = ["study (env, seeds)", "split", "sft", *arms, *(d.replace("_minus_", " - ") for d in blind + diffs)]
+    header = ["study (env, seeds)", "split", "sft", *arms, *(shown(d) for d in blind + diffs)]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for name, report in reports.items():
         seeds = len(report["seeds"])
@@ -191,8 +193,12 @@ def blocks(text: str) -> list[str]:
 
 def stale(root: Path) -> list[Path]:
     """The pages whose generated blocks differ from what the reports give."""
-    return [page for page in pages(root) if BLOCK.search(FENCE.sub("", page.read_text()))
-            and rendered(root, page.read_text(), page) != page.read_text()]
+    out = []
+    for page in pages(root):
+        text = page.read_text()
+        if BLOCK.search(FENCE.sub("", text)) and rendered(root, text, page) != text:
+            out.append(page)
+    return out
 
 
 def rewrite(root: Path) -> list[Path]:
