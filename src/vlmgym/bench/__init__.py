@@ -19,6 +19,8 @@ BENCHMARKS: Table = {
     "shard": ("vlmgym.bench.shard:main", "shard stage images/s with one worker and with every core (same bytes)"),
     "stage-start": ("vlmgym.bench.stage_start:main", "seconds from a stage's process start to its work, per stage "
                     "(two checkouts side by side)"),
+    "compile-cache": ("vlmgym.bench.compile_cache:main", "a whole `dvc repro -f` with the compilation cache off, "
+                      "empty and warm (same outputs checked)"),
 }
 
 

@@ -31,7 +31,7 @@ from typing import Any
 
 import yaml
 
-from vlmgym.runtime import atomic, temps, write_hooks
+from vlmgym.runtime import atomic, compile_cache, temps, write_hooks
 from vlmgym.tracking import pipeline_run, run_recovery
 from vlmgym.tracking import spool as spool_mod
 from vlmgym.tracking.system_metrics import SystemMetrics
@@ -731,6 +731,7 @@ def stage_run(stage: str, params: Any = None, *, experiment: str | None = None,
     """
     from vlmgym import params as params_mod
 
+    compile_cache.enable()  # before the stage's first compile, which decides whether the process uses it
     root = repo_root()
     # Any stage run clears what killed runs of any stage left (a stage DVC restores from its run-cache does
     # not run, so its own next write cannot be relied on to do it).
