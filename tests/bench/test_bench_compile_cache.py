@@ -19,6 +19,7 @@ pytestmark = pytest.mark.slow
 STAGE = textwrap.dedent("""
     import os, sys, time
     os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"  # keep even this small program
+    assert not os.path.exists("checkpoints"), "a run of the benchmark found checkpoints to resume"
     from vlmgym.runtime import compile_cache
     compile_cache.enable()
     import jax, jax.numpy as jnp
@@ -41,10 +42,13 @@ def _checkout(root: Path, *args: str) -> Path:
     return root
 
 
-def test_off_empty_and_warm_are_timed_with_the_same_outputs(tmp_path, monkeypatch, capsys):
+def test_off_empty_and_warm_are_timed_from_step_0_with_the_same_outputs(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
     repo = _checkout(tmp_path / "repo")
+    (repo / "checkpoints").mkdir()
+    (repo / "checkpoints" / "kept").write_text("a training run's resume point")
     assert bench.main(["--repo", str(repo), "--repeats", "1"]) == 0
+    assert (repo / "checkpoints" / "kept").read_text() == "a training run's resume point"  # put back
     out = json.loads(capsys.readouterr().out)
     assert set(out["runs_s"]) == {"off", "empty", "warm"} and all(len(v) == 1 for v in out["runs_s"].values())
     assert out["programs_kept"] >= 1  # the stage's jitted program, written by the `empty` run

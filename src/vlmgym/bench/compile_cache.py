@@ -3,7 +3,9 @@
 Runs `dvc repro -f` (every stage) in a checkout whose pipeline can run, `--repeats` rounds of three runs in turn:
 `off` (VLMGYM_COMPILE_CACHE=off: every program compiled in every stage), `empty` (a new cache folder: what a first
 run on a machine gets, programs shared between stages load), `warm` (the folder `empty` just filled: a rerun after a
-param change, a study's next arm). Prints each run's wall seconds, the medians and their ratios to `off`, and checks
+param change, a study's next arm). Every run trains from step 0: the checkout's `checkpoints/` is moved aside for the
+benchmark (a finished training stage would otherwise resume at its end) and put back after it. Prints each run's
+wall seconds, the medians and their ratios to `off`, and checks
 that every run leaves the outputs' hashes in the checkout's dvc.lock as it found them: the same bytes, whatever the
 cache.
 
@@ -16,6 +18,7 @@ import argparse
 import json
 import os
 import platform
+import shutil
 import statistics
 import subprocess
 import tempfile
@@ -59,15 +62,25 @@ def run(repo: Path, repeats: int, targets: list[str]) -> dict:
     if not before:
         raise SystemExit(f"vlmgym bench compile-cache: {repo} has no dvc.lock: run `dvc repro` there once first")
     times: dict[str, list[float]] = {name: [] for name in CONDITIONS}
-    with tempfile.TemporaryDirectory(prefix="vlmgym-bench-compile-cache-") as tmp:
-        for round_ in range(repeats):
-            folder = Path(tmp) / str(round_)
-            for name in CONDITIONS:
-                times[name].append(round(repro(repo, "off" if name == "off" else str(folder), targets), 1))
-                if locks(repo) != before:
-                    raise SystemExit(f"vlmgym bench compile-cache: the run with the cache {name} changed an output's "
-                                     f"hash in a dvc.lock in {repo}: its outputs are not the same bytes")
-            entries = len(list(folder.glob("*-cache")))
+    checkpoints = repo / "checkpoints"
+    with tempfile.TemporaryDirectory(prefix="vlmgym-bench-compile-cache-", dir=repo.parent) as tmp:
+        kept = Path(tmp) / "checkpoints"
+        if checkpoints.exists():
+            checkpoints.rename(kept)
+        try:
+            for round_ in range(repeats):
+                folder = Path(tmp) / str(round_)
+                for name in CONDITIONS:
+                    shutil.rmtree(checkpoints, ignore_errors=True)
+                    times[name].append(round(repro(repo, "off" if name == "off" else str(folder), targets), 1))
+                    if locks(repo) != before:
+                        raise SystemExit(f"vlmgym bench compile-cache: the run with the cache {name} changed an "
+                                         f"output's hash in a dvc.lock in {repo}: its outputs are not the same bytes")
+                entries = len(list(folder.glob("*-cache")))
+        finally:
+            shutil.rmtree(checkpoints, ignore_errors=True)
+            if kept.exists():
+                kept.rename(checkpoints)
     medians = {name: statistics.median(values) for name, values in times.items()}
     return {"machine": platform.platform(), "processor": platform.processor(), "cores": os.cpu_count(),
             "repo": str(repo), "targets": targets, "repeats": repeats, "runs_s": times,
