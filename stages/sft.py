@@ -19,6 +19,7 @@ import sys
 
 from vlmgym.params import load_section
 from vlmgym.rl.stage_setup import (
+    check_sft_budget,
     resume_dir,
     save_model,
     selection_summary,
@@ -53,6 +54,7 @@ def main(argv: list[str] | None = None) -> int:
         summary = {"steps": sft.steps}
         curve: step_curve.Curve = {}
         if checkpoints is not None:
+            check_sft_budget(sft, policy, env_params)
             if sft.perception.steps:
                 params, warmed = warm_perception(sft, policy, params, env_params, checkpoints,
                                                  log=lambda step, metrics: run.log_metrics(metrics, step=step))

@@ -19,7 +19,8 @@ def ovd_pipeline(tmp_path_factory):
     # an answer is about 33 tokens a box with the tiny tokenizer: at most 3 objects, two categories named
     overlay = {"env": {"name": "ovd"}, "data": {"ovd": {"max_objects": 3, "named": 2, "ood_min_objects": 4,
                                                         "ood_max_objects": 5}},
-               "eval": {"hf_samples": 2}, "train": {"max_new_tokens": 112}, "rollout": {"max_new_tokens": 112}}
+               "eval": {"hf_samples": 2}, "sft": {"max_target_tokens": 112}, "train": {"max_new_tokens": 112},
+               "rollout": {"max_new_tokens": 112}}
 
     def build(folder):
         root, env, output = env_pipeline(folder, overlay)

@@ -172,13 +172,22 @@ def train_arm(arm: str, config: SFTParams | TrainParams, sections: dict[str, Any
               samples_callback: Any = None) -> tuple[Path, dict[str, float]]:
     """Train one arm as the sft / train stage would (0 SFT steps: the start model passed through) and save its model
     folder; returns it and what validation selected (selection_summary)."""
-    from vlmgym.rl.stage_setup import save_model, selection_summary, stage_policy, stage_trainer, warm_perception
+    from vlmgym.rl.stage_setup import (
+        check_sft_budget,
+        save_model,
+        selection_summary,
+        stage_policy,
+        stage_trainer,
+        warm_perception,
+    )
 
     stage = arm_section(arm)
     policy, params = stage_policy(stage, config, sections["model"])
     checkpoints = arm_checkpoints(arm, config, sections)
     summary: dict[str, float] = {"steps": config.steps}
     if checkpoints is not None:
+        if stage == "sft":
+            check_sft_budget(config, policy, sections["env"])
         if stage == "sft" and config.perception.steps:  # a seed's SFT start, warmed up as the sft stage warms its own
             params, _ = warm_perception(config, policy, params, sections["env"], checkpoints, log=log_metrics)
         callbacks = {"samples_callback": samples_callback} if stage == "train" and samples_callback else {}

@@ -38,6 +38,23 @@ from vlmgym.rl.update import (
 from vlmgym.rollout.episodes import max_turns
 
 
+def check_target_budget(policy: Any, env: Env, samples: int) -> None:
+    """ValueError at once when most of the first `samples` ideal answers do not fit the policy's token budget
+    (sft.max_target_tokens). The trainer skips a target too long for it, counted, and stops only when a batch cannot
+    be filled: after any warm-up, minutes or hours into a run."""
+    count = min(len(env), samples)
+    lengths = []
+    for index in range(count):
+        state, obs = env.reset(index)
+        turns = sft_turns(env, state, obs) if max_turns(env) > 1 else [(obs, env.sft_target(state.meta))]
+        lengths += [len(policy.processor.tokenizer.encode(text, add_special_tokens=False)) + 1 for _, text in turns]
+    too_long = sum(length > policy.max_new_tokens for length in lengths)
+    if lengths and too_long * 2 > len(lengths):
+        raise ValueError(f"sft.max_target_tokens={policy.max_new_tokens} is shorter than {too_long} of the first "
+                         f"{len(lengths)} SFT targets (the longest {max(lengths)} tokens with its end-of-turn token): "
+                         f"raise sft.max_target_tokens")
+
+
 class SFTTrainer(TrainingLoop):
     """Supervised warm start: teacher-forced cross entropy on the env's ideal answer for each sample.
 

@@ -30,7 +30,7 @@ from vlmgym.rl.loop import config_fingerprint
 from vlmgym.rl.online import OnlineTrainer
 from vlmgym.rl.policy import Qwen3VLPolicy
 from vlmgym.rl.ppo_trainer import PPOTrainer
-from vlmgym.rl.sft_trainer import SFTTrainer
+from vlmgym.rl.sft_trainer import SFTTrainer, check_target_budget
 from vlmgym.rollout.sampling import SamplingSettings
 from vlmgym.runtime import distributed
 from vlmgym.runtime.atomic import write_text_atomically
@@ -101,6 +101,13 @@ def stage_policy(stage: str, section: SFTParams | TrainParams, model_params: Mod
     if adapters is not None:
         params = init_adapters(params, policy.cfg, adapters)
     return policy, params
+
+
+def check_sft_budget(section: SFTParams, policy: Any, env_params: EnvParams) -> None:
+    """Fail before any warm-up or step when the train split's SFT targets do not fit sft.max_target_tokens."""
+    tokenizer = policy.processor.tokenizer
+    env = envs.from_params(env_params, shards_dir=section.shards_dir, split="train", tokenizer=tokenizer)
+    check_target_budget(policy, env, samples=4 * section.batch_size)
 
 
 def warm_perception(section: SFTParams, policy: Any, params: Any, env_params: EnvParams, checkpoints: Path,

@@ -120,7 +120,8 @@ class OvdEnv(Env):
     # room for them in the token budgets. Untested for learning so far: docs/envs/ovd.md.
     recipe = {"data": {"train_images": 24000,
                        "ovd": {"object_scale": 2, "max_objects": 4, "ood_min_objects": 5, "ood_max_objects": 6}},
-              "sft": {"steps": 3000, "freeze": "vision", "optimizer": {"lr": 0.001}, "validation": {"every": 250},
+              "sft": {"steps": 3000, "max_target_tokens": 160, "freeze": "vision", "optimizer": {"lr": 0.001},
+                      "validation": {"every": 250},
                       "perception": {"steps": 3000, "optimizer": {"lr": 0.001}}},
               "train": {"max_new_tokens": 160, "optimizer": {"lr": 3e-5}, "sampling": {"temperature": 0.6}},
               "rollout": {"max_new_tokens": 224}}  # test_ood's scenes hold up to 6 objects
