@@ -725,6 +725,9 @@ def stage_run(stage: str, params: Any = None, *, experiment: str | None = None,
     succeeds. A run that could not be created fails the stage (TrackingNotOpened) at
     the next call that logs, or at the end.
 
+    Entering it turns on the compilation cache (vlmgym.runtime.compile_cache) for the stage's process, before its
+    first compile.
+
     A stage of another dvc.yaml (a study's, vlmgym.compare.study) passes its `paths` ({"deps": [...], "outs":
     [...]} from the repo root: the top-level dvc.yaml does not list it) and its `group`, the parent it nests under
     instead of the pipeline's.
