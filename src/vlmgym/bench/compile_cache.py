@@ -57,6 +57,15 @@ def locks(repo: Path) -> dict[str, dict]:
     return out
 
 
+def cpu_model() -> str:
+    """The CPU's model name as lscpu shows it ('' where /proc/cpuinfo does not say)."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return platform.processor()
+    return next((line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")), "")
+
+
 def run(repo: Path, repeats: int, targets: list[str]) -> dict:
     before = locks(repo)
     if not before:
@@ -82,7 +91,7 @@ def run(repo: Path, repeats: int, targets: list[str]) -> dict:
             if kept.exists():
                 kept.rename(checkpoints)
     medians = {name: statistics.median(values) for name, values in times.items()}
-    return {"machine": platform.platform(), "processor": platform.processor(), "cores": os.cpu_count(),
+    return {"machine": platform.platform(), "cpu": cpu_model(), "cores": os.cpu_count(),
             "repo": str(repo), "targets": targets, "repeats": repeats, "runs_s": times,
             "median_s": {name: round(value, 1) for name, value in medians.items()},
             "speedup_vs_off": {name: round(medians["off"] / medians[name], 2) for name in CONDITIONS[1:]},
