@@ -104,7 +104,7 @@ MODULE_SECONDS = {
     "tracking/test_tracking_registration.py": 40, "rl/test_non_finite.py": 12, "compare/test_study_pipeline.py": 161,
     "models/test_qwen25_vl_parity.py": 49, "models/test_qwen25_vl_decode.py": 12, "rl/test_qwen25_learner.py": 60,
     "bench/test_bench_stage_start.py": 25, "bench/test_bench_compile_cache.py": 11,
-    "pipeline/test_compile_cache.py": 52,
+    "pipeline/test_compile_cache_pipeline.py": 52,
     # 14 stages like the study pipeline's; timed beside another long job, scaled to that module's quiet 161 s
     "compare/test_forgetting_pipeline.py": 200}
 SLOW_SECONDS = 9

@@ -58,11 +58,12 @@ def test_the_overrides_are_dvc_exp_run_arguments_that_survive_word_splitting(mon
     assert words[::2] == ["-S"] * len(words[1::2])
     assert words[1::2] == ["++env.name=nlvr2", "++env.recipe=nlvr2", "++sft.optimizer.lr=0.001",
                            '++sft.lora.targets=["q","v"]', "++sft.freeze=none", "++sft.perception.steps=0",
-                           "++sft.perception.optimizer.lr=0.003", "++sft.steps=600", "++sft.validation.every=100",
+                           "++sft.perception.optimizer.lr=0.003", "++sft.steps=600", "++sft.max_target_tokens=64",
+                           "++sft.validation.every=100",
                            "++data.train_images=2000",
                            "++data.image_width=256", "++data.image_height=192", "++train.optimizer.lr=0.0001",
                            "++train.sampling.temperature=1.0", "++train.max_new_tokens=64", "++model.max_pixels=12288",
-                           "++rollout.max_new_tokens=64"]  # ovd's recipe sets the two token budgets
+                           "++rollout.max_new_tokens=64"]  # ovd's recipe sets the three token budgets
 
 
 @pytest.mark.parametrize("env", sorted(registry.names()))
