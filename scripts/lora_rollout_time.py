@@ -29,8 +29,7 @@ def _random_b(params, scale=0.05):
 
 
 def tiny(repeats: int) -> dict:
-    from vlmgym.bench.common import synthetic_obs
-    from vlmgym.bench.rollout import _build_default_model
+    from vlmgym.bench.common import build_default_model, synthetic_obs
     from vlmgym.models.qwen3_vl.config import load_hf_config
     from vlmgym.models.qwen3_vl.convert import hf_to_params, read_safetensors
     from vlmgym.models.qwen3_vl.processor import Processor
@@ -38,7 +37,7 @@ def tiny(repeats: int) -> dict:
     from vlmgym.rollout.sampling import SamplingSettings
 
     with tempfile.TemporaryDirectory() as tmp:
-        folder = _build_default_model(Path(tmp) / "tiny")
+        folder = build_default_model(Path(tmp) / "tiny")
         cfg = load_hf_config(folder)
         params = jax.tree.map(jnp.asarray, hf_to_params(read_safetensors(folder), cfg))
         processor = Processor.from_pretrained(folder)
