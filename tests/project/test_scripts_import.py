@@ -35,7 +35,8 @@ def missing(module: str, name: str | None) -> bool:
 
 @pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: str(p.relative_to(ROOT)))
 def test_script_imports_exist(script):
-    broken = [f"{module}.{name}" if name else module for module, name in vlmgym_imports(script) if missing(module, name)]
+    imports = vlmgym_imports(script)
+    broken = [f"{module}.{name}" if name else module for module, name in imports if missing(module, name)]
     assert not broken, f"{script.relative_to(ROOT)} imports what vlmgym no longer has: {broken}"
 
 
