@@ -34,14 +34,16 @@ def _checkout(root, delays):
 
 
 def test_each_stage_is_timed_to_its_work_and_two_checkouts_compared(tmp_path, capsys):
-    a = _checkout(tmp_path / "a", {"slow": 1.0, "quick": 0.0})
+    # 3 s before the slow stage's work: well above how much two cold starts' imports differ on a loaded machine
+    # (0.13 s seen beside a full test run), so the gap is the wait the benchmark must count
+    a = _checkout(tmp_path / "a", {"slow": 3.0, "quick": 0.0})
     b = _checkout(tmp_path / "b", {"slow": 0.0, "quick": 0.0})
     assert stage_start.main(["--repo", str(a), "--repo", str(b), "--repeats", "1"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert list(out["stages"]) == ["slow", "quick"]  # dvc.yaml's order; the echo stage is not a python stage
     slow_a, slow_b = (out["stages"]["slow"][str(r)]["median_s"] for r in (a, b))
     quick_a = out["stages"]["quick"][str(a)]["median_s"]
-    assert slow_a >= 1.0 and slow_a - quick_a >= 0.9
+    assert slow_a >= 3.0 and slow_a - quick_a >= 2.0
     assert out["stages"]["slow"]["ratio"] == round(slow_a / slow_b, 2) > 1
     assert not (a / "work-ran").exists() and not (b / "work-ran").exists()  # stopped where the work starts
 
